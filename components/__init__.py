@@ -1,0 +1,1 @@
+"""Reusable pipeline components: data staging, training paradigms, evaluation."""

@@ -1,0 +1,78 @@
+"""The ``evaluate`` step: test loss and accuracy of the trained model on the held-out split.
+
+Writes ``metrics.json`` beside the model on the shared volume and the accuracy to
+``--accuracy-path`` (the WorkflowTemplate exposes it as the ``accuracy`` output parameter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sublimate.components.datasets import DatasetError
+
+
+def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, float | int | str]:
+    import torch
+
+    from sublimate.components import checkpoint
+    from sublimate.components.datasets import read_split
+    from sublimate.components.models import build_model
+    from sublimate.components.worker import MODEL_NAME
+
+    saved = checkpoint.load(model_dir / MODEL_NAME)
+    if saved is None:
+        raise FileNotFoundError(f"no trained model at {model_dir / MODEL_NAME}; did train succeed?")
+    model = build_model(saved["architecture"], saved["config"])
+    model.load_state_dict(saved["state_dict"])
+    model.eval()
+    data = read_split(data_dir, split)
+    with torch.inference_mode():
+        logits = model(torch.from_numpy(data.x).reshape(len(data.y), -1))
+        labels = torch.from_numpy(data.y)
+        loss = torch.nn.functional.cross_entropy(logits, labels).item()
+        accuracy = (logits.argmax(1) == labels).float().mean().item()
+    return {"split": split, "examples": len(data.y), "loss": round(loss, 6),
+            "accuracy": round(accuracy, 6), "algorithm": saved.get("algorithm", ""),
+            "steps": saved.get("steps", 0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, required=True,
+                        help="run folder on the shared volume holding model.pt")
+    parser.add_argument("--data-dir", type=Path, required=True, help="staged dataset folder")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--accuracy-path", type=Path, help="file to write the accuracy to")
+    args = parser.parse_args(argv)
+    try:
+        metrics = evaluate(args.model_dir, args.data_dir, args.split)
+    except (DatasetError, FileNotFoundError, ValueError) as error:
+        print(f"evaluate: error: {error}", file=sys.stderr)
+        return 2
+    from sublimate.components import checkpoint
+
+    checkpoint.write_json(metrics, args.model_dir / "metrics.json")
+    if args.accuracy_path:
+        args.accuracy_path.parent.mkdir(parents=True, exist_ok=True)
+        args.accuracy_path.write_text(f"{metrics['accuracy']}")
+    print(f"evaluate: {args.split} accuracy {metrics['accuracy']:.4f} loss {metrics['loss']:.4f} "
+          f"on {metrics['examples']} examples -> {args.model_dir / 'metrics.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def template(name: str = "evaluate", **step_options: object):
+    """The ``evaluate`` step: inputs ``data-dir`` and ``model-dir``; output ``accuracy``."""
+    from sublimate.components.runtime import python_step
+
+    return python_step(
+        name, "sublimate.components.evaluate",
+        inputs={"data-dir": "--data-dir", "model-dir": "--model-dir"},
+        outputs={"accuracy": "--accuracy-path"},
+        **step_options,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,68 @@
+"""Where component steps run: the runtime image and the shared volume every step mounts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hera.workflows import ExistingVolume
+
+DEFAULT_IMAGE = "ghcr.io/sublimate-ml/sublimate:0.1.0"
+# The same absolute path in every step (and every training node), so paths written by one step
+# are valid in the next. The local runner maps it onto a folder.
+SHARED_VOLUME_PATH = "/mnt/sublimate"
+DEFAULT_CLAIM = "sublimate-data"
+DATASETS_PATH = f"{SHARED_VOLUME_PATH}/datasets"
+RUNS_PATH = f"{SHARED_VOLUME_PATH}/runs"
+# Small per-step files read back by Argo as output parameters.
+OUTPUTS_PATH = "/tmp/outputs"
+
+
+def shared_volume(claim_name: str = DEFAULT_CLAIM) -> ExistingVolume:
+    """The ReadWriteMany claim that holds datasets, checkpoints and models for every step."""
+    from hera.workflows import ExistingVolume
+
+    return ExistingVolume(name="shared", claim_name=claim_name, mount_path=SHARED_VOLUME_PATH)
+
+
+def python_step(
+    name: str,
+    module: str,
+    inputs: dict[str, str],
+    outputs: dict[str, str] | None = None,
+    *,
+    image: str = DEFAULT_IMAGE,
+    claim_name: str = DEFAULT_CLAIM,
+    extra_args: list[str] | None = None,
+    retries: int = 0,
+):  # -> hera.workflows.Container (hera is imported lazily: step code must not pay for it)
+    """A container template that runs ``python -m module`` with one flag per input parameter.
+
+    ``inputs`` maps each input parameter to its command-line flag; ``outputs`` maps each output
+    parameter to the flag that tells the step where to write it (read back by Argo from
+    ``/tmp/outputs/<name>``).
+    """
+    from hera.workflows import Container, Parameter, RetryStrategy
+    from hera.workflows.models import Backoff, ValueFrom
+
+    args: list[str] = []
+    for parameter, flag in inputs.items():
+        args += [flag, f"{{{{inputs.parameters.{parameter}}}}}"]
+    output_parameters = []
+    for parameter, flag in (outputs or {}).items():
+        path = f"{OUTPUTS_PATH}/{parameter}"
+        args += [flag, path]
+        output_parameters.append(Parameter(name=parameter, value_from=ValueFrom(path=path)))
+    return Container(
+        name=name,
+        image=image,
+        command=["python", "-m", module],
+        args=args + (extra_args or []),
+        inputs=[Parameter(name=parameter) for parameter in inputs],
+        outputs=output_parameters,
+        volumes=[shared_volume(claim_name)],
+        retry_strategy=RetryStrategy(
+            limit=retries, retry_policy="OnError",
+            backoff=Backoff(duration="10s", factor=2, max_duration="5m"),
+        ) if retries else None,
+    )

@@ -1,0 +1,1 @@
+"""Hera pipeline definitions, the sublimate CLI and the local runner."""

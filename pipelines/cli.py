@@ -1,0 +1,206 @@
+"""The ``sublimate`` command line, shaped like the ``argo`` CLI.
+
+Each subcommand imports only what it needs: ``sublimate run FILE.yaml`` must start in tens of
+milliseconds, so Hera, torch and jsonschema are loaded only by the commands that use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PIPELINE = "train"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("SUBLIMATE_HOME") or Path.home() / ".sublimate")
+
+
+def parse_parameter_flags(flags: list[str]) -> dict[str, str]:
+    parameters: dict[str, str] = {}
+    for flag in flags:
+        name, separator, value = flag.partition("=")
+        if not separator or not name.strip():
+            raise UsageError(f"-p '{flag}': expected name=value")
+        parameters[name.strip()] = value
+    return parameters
+
+
+def read_parameter_file(path: Path) -> dict[str, str]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise UsageError(f"--parameter-file {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise UsageError(f"--parameter-file {path}: not valid YAML/JSON: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--parameter-file {path}: expected a mapping of name: value")
+    parameters = {}
+    for name, value in data.items():
+        if isinstance(value, dict | list):
+            raise UsageError(f"--parameter-file {path}: parameter '{name}' must be a scalar")
+        parameters[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return parameters
+
+
+def load_workflow(target: str) -> dict[str, Any]:
+    """A pipeline name renders its Hera definition; anything else is read as a manifest file."""
+    from sublimate.pipelines.render import PIPELINES
+
+    if target in PIPELINES:
+        from sublimate.pipelines.render import render_dict
+
+        return render_dict(target)
+    path = Path(target)
+    if not path.exists():
+        raise UsageError(f"'{target}' is neither a pipeline ({', '.join(sorted(PIPELINES))}) "
+                         "nor an existing manifest file")
+    from sublimate.pipelines.runner import ManifestError, load_manifest
+
+    try:
+        return load_manifest(path)
+    except (ManifestError, OSError) as error:
+        raise UsageError(f"{target}: {error}") from error
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.lint import semantic_problems
+    from sublimate.pipelines.runner import (
+        ManifestError,
+        ParameterError,
+        RunOptions,
+        console_reporter,
+        format_table,
+        run_workflow,
+    )
+
+    parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
+    parameters.update(parse_parameter_flags(args.parameter))
+    workflow = load_workflow(args.target)
+    if problems := semantic_problems(workflow, source=args.target):
+        raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
+    options = RunOptions(
+        home=args.home,
+        parallelism=args.parallelism,
+        reporter=None if args.output == "json" and args.quiet else console_reporter(
+            sys.stderr, follow_logs=not args.quiet),
+        follow_logs=not args.quiet,
+    )
+    started = time.perf_counter()
+    try:
+        result = run_workflow(workflow, parameters, options)
+    except (ManifestError, ParameterError) as error:
+        raise UsageError(str(error)) from error
+    if args.output == "json":
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        print(format_table(result))
+        outputs = "".join(f", {name} {value}" for name, value in (result.outputs or {}).items())
+        print(f"\n{result.name} {result.phase} in {time.perf_counter() - started:.1f}s"
+              f"{outputs}\nrun folder: {result.run_dir}")
+        if result.phase != "Succeeded" and result.message:
+            print(f"error: {result.message}", file=sys.stderr)
+    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def command_render(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.render import render_all
+
+    results = render_all(args.output_dir, check=args.check)
+    for path, changed in results:
+        state = ("differs from the Hera source" if args.check else "written") if changed \
+            else "up to date"
+        print(f"{path}: {state}")
+    if args.check and any(changed for _, changed in results):
+        print("error: rendered manifests are stale; run `sublimate render`", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def command_lint(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.lint import lint_paths
+
+    problems, documents = lint_paths(args.paths or ["argo"], strict=args.strict)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem(s) in {documents} Argo document(s)", file=sys.stderr)
+        return EXIT_FAILED
+    if documents == 0:
+        print("error: no Workflow, WorkflowTemplate or CronWorkflow documents found",
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{documents} Argo document(s) passed lint")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sublimate",
+        description="Distributed training pipelines on Argo Workflows, runnable on one machine.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run", help="run a pipeline or a rendered manifest locally (no Kubernetes needed)",
+        description="Execute a pipeline's rendered Argo manifest on this machine.")
+    run.add_argument("target", nargs="?", default=DEFAULT_PIPELINE,
+                     help=f"pipeline name or manifest file (default: {DEFAULT_PIPELINE})")
+    run.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a workflow parameter (repeatable)")
+    run.add_argument("--parameter-file", "-f", type=Path,
+                     help="YAML or JSON file of parameter values (-p wins)")
+    run.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                     help="final status format (json: for scripts and CI)")
+    run.add_argument("--home", type=Path, default=None,
+                     help="folder for run folders and local volumes "
+                          "(default: $SUBLIMATE_HOME or ~/.sublimate)")
+    run.add_argument("--parallelism", type=int, help="most nodes running at once")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="show node phases only, not the steps' logs")
+    run.set_defaults(handler=command_run)
+
+    render = commands.add_parser("render", help="write the pipelines' Argo manifests")
+    render.add_argument("--output-dir", type=Path, default=Path("argo"))
+    render.add_argument("--check", action="store_true",
+                        help="write nothing; fail if the files differ from the Hera source")
+    render.set_defaults(handler=command_render)
+
+    lint = commands.add_parser("lint", help="validate Argo manifests offline")
+    lint.add_argument("paths", nargs="*", help="files or folders (default: argo/)")
+    lint.add_argument("--no-strict", dest="strict", action="store_false",
+                      help="allow fields Argo's schema does not define")
+    lint.set_defaults(handler=command_lint)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "home", "unset") is None:
+        args.home = default_home()
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
