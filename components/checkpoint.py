@@ -43,3 +43,50 @@ def load(path: Path) -> dict[str, Any] | None:
 def write_json(data: dict[str, Any], path: Path) -> None:
     encoded = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
     _replace_atomically(path, lambda stream: stream.write(encoded))
+
+
+# Per-rank checkpoints: every worker writes its own state for a step (local models differ under
+# BMUF and EASGD), then rank 0 commits the step by atomically rewriting ``latest.json``. A step
+# folder without a commit is ignored, so a crash mid-checkpoint resumes from the previous one.
+CHECKPOINTS = "checkpoints"
+LATEST = "latest.json"
+KEEP_STEPS = 2
+
+
+def step_path(run_dir: Path, step: int, rank: int) -> Path:
+    return run_dir / CHECKPOINTS / f"step-{step:09d}" / f"rank-{rank:05d}.pt"
+
+
+def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
+    save(state, step_path(run_dir, step, rank))
+
+
+def commit(run_dir: Path, step: int, world_size: int, algorithm: str) -> None:
+    """Mark ``step`` complete (call after every rank saved it) and prune older steps."""
+    folder = run_dir / CHECKPOINTS
+    write_json({"step": step, "world_size": world_size, "algorithm": algorithm},
+               folder / LATEST)
+    steps = sorted(path for path in folder.glob("step-*") if path.is_dir())
+    for old in steps[:-KEEP_STEPS]:
+        if old.name != f"step-{step:09d}":
+            for file in old.iterdir():
+                file.unlink(missing_ok=True)
+            old.rmdir()
+
+
+def latest(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / CHECKPOINTS / LATEST
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_rank(run_dir: Path, rank: int, world_size: int, algorithm: str) -> dict[str, Any] | None:
+    """The state this rank saved at the last committed step, or None for a fresh start."""
+    committed = latest(run_dir)
+    if committed is None:
+        return None
+    if committed["world_size"] != world_size or committed["algorithm"] != algorithm:
+        raise ValueError(
+            f"{run_dir / CHECKPOINTS / LATEST}: written by {committed['world_size']} "
+            f"'{committed['algorithm']}' workers, this run has {world_size} '{algorithm}' "
+            "workers; use a new run folder or the same settings")
+    return load(step_path(run_dir, committed["step"], rank))

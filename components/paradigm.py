@@ -1,47 +1,88 @@
 """The interface every training paradigm implements, and the registry that finds them by name.
 
-A paradigm decides how workers cooperate: how the model is wrapped for the backward pass and what
-happens after each local optimizer step (nothing for synchronous SGD, periodic averaging for
-model-averaging methods, ...). The step loop in :mod:`sublimate.components.worker` is shared, so a
-new paradigm is one new module that subclasses :class:`Paradigm` and registers itself in
-:data:`PARADIGMS`.
+A paradigm decides how workers cooperate: how the model is wrapped for the backward pass, what
+happens after each local optimizer step (nothing for synchronous SGD, a block update for BMUF, an
+elastic pull toward the center for EASGD), which model is the result, and what extra state a
+checkpoint must hold. The step loop in :mod:`sublimate.components.worker` is shared, so a new
+paradigm is one new module that subclasses :class:`Paradigm` and registers itself in
+:data:`PARADIGMS`. The parameter-server paradigm (``async``) has no collective step loop and is
+launched as its own TorchX app (:mod:`sublimate.components.async_sgd`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 # name -> "module:Class"; modules are imported on demand so a worker loads only its own paradigm.
 PARADIGMS: dict[str, str] = {
     "sync": "sublimate.components.sync_sgd:SyncSGD",
+    "async": "sublimate.components.async_sgd:AsyncSGD",
+    "bmuf": "sublimate.components.bmuf:BlockMomentumSGD",
+    "easgd": "sublimate.components.easgd:ElasticAveragingSGD",
 }
 
 
 class Paradigm:
-    """Base class: a paradigm sees the model and optimizer and hooks into the step loop."""
+    """Base class: a paradigm sees the model, the optimizer and the process group."""
 
     name: ClassVar[str]
 
-    def __init__(self, model: nn.Module, hyperparameters: dict[str, Any]) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 hyperparameters: dict[str, Any]) -> None:
         self.model = model
+        self.optimizer = optimizer
         self.hyperparameters = hyperparameters
+        # collective operations issued by this worker, for the benchmark's ops-per-epoch figure
+        self.communication_ops = 0
 
     def training_model(self) -> nn.Module:
         """The module to run forward/backward on (e.g. a DDP wrapper around ``self.model``)."""
         return self.model
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Context for the micro-batches of gradient accumulation that must not communicate."""
+        yield
+
     def after_step(self, step: int) -> None:
         """Called after every local optimizer step with the 1-based global step count."""
 
+    def result_model(self) -> nn.Module:
+        """The model this run produces (the center variable for EASGD, ...)."""
+        return self.model
+
     def state_dict(self) -> dict[str, Any]:
         """Paradigm state beyond model and optimizer, saved in every checkpoint."""
-        return {}
+        return {"communication_ops": self.communication_ops}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        self.communication_ops = state.get("communication_ops", 0)
+
+
+def flat_parameters(module: nn.Module) -> torch.Tensor:
+    """A detached copy of the module's parameters as one vector (one collective per sync)."""
+    return torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+
+
+@torch.no_grad()
+def load_flat_parameters(module: nn.Module, vector: torch.Tensor) -> None:
+    """Copy ``vector`` into the parameters in place.
+
+    Unlike ``torch.nn.utils.vector_to_parameters``, which makes the parameters views of the
+    vector, this keeps them independent: the vector (a center variable, a block start) must not
+    change when the local optimizer steps.
+    """
+    offset = 0
+    for parameter in module.parameters():
+        size = parameter.numel()
+        parameter.copy_(vector[offset:offset + size].view_as(parameter))
+        offset += size
 
 
 def paradigm_class(name: str) -> type[Paradigm]:

@@ -1,10 +1,17 @@
 """Synchronous SGD: every step all-reduces gradients across workers (PyTorch DDP).
 
 With N workers of per-worker batch b this is exactly SGD with batch N*b, so it converges like a
-single large-batch run; its cost is one all-reduce per step.
+single large-batch run; its cost is one all-reduce per step (DDP buckets the gradients and
+overlaps the all-reduce with the backward pass). For large global batches use the rules of Goyal
+et al. (2017), applied by the worker for any paradigm: ``lr-scaling=linear`` (learning rate
+proportional to the global batch) with ``warmup-epochs`` of gradual warmup, and
+``accumulation-steps`` to reach a global batch larger than memory allows.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -18,7 +25,15 @@ class SyncSGD(Paradigm):
 
     def training_model(self) -> nn.Module:
         if not hasattr(self, "_ddp"):
-            device_ids = [torch.cuda.current_device()] if next(
-                self.model.parameters()).is_cuda else None
-            self._ddp = DistributedDataParallel(self.model, device_ids=device_ids)
+            on_gpu = next(self.model.parameters()).is_cuda
+            self._ddp = DistributedDataParallel(
+                self.model, device_ids=[torch.cuda.current_device()] if on_gpu else None)
         return self._ddp
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        with self.training_model().no_sync():  # type: ignore[operator]
+            yield
+
+    def after_step(self, step: int) -> None:
+        self.communication_ops += 1  # DDP's bucketed gradient all-reduce for this step

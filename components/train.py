@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import socket
@@ -28,7 +29,32 @@ if TYPE_CHECKING:
     from torchx import specs
 
 WORKER_MODULE = "sublimate.components.worker"
+ASYNC_MODULE = "sublimate.components.async_sgd"
 RANK0_HOST = "${TORCHX_RANK0_HOST:=localhost}"  # set by TorchX schedulers on multi-node jobs
+
+
+def _worker_env(gpu: int, env: dict[str, str] | None) -> dict[str, str]:
+    return {
+        "LOGLEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+        # Restarted gloo workers hang on torch 2.x unless each restart gets its own store
+        # (pytorch issue 135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **({} if gpu else {"OMP_NUM_THREADS": "1"}),
+        **(env or {}),
+    }
+
+
+def _shell(command: list[str]) -> list[str]:
+    # The rendezvous host is a shell expansion, so only arguments holding it stay unquoted.
+    return ["-c", " ".join(arg if RANK0_HOST in arg else shlex.quote(arg) for arg in command)]
+
+
+def _mounts(mounts: list[str] | None) -> list[specs.Mount]:
+    from torchx import specs
+
+    # parse_mounts takes the comma-separated tokens of TorchX's --mounts flag.
+    return specs.parse_mounts([token for mount in mounts or [] for token in mount.split(",")])
 
 
 def trainer(
@@ -38,7 +64,7 @@ def trainer(
     image: str = DEFAULT_IMAGE,
     cpu: int = 1,
     gpu: int = 0,
-    memMB: int = 2048,  # noqa: N803 (TorchX's own spelling, so the CLI flag matches dist.ddp)
+    memMB: int = 2048,
     rdzv_port: int = 29500,
     max_restarts: int = 0,
     python: str = "python",
@@ -46,7 +72,7 @@ def trainer(
     env: dict[str, str] | None = None,
     name: str = "sublimate-train",
 ) -> specs.AppDef:
-    """Data-parallel training on ``nodes`` x ``procs_per_node`` workers with torchrun.
+    """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
     Args:
         worker_args: arguments for the worker module (``--algorithm``, ``--data-dir``, ...)
@@ -67,15 +93,6 @@ def trainer(
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
-    worker_env = {
-        "LOGLEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-        # Restarted gloo workers hang on torch 2.x unless each restart gets its own store
-        # (pytorch issue 135712).
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        **({} if gpu else {"OMP_NUM_THREADS": "1"}),
-        **(env or {}),
-    }
     command = [
         python, "-m", "torch.distributed.run",
         "--nnodes", str(nodes),
@@ -86,26 +103,63 @@ def trainer(
         "--max-restarts", str(max_restarts),
         "-m", WORKER_MODULE, *worker_args,
     ]
-    # The rendezvous host is a shell expansion, so only that argument stays unquoted.
-    script = " ".join(arg if arg.startswith(RANK0_HOST) else shlex.quote(arg) for arg in command)
-    return specs.AppDef(
-        name=name,
-        roles=[
-            specs.Role(
-                name="worker",
-                image=image,
-                entrypoint="bash",
-                args=["-c", script],
-                num_replicas=nodes,
-                resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
-                env=worker_env,
-                port_map={"c10d": rdzv_port},
-                # parse_mounts takes the comma-separated tokens of TorchX's --mounts flag.
-                mounts=specs.parse_mounts([token for mount in mounts or [] for token in
-                                           mount.split(",")]),
-            )
-        ],
-    )
+    return specs.AppDef(name=name, roles=[specs.Role(
+        name="worker", image=image, entrypoint="bash", args=_shell(command),
+        num_replicas=nodes, resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
+        env=_worker_env(gpu, env), port_map={"c10d": rdzv_port}, mounts=_mounts(mounts),
+    )])
+
+
+def parameter_server(
+    *training_args: str,
+    trainers: int = 2,
+    image: str = DEFAULT_IMAGE,
+    cpu: int = 1,
+    gpu: int = 0,
+    memMB: int = 2048,
+    rpc_port: int = 29500,
+    python: str = "python",
+    mounts: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    name: str = "sublimate-async",
+) -> specs.AppDef:
+    """Asynchronous SGD: a ``ps`` role (one replica) and a ``trainer`` role (``trainers``).
+
+    Args:
+        training_args: arguments for both roles (``--data-dir``, ``--epochs``, ...)
+        trainers: number of trainer processes, one TorchX replica each
+        image: container image (ignored by the ``local_cwd`` scheduler)
+        cpu: CPUs requested per replica
+        gpu: GPUs requested per trainer
+        memMB: memory requested per replica, in MB
+        rpc_port: port of the parameter server's RPC endpoint
+        python: the Python interpreter
+        mounts: TorchX mounts shared by both roles
+        env: extra environment variables
+        name: the job's name
+    """
+    from torchx import specs
+
+    if trainers < 1:
+        raise ValueError("trainers must be at least 1")
+    common = ["--num-trainers", str(trainers), "--rpc-endpoint", f"{RANK0_HOST}:{rpc_port}",
+              *training_args]
+    resource = specs.Resource(cpu=cpu, gpu=0, memMB=memMB)
+    # The ps role comes first, so its replica 0 is the rank-0 host every trainer dials.
+    return specs.AppDef(name=name, roles=[
+        specs.Role(name="ps", image=image, entrypoint="bash",
+                   args=_shell([python, "-m", ASYNC_MODULE, "ps", *common]), num_replicas=1,
+                   resource=resource, env=_worker_env(0, env), port_map={"rpc": rpc_port},
+                   mounts=_mounts(mounts)),
+        specs.Role(name="trainer", image=image, entrypoint="bash",
+                   args=_shell([python, "-m", ASYNC_MODULE, "trainer", "--trainer-id",
+                                specs.macros.replica_id, *common]),
+                   num_replicas=trainers, resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
+                   env=_worker_env(gpu, env), mounts=_mounts(mounts)),
+    ])
+
+
+RUN_ID = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def _free_port() -> int:
@@ -121,21 +175,33 @@ def _positive(value: str) -> int:
     return number
 
 
+def _training_parser() -> argparse.ArgumentParser:
+    from sublimate.components.worker import add_training_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_training_arguments(parser)
+    return parser
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="train", description=__doc__.splitlines()[0],
+                                     parents=[_training_parser()])
     parser.add_argument("--algorithm", choices=sorted(PARADIGMS), default="sync")
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path,
+                        help="folder for checkpoints, logs and the model (or use --runs-root)")
+    parser.add_argument("--runs-root", type=Path, help="folder holding one folder per run")
+    parser.add_argument("--run-id", default="",
+                        help="run folder name under --runs-root; reusing one resumes that run "
+                             "from its last checkpoint (default: --workflow-name)")
+    parser.add_argument("--workflow-name", default="", help="the Argo workflow's name")
+    parser.add_argument("--run-dir-output", type=Path,
+                        help="file to write the run folder's path to (an Argo output)")
     parser.add_argument("--nodes", type=_positive, default=2)
     parser.add_argument("--procs-per-node", type=_positive, default=1)
-    parser.add_argument("--epochs", type=_positive, default=20)
-    parser.add_argument("--global-batch-size", type=_positive, default=64)
-    parser.add_argument("--learning-rate", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--weight-decay", type=float, default=1e-4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--staleness-bound", type=int, default=0,
+                        help="async: max pushes a trainer may run ahead (0: unbounded)")
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     parser.add_argument("--scheduler", choices=["auto", "local_cwd", "kubernetes"],
                         default="auto")
@@ -151,9 +217,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dryrun", action="store_true",
                         help="print the scheduler request instead of submitting it")
     args = parser.parse_args(argv)
-    if args.global_batch_size % (args.nodes * args.procs_per_node):
+    if args.run_dir is None:
+        run_id = args.run_id or args.workflow_name
+        if args.runs_root is None or not run_id:
+            parser.error("give --run-dir, or --runs-root with --run-id or --workflow-name")
+        if not RUN_ID.fullmatch(run_id):
+            parser.error(f"run-id '{run_id}' must be lowercase letters, digits and '-' "
+                         "(it names a folder on the shared volume)")
+        args.run_dir = args.runs_root / run_id
+    workers = args.nodes * args.procs_per_node
+    if args.global_batch_size % (workers * args.accumulation_steps):
         parser.error(f"global-batch-size {args.global_batch_size} is not divisible by "
-                     f"nodes x procs-per-node = {args.nodes * args.procs_per_node}")
+                     f"nodes x procs-per-node = {workers}"
+                     + (f" x accumulation-steps {args.accumulation_steps}"
+                        if args.accumulation_steps > 1 else ""))
     return args
 
 
@@ -164,41 +241,51 @@ def choose_scheduler(requested: str) -> str:
     return "kubernetes" if in_cluster else "local_cwd"
 
 
+def training_flags(args: argparse.Namespace) -> list[str]:
+    """The shared hyper-parameters of ``args`` as command-line flags for the workers."""
+    flags = []
+    for action in _training_parser()._actions:
+        value = getattr(args, action.dest)
+        if isinstance(action, argparse._StoreTrueAction):
+            flags += [action.option_strings[0]] if value else []
+        elif value is not None:
+            flags += [action.option_strings[0], str(value).lower() if isinstance(value, bool)
+                      else str(value)]
+    return flags
+
+
 def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
-    worker_args = [
-        "--algorithm", args.algorithm, "--data-dir", str(args.data_dir),
-        "--run-dir", str(args.run_dir), "--epochs", str(args.epochs),
-        "--global-batch-size", str(args.global_batch_size),
-        "--learning-rate", str(args.learning_rate), "--momentum", str(args.momentum),
-        "--weight-decay", str(args.weight_decay), "--seed", str(args.seed),
-        "--checkpoint-every", str(args.checkpoint_every), "--backend", args.backend,
-    ]
     local = scheduler == "local_cwd"
+    common = {
+        "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
+        "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
+        "mounts": None if local else args.mount, "name": f"sublimate-{args.algorithm}",
+    }
+    # Simulated nodes share one host, so each local job needs its own rendezvous port.
+    port = _free_port() if local else 29500
+    paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
+    if args.algorithm == "async":
+        return parameter_server(
+            *paths, "--staleness-bound", str(args.staleness_bound), *training_flags(args),
+            trainers=args.nodes * args.procs_per_node, rpc_port=port, **common)
     return trainer(
-        *worker_args,
-        nodes=args.nodes, procs_per_node=args.procs_per_node, image=args.image,
-        cpu=args.cpu_per_node, gpu=args.gpus_per_node, memMB=args.memory_mb_per_node,
-        # Simulated nodes share one host, so each local job needs its own rendezvous port.
-        rdzv_port=_free_port() if local else 29500,
-        max_restarts=args.max_restarts,
-        python=sys.executable if local else "python",
-        mounts=None if local else args.mount,
-        name=f"sublimate-{args.algorithm}",
-    )
+        "--algorithm", args.algorithm, *paths, "--backend", args.backend, *training_flags(args),
+        nodes=args.nodes, procs_per_node=args.procs_per_node, rdzv_port=port,
+        max_restarts=args.max_restarts, **common)
 
 
 _OUTPUT_LOCK = threading.Lock()
 
 
-def _stream_logs(runner: object, handle: str, node: int) -> None:
+def _stream_logs(runner: object, handle: str, role: str, replica: int, prefix: str) -> None:
     try:
-        for line in runner.log_lines(handle, "worker", k=node, should_tail=True):  # type: ignore[attr-defined]
+        for line in runner.log_lines(handle, role, k=replica, should_tail=True):  # type: ignore[attr-defined]
             # One write per line under a lock, so lines from different nodes never interleave.
             with _OUTPUT_LOCK:
-                sys.stdout.write(f"[node{node}] {line.rstrip()}\n")
+                sys.stdout.write(f"[{prefix}] {line.rstrip()}\n")
                 sys.stdout.flush()
     except Exception as error:  # the log stream must never take the step down with it
-        print(f"[node{node}] (log stream ended: {error})", flush=True)
+        print(f"[{prefix}] (log stream ended: {error})", flush=True)
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -220,61 +307,80 @@ def launch(args: argparse.Namespace) -> int:
               f"algorithm {args.algorithm})", flush=True)
         stop = threading.Event()
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        streams = [threading.Thread(target=_stream_logs, args=(runner, handle, node), daemon=True)
-                   for node in range(args.nodes)]
+        streams = [
+            threading.Thread(target=_stream_logs, daemon=True, args=(
+                runner, handle, role.name, replica,
+                f"node{replica}" if role.name == "worker" else f"{role.name}{replica}"))
+            for role in app.roles for replica in range(role.num_replicas)]
         for stream in streams:
             stream.start()
+        status = None
         try:
-            while True:
+            while not stop.is_set():
                 status = runner.status(handle)
-                if status is None or status.is_terminal() or stop.is_set():
+                if status is None or status.is_terminal():
                     break
                 time.sleep(0.25)
         except KeyboardInterrupt:
             stop.set()
         finally:
             signal.signal(signal.SIGTERM, previous)
-            if stop.is_set():
-                runner.cancel(handle)
-                print("train: stopped; cancelled the training job", file=sys.stderr)
-                return 143
+        if stop.is_set():
+            runner.cancel(handle)
+            print("train: stopped; cancelled the training job", file=sys.stderr)
+            return 143
         for stream in streams:
             stream.join(timeout=5)
         if status is None or status.state != AppState.SUCCEEDED:
             state = status.state.name if status else "UNKNOWN"
+            runner.cancel(handle)  # stop the replicas that are still running
             print(f"train: error: training job {handle} ended {state}", file=sys.stderr)
             for role in status.roles if status else []:
                 for replica in role.replicas:
                     if replica.state != AppState.SUCCEEDED:
-                        print(f"train: node{replica.id} ended {replica.state.name}",
+                        print(f"train: {role.role} replica {replica.id} ended "
+                              f"{replica.state.name}",
                               file=sys.stderr)
             return 1
     print(f"train: finished in {time.perf_counter() - started:.1f}s; model at "
           f"{args.run_dir / 'model.pt'}", flush=True)
-    if args.model_path_output:
-        args.model_path_output.parent.mkdir(parents=True, exist_ok=True)
-        args.model_path_output.write_text(str(args.run_dir / "model.pt"))
+    for output, value in ((args.model_path_output, args.run_dir / "model.pt"),
+                          (args.run_dir_output, args.run_dir)):
+        if output:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(str(value))
     return 0
 
 
 # Workflow inputs of the train step, each passed to the launcher as the flag of the same name.
 TEMPLATE_INPUTS = (
-    "algorithm", "data-dir", "run-dir", "nodes", "procs-per-node", "epochs", "global-batch-size",
-    "learning-rate", "momentum", "weight-decay", "seed", "checkpoint-every", "max-restarts",
+    "algorithm", "data-dir", "run-id", "workflow-name", "nodes", "procs-per-node", "epochs",
+    "global-batch-size", "learning-rate", "momentum", "weight-decay", "seed", "checkpoint-every",
+    "max-restarts", "lr-scaling", "reference-batch-size", "warmup-epochs", "accumulation-steps",
+    "sync-period",    "block-momentum", "block-lr", "nesterov", "moving-rate", "staleness-bound",
     "backend", "scheduler", "cpu-per-node", "gpus-per-node", "memory-mb-per-node", "queue",
 )
 
 
 def template(name: str = "train", **step_options: object):
-    """The ``train`` step: launches the TorchX job and waits for it; output ``model-path``."""
-    from sublimate.components.runtime import DEFAULT_CLAIM, SHARED_VOLUME_PATH, python_step
+    """The ``train`` step: launches the TorchX job and waits for it.
+
+    Outputs ``run-dir`` (the run's folder on the shared volume) and ``model-path``.
+    """
+    from sublimate.components.runtime import (
+        DEFAULT_CLAIM,
+        RUNS_PATH,
+        SHARED_VOLUME_PATH,
+        python_step,
+    )
 
     claim = step_options.get("claim_name", DEFAULT_CLAIM)
     return python_step(
         name, "sublimate.components.train",
         inputs={parameter: f"--{parameter}" for parameter in TEMPLATE_INPUTS},
-        outputs={"model-path": "--model-path-output"},
-        extra_args=["--mount", f"type=volume,src={claim},dst={SHARED_VOLUME_PATH}"],
+        outputs={"run-dir": "--run-dir-output", "model-path": "--model-path-output"},
+        extra_args=["--runs-root", RUNS_PATH,
+                    "--mount", f"type=volume,src={claim},dst={SHARED_VOLUME_PATH}"],
         **step_options,  # type: ignore[arg-type]
     )
 

@@ -1,16 +1,18 @@
-"""The training process that ``torchrun`` starts on every worker.
+"""The training process that ``torchrun`` starts on every worker (sync, bmuf, easgd).
 
 It joins the process group, reads its slice of every global batch from the staged dataset, runs
 the chosen paradigm's step loop, checkpoints to the shared volume and, on rank 0, writes the final
 model. Every worker walks the same seeded permutation of the training set and takes its own
 contiguous slice of each global batch, so N workers with batch b see exactly what one process with
-batch N*b would, and a resumed run continues the same sequence.
+batch N*b would, and a resumed run continues the same sequence from its step count.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,28 +26,72 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from sublimate.components import checkpoint
 from sublimate.components.datasets import read_metadata, read_split
 from sublimate.components.models import build_model
-from sublimate.components.paradigm import PARADIGMS, paradigm_class
+from sublimate.components.paradigm import Paradigm, paradigm_class
 
-CHECKPOINT_NAME = "checkpoints/latest.pt"
 MODEL_NAME = "model.pt"
+COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sublimate-worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", choices=sorted(PARADIGMS), default="sync")
-    parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--run-dir", type=Path, required=True)
+def _auto_float(value: str) -> float | None:
+    return None if value == "auto" else float(value)
+
+
+def _boolean(value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+    return value.lower() in ("true", "1", "yes")
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Hyper-parameters shared by every paradigm's worker (and passed through by the launcher)."""
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--global-batch-size", type=int, default=64)
-    parser.add_argument("--learning-rate", type=float, default=0.1)
+    parser.add_argument("--learning-rate", type=float, default=0.1,
+                        help="learning rate at the reference batch size")
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=100,
                         help="steps between checkpoints (0: only at the end)")
+    parser.add_argument("--lr-scaling", choices=["none", "linear"], default="linear",
+                        help="scale the learning rate with global-batch-size / reference-batch")
+    parser.add_argument("--reference-batch-size", type=int, default=64)
+    parser.add_argument("--warmup-epochs", type=float, default=0.0,
+                        help="epochs of gradual warmup from the reference learning rate")
+    parser.add_argument("--accumulation-steps", type=int, default=1)
+    parser.add_argument("--sync-period", type=int, default=8,
+                        help="local steps between synchronisations (bmuf, easgd)")
+    parser.add_argument("--block-momentum", type=_auto_float, default=None,
+                        help="BMUF block momentum eta (auto: 1 - 1/N)")
+    parser.add_argument("--block-lr", type=float, default=1.0, help="BMUF block learning rate")
+    parser.add_argument("--nesterov", type=_boolean, default=True,
+                        help="BMUF Nesterov-style look-ahead")
+    parser.add_argument("--moving-rate", type=_auto_float, default=None,
+                        help="EASGD moving rate alpha (auto: 0.9 / N)")
+    parser.add_argument("--eval-every-epoch", action="store_true",
+                        help="evaluate on the test split after every epoch (for benchmarks)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sublimate-worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithm", choices=COLLECTIVE_PARADIGMS, default="sync")
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    add_training_arguments(parser)
     return parser.parse_args(argv)
+
+
+def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> float:
+    """Goyal et al.'s rules: linear scaling with the global batch, reached by gradual warmup."""
+    base = args.learning_rate
+    target = base * args.global_batch_size / args.reference_batch_size \
+        if args.lr_scaling == "linear" else base
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup_steps:
+        return base + (target - base) * step / warmup_steps
+    return target
 
 
 def _device_and_backend(requested: str) -> tuple[torch.device, str]:
@@ -64,14 +110,65 @@ def _log(rank: int, message: str) -> None:
         print(message, flush=True)
 
 
+def _fault_injection(step: int, rank: int) -> None:
+    """Resilience testing: SIGKILL this worker at a given step of the first attempt only."""
+    if (os.environ.get("SUBLIMATE_FAIL_AT_STEP") == str(step)
+            and os.environ.get("SUBLIMATE_FAIL_RANK", "0") == str(rank)
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+        print(f"fault injection: killing rank {rank} at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_accuracy(model: nn.Module, data_dir: Path, device: torch.device) -> float:
+    data = read_split(data_dir, "test")
+    model.eval()
+    with torch.inference_mode():
+        logits = model(torch.from_numpy(data.x).reshape(len(data.y), -1).to(device))
+        accuracy = (logits.argmax(1).cpu() == torch.from_numpy(data.y)).float().mean().item()
+    model.train()
+    return accuracy
+
+
+class Checkpointer:
+    """Saves and restores one worker's full training state at committed steps."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, world: int) -> None:
+        self.args, self.rank, self.world = args, rank, world
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             paradigm: Paradigm, train_seconds: float) -> None:
+        checkpoint.save_rank(self.args.run_dir, step, self.rank, {
+            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "paradigm": paradigm.state_dict(), "rng": torch.get_rng_state(),
+            "train_seconds": train_seconds,
+        })
+        dist.barrier()  # every rank's file is on the volume before the step is committed
+        if self.rank == 0:
+            checkpoint.commit(self.args.run_dir, step, self.world, self.args.algorithm)
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                paradigm: Paradigm) -> tuple[int, float]:
+        state = checkpoint.load_rank(self.args.run_dir, self.rank, self.world,
+                                     self.args.algorithm)
+        if state is None:
+            return 0, 0.0
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        paradigm.load_state_dict(state["paradigm"])
+        torch.set_rng_state(state["rng"])
+        return state["step"], state["train_seconds"]
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     device, backend = _device_and_backend(args.backend)
     dist.init_process_group(backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.global_batch_size % world:
-        raise ValueError(f"global-batch-size {args.global_batch_size} is not divisible by the "
-                         f"{world} workers (nodes x procs-per-node)")
-    local_batch = args.global_batch_size // world
+    micro_batches = world * args.accumulation_steps
+    if args.global_batch_size % micro_batches:
+        raise ValueError(f"global-batch-size {args.global_batch_size} is not divisible by "
+                         f"{world} workers x {args.accumulation_steps} accumulation steps")
+    micro_batch = args.global_batch_size // micro_batches
+    local_batch = micro_batch * args.accumulation_steps
 
     metadata = read_metadata(args.data_dir)
     data = read_split(args.data_dir, "train")
@@ -89,70 +186,76 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model("mlp", model_config).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
-    paradigm = paradigm_class(args.algorithm)(model, vars(args))
-
-    step = 0
-    state = checkpoint.load(args.run_dir / CHECKPOINT_NAME)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        paradigm.load_state_dict(state["paradigm"])
-        step = state["step"]
-        _log(rank, f"resumed from {args.run_dir / CHECKPOINT_NAME} at step {step}/{total_steps}")
+    paradigm = paradigm_class(args.algorithm)(model, optimizer, vars(args))
+    checkpointer = Checkpointer(args, rank, world)
+    step, train_seconds = checkpointer.restore(model, optimizer, paradigm)
+    if step:
+        _log(rank, f"resumed from checkpoint at step {step}/{total_steps}")
     training_model = paradigm.training_model()
     loss_fn = nn.CrossEntropyLoss()
+    first_step, curve = step, []
 
-    def save_checkpoint() -> None:
-        if rank == 0:
-            checkpoint.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "paradigm": paradigm.state_dict(), "step": step,
-                             "algorithm": args.algorithm}, args.run_dir / CHECKPOINT_NAME)
-
-    started = time.perf_counter()
-    first_step = step
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
             args.seed * 100_003 + epoch)).to(device)
         epoch_loss = torch.zeros((), device=device)
-        epoch_correct = torch.zeros((), device=device)
         epoch_started = time.perf_counter()
         for batch_index in range(position, steps_per_epoch):
+            lr = learning_rate(args, step, steps_per_epoch)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             start = batch_index * args.global_batch_size + rank * local_batch
-            rows = order[start:start + local_batch]
-            logits = training_model(features[rows])
-            loss = loss_fn(logits, labels[rows])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            for micro in range(args.accumulation_steps):
+                rows = order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
+                last = micro == args.accumulation_steps - 1
+                with paradigm.no_sync() if not last else contextlib.nullcontext():
+                    loss = loss_fn(training_model(features[rows]), labels[rows])
+                    (loss / args.accumulation_steps).backward()
+                epoch_loss += loss.detach() / args.accumulation_steps
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             step += 1
             paradigm.after_step(step)
-            epoch_loss += loss.detach()
-            epoch_correct += (logits.argmax(1) == labels[rows]).sum()
-            if args.checkpoint_every and step % args.checkpoint_every == 0:
-                save_checkpoint()
-        batches = steps_per_epoch - position
-        totals = torch.stack([epoch_loss / batches, epoch_correct / (batches * local_batch)])
-        dist.all_reduce(totals)
-        totals /= world
-        elapsed = time.perf_counter() - epoch_started
-        _log(rank, f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} "
-                   f"loss {totals[0].item():.4f} train-accuracy {totals[1].item():.4f} "
-                   f"samples/s {batches * args.global_batch_size / max(elapsed, 1e-9):.0f}")
-    save_checkpoint()
-    seconds = time.perf_counter() - started
+            _fault_injection(step, rank)
+            if args.checkpoint_every and step % args.checkpoint_every == 0 \
+                    and step < total_steps:
+                checkpointer.save(step, model, optimizer, paradigm,
+                                  train_seconds + time.perf_counter() - epoch_started)
+        train_seconds += time.perf_counter() - epoch_started
+        mean_loss = epoch_loss / (steps_per_epoch - position)
+        dist.all_reduce(mean_loss)
+        samples_per_second = (steps_per_epoch - position) * args.global_batch_size \
+            / max(time.perf_counter() - epoch_started, 1e-9)
+        message = (f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} "
+                   f"loss {mean_loss.item() / world:.4f} lr {lr:.4g} "
+                   f"samples/s {samples_per_second:.0f}")
+        if args.eval_every_epoch and rank == 0:
+            accuracy = test_accuracy(paradigm.result_model(), args.data_dir, device)
+            curve.append([round(train_seconds, 4), step, round(accuracy, 4)])
+            message += f" test-accuracy {accuracy:.4f}"
+        _log(rank, message)
+
+    checkpointer.save(step, model, optimizer, paradigm, train_seconds)
+    ops = torch.tensor([paradigm.communication_ops], dtype=torch.float64)
+    dist.all_reduce(ops)  # the benchmark reports the total over all workers
     summary = {
         "algorithm": args.algorithm, "backend": backend, "world_size": world,
         "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
-        "train_seconds": round(seconds, 3),
+        "final_learning_rate": learning_rate(args, step, steps_per_epoch),
+        "train_seconds": round(train_seconds, 3),
         "samples_per_second": round((step - first_step) * args.global_batch_size
-                                    / max(seconds, 1e-9), 1),
+                                    / max(train_seconds, 1e-9), 1) if step > first_step else 0.0,
+        "communication_ops_per_worker": int(ops.item()) // world,
+        "communication_ops_per_epoch": round(ops.item() / world / args.epochs, 2),
+        "resumed_from_step": first_step,
+        "accuracy_curve": curve,
     }
     if rank == 0:
         checkpoint.save({"architecture": "mlp", "config": model_config,
-                         "state_dict": model.state_dict(), "algorithm": args.algorithm,
-                         "steps": step, "dataset": metadata["name"]},
-                        args.run_dir / MODEL_NAME)
+                         "state_dict": paradigm.result_model().state_dict(),
+                         "algorithm": args.algorithm, "steps": step,
+                         "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
         checkpoint.write_json(summary, args.run_dir / "train-summary.json")
     dist.barrier()
     dist.destroy_process_group()

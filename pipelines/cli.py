@@ -110,9 +110,10 @@ def command_run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
         print(format_table(result))
-        outputs = "".join(f", {name} {value}" for name, value in (result.outputs or {}).items())
-        print(f"\n{result.name} {result.phase} in {time.perf_counter() - started:.1f}s"
-              f"{outputs}\nrun folder: {result.run_dir}")
+        root = next((node for node in result.nodes if node.id == result.name), None)
+        if root is not None and root.parameters:
+            print("outputs: " + ", ".join(f"{k}={v}" for k, v in root.parameters.items()))
+        print(f"run folder: {result.run_dir} ({time.perf_counter() - started:.1f}s)")
         if result.phase != "Succeeded" and result.message:
             print(f"error: {result.message}", file=sys.stderr)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED

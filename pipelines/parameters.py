@@ -27,6 +27,7 @@ class PipelineParameter:
     enum: tuple[str, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
+    pattern: str | None = None  # a regular expression the whole value must match
 
     def to_hera(self) -> Parameter:
         from hera.workflows import Parameter
@@ -40,6 +41,8 @@ class PipelineParameter:
             spec["minimum"] = self.minimum
         if self.maximum is not None:
             spec["maximum"] = self.maximum
+        if self.pattern is not None:
+            spec["pattern"] = self.pattern
         return spec
 
     def reference(self) -> str:
@@ -47,5 +50,6 @@ class PipelineParameter:
 
 
 def type_annotation(parameters: list[PipelineParameter]) -> str:
-    return json.dumps({p.name: p.constraints() for p in parameters if p.type != "string"},
+    return json.dumps({p.name: p.constraints() for p in parameters
+                       if p.type != "string" or p.pattern},
                       sort_keys=True, separators=(",", ":"))

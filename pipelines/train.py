@@ -5,19 +5,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sublimate.components import evaluate, stage_data, train
-from sublimate.components.paradigm import PARADIGMS
-from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE, RUNS_PATH
+from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.pipelines.parameters import TYPES_ANNOTATION, PipelineParameter, type_annotation
 
 if TYPE_CHECKING:
     from hera.workflows import WorkflowTemplate
 
+AUTO_OR_NUMBER = r"^(auto|[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?)$"
+
 PARAMETERS = [
     PipelineParameter("dataset", "digits",
                       "Built-in dataset (digits) or the path/URL (file://, s3://) of a dataset "
                       "folder in sublimate's layout; staged onto the shared volume."),
-    PipelineParameter("algorithm", "sync", "Training paradigm. sync: synchronous SGD with DDP "
-                      "all-reduce.", enum=tuple(sorted(PARADIGMS))),
+    PipelineParameter("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP "
+                      "all-reduce every step); async: asynchronous SGD with a parameter server; "
+                      "bmuf: block-momentum SGD (Chen & Huo 2016); easgd: elastic-averaging SGD "
+                      "(Zhang et al. 2015).", enum=("sync", "async", "bmuf", "easgd")),
+    PipelineParameter("run-id", "", "Name of the run's folder on the shared volume "
+                      "(default: the workflow's name). Submit again with a previous run's id to "
+                      "resume it from its last checkpoint.",
+                      pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"),
     PipelineParameter("nodes", 2, "Training nodes (one torchrun agent each).",
                       type="integer", minimum=1, maximum=512),
     PipelineParameter("procs-per-node", 1, "Worker processes per node (one per GPU on GPU nodes).",
@@ -36,6 +43,28 @@ PARAMETERS = [
     PipelineParameter("max-restarts", 0, "Times torchrun restarts the workers after one fails; "
                       "they resume from the last checkpoint.", type="integer", minimum=0,
                       maximum=100),
+    PipelineParameter("lr-scaling", "linear", "Scale the learning rate with "
+                      "global-batch-size / reference-batch-size (Goyal et al. 2017); async scales "
+                      "with each trainer's batch.", enum=("linear", "none")),
+    PipelineParameter("reference-batch-size", 64, "Batch size at which learning-rate applies "
+                      "unscaled.", type="integer", minimum=1),
+    PipelineParameter("warmup-epochs", 0, "Epochs of gradual warmup from learning-rate to the "
+                      "scaled rate (Goyal et al. use 5 for large batches).", type="number",
+                      minimum=0),
+    PipelineParameter("accumulation-steps", 1, "Micro-batches accumulated per optimizer step "
+                      "(sync, bmuf, easgd).", type="integer", minimum=1),
+    PipelineParameter("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic "
+                      "updates.", type="integer", minimum=1),
+    PipelineParameter("block-momentum", "auto", "bmuf: block momentum eta (auto: 1 - 1/N for N "
+                      "workers).", pattern=AUTO_OR_NUMBER),
+    PipelineParameter("block-lr", 1.0, "bmuf: block learning rate zeta.", type="number",
+                      minimum=0),
+    PipelineParameter("nesterov", "true", "bmuf: Nesterov-style look-ahead between blocks.",
+                      enum=("true", "false")),
+    PipelineParameter("moving-rate", "auto", "easgd: moving rate alpha toward the center "
+                      "(auto: 0.9 / N).", pattern=AUTO_OR_NUMBER),
+    PipelineParameter("staleness-bound", 0, "async: most pushes a trainer may run ahead of the "
+                      "slowest (0: unbounded, pure Downpour).", type="integer", minimum=0),
     PipelineParameter("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, "
                       "gloo otherwise.", enum=("auto", "gloo", "nccl")),
     PipelineParameter("scheduler", "auto", "TorchX scheduler for the training job. auto: "
@@ -74,7 +103,6 @@ def train_pipeline(
         stage_step = stage_data.template(**step_options)
         train_step = train.template(**step_options)
         evaluate_step = evaluate.template(**step_options)
-        run_dir = f"{RUNS_PATH}/{{{{workflow.name}}}}"
         with DAG(name="train-pipeline", outputs=[Parameter(
                 name="accuracy",
                 value_from=ValueFrom(parameter="{{tasks.evaluate.outputs.parameters.accuracy}}"))]):
@@ -82,11 +110,11 @@ def train_pipeline(
             trained = train_step(arguments={
                 **{name: parameter[name] for name in train.TEMPLATE_INPUTS if name in parameter},
                 "data-dir": staged.get_parameter("dataset-dir"),
-                "run-dir": run_dir,
+                "workflow-name": "{{workflow.name}}",
             })
             evaluated = evaluate_step(arguments={
                 "data-dir": staged.get_parameter("dataset-dir"),
-                "model-dir": run_dir,
+                "model-dir": trained.get_parameter("run-dir"),
             })
             staged >> trained >> evaluated
     return workflow

@@ -18,7 +18,7 @@ def test_digits_split_is_stratified_and_disjoint() -> None:
     splits = digits_splits()
     train, test = splits["train"], splits["test"]
     assert len(train.y) + len(test.y) == 1797
-    assert train.x.shape[1] == 64 and 0.0 <= train.x.min() and train.x.max() <= 1.0
+    assert train.x.shape[1] == 64 and train.x.min() >= 0.0 and train.x.max() <= 1.0
     # every class keeps ~20% of its examples in the test set
     for label in range(10):
         share = (test.y == label).sum() / ((test.y == label).sum() + (train.y == label).sum())
@@ -51,7 +51,7 @@ def test_verify_detects_a_corrupt_shard(tmp_path: Path) -> None:
 
 def test_incomplete_folder_and_unknown_builtin(tmp_path: Path) -> None:
     (tmp_path / "half").mkdir()
-    with pytest.raises(DatasetError, match="metadata.json is missing"):
+    with pytest.raises(DatasetError, match=r"metadata\.json is missing"):
         verify_dataset(tmp_path / "half")
     with pytest.raises(DatasetError, match="unknown built-in dataset 'mnist'"):
         build_builtin("mnist", tmp_path / "mnist")

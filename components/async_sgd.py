@@ -1,0 +1,312 @@
+"""Asynchronous SGD with a parameter server (Downpour-style, Dean et al. 2012).
+
+A TorchX app with two roles: one ``ps`` process holds the model and the optimizer; ``trainer``
+processes compute gradients on their shard of each batch and call the server over
+``torch.distributed.rpc`` to push the gradient and pull the new parameters in one round trip,
+without waiting for each other. The server applies every pushed gradient exactly once, in arrival
+order, and records its staleness (how many other updates landed since the trainer pulled).
+
+``staleness-bound`` > 0 turns this into stale-synchronous parallel SGD: a trainer that is that
+many pushes ahead of the slowest running trainer waits before its push is applied.
+
+Checkpoints hold the server's whole state (model, optimizer, version, every trainer's position)
+and are written by the server alone; a re-submitted run resumes from the last one. Trainers are
+plain processes in a fixed RPC group, so a crashed trainer fails the app (torchrun restarts apply
+to the collective paradigms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sublimate.components import checkpoint
+from sublimate.components.paradigm import Paradigm
+
+PS_NAME = "ps"
+SERVER_CHECKPOINT = "checkpoints/parameter-server.pt"
+
+
+class AsyncSGD(Paradigm):
+    """Registered so ``algorithm=async`` is known; the work happens in the two roles below."""
+
+    name = "async"
+
+
+class ParameterServer:
+    """The global model; applies pushed gradients one at a time under a lock."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, num_trainers: int,
+                 staleness_bound: int = 0) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.num_trainers, self.staleness_bound = num_trainers, staleness_bound
+        self.version = 0
+        self.clocks = [0] * num_trainers
+        self.finished: set[int] = set()
+        self.staleness_total = 0
+        self.staleness_max = 0
+        self.staleness_histogram: dict[int, int] = {}
+        self.waits = 0
+        self.condition = threading.Condition()
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [parameter.detach().clone() for parameter in self.model.parameters()]
+
+    def start(self, trainer: int) -> tuple[list[torch.Tensor], int, int]:
+        """Parameters, version and the trainer's own step count (non-zero after a resume)."""
+        with self.condition:
+            return self.parameters(), self.version, self.clocks[trainer]
+
+    def _too_far_ahead(self, trainer: int) -> bool:
+        running = [clock for index, clock in enumerate(self.clocks) if index not in self.finished]
+        return bool(self.staleness_bound) and self.clocks[trainer] - min(running) \
+            >= self.staleness_bound
+
+    def push_pull(self, trainer: int, gradients: list[torch.Tensor], version_seen: int,
+                  learning_rate: float) -> tuple[list[torch.Tensor], int]:
+        with self.condition:
+            if self._too_far_ahead(trainer):
+                self.waits += 1
+                self.condition.wait_for(lambda: not self._too_far_ahead(trainer))
+            staleness = self.version - version_seen
+            self.staleness_total += staleness
+            self.staleness_max = max(self.staleness_max, staleness)
+            self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
+            for parameter, gradient in zip(self.model.parameters(), gradients, strict=True):
+                parameter.grad = gradient
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate
+            self.optimizer.step()
+            self.version += 1
+            self.clocks[trainer] += 1
+            self.condition.notify_all()
+            return self.parameters(), self.version
+
+    def finish(self, trainer: int) -> None:
+        with self.condition:
+            self.finished.add(trainer)
+            self.condition.notify_all()
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "updates_applied": self.version,
+            "pushes_per_trainer": list(self.clocks),
+            "staleness_mean": round(self.staleness_total / max(self.version, 1), 3),
+            "staleness_max": self.staleness_max,
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            "bound_waits": self.waits,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.condition:
+            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version, "clocks": list(self.clocks),
+                    "staleness": [self.staleness_total, self.staleness_max,
+                                  dict(self.staleness_histogram), self.waits]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.clocks = state["version"], list(state["clocks"])
+        self.staleness_total, self.staleness_max, histogram, self.waits = state["staleness"]
+        self.staleness_histogram = dict(histogram)
+
+
+# RPC targets run in the server process and reach its one ParameterServer through this global.
+_SERVER: ParameterServer | None = None
+
+
+def _remote_start(trainer: int) -> tuple[list[torch.Tensor], int, int]:
+    assert _SERVER is not None
+    return _SERVER.start(trainer)
+
+
+def _remote_push_pull(trainer: int, gradients: list[torch.Tensor], version_seen: int,
+                      learning_rate: float) -> tuple[list[torch.Tensor], int]:
+    assert _SERVER is not None
+    return _SERVER.push_pull(trainer, gradients, version_seen, learning_rate)
+
+
+def _remote_finish(trainer: int) -> None:
+    assert _SERVER is not None
+    _SERVER.finish(trainer)
+
+
+def _setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, Any, Any, int]:
+    from sublimate.components.datasets import read_metadata, read_split
+    from sublimate.components.models import build_model
+
+    metadata = read_metadata(args.data_dir)
+    data = read_split(args.data_dir, "train")
+    torch.manual_seed(args.seed)
+    model = build_model("mlp", {"num_features": int(data.x.reshape(len(data.y), -1).shape[1]),
+                                "num_classes": metadata["num_classes"], "hidden": args.hidden})
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
+                                momentum=args.momentum, weight_decay=args.weight_decay)
+    steps_per_epoch = len(data.y) // args.global_batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"global-batch-size {args.global_batch_size} exceeds the "
+                         f"{len(data.y)} training examples")
+    return model, optimizer, metadata, data, steps_per_epoch
+
+
+def _init_rpc(args: argparse.Namespace, name: str, rank: int) -> None:
+    from torch.distributed import rpc
+
+    options = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://{args.rpc_endpoint}", rpc_timeout=args.rpc_timeout,
+        num_worker_threads=max(16, 2 * args.num_trainers))
+    rpc.init_rpc(name, rank=rank, world_size=args.num_trainers + 1,
+                 rpc_backend_options=options)
+
+
+def update_learning_rate(args: argparse.Namespace, local_batch: int) -> float:
+    # Each update carries one trainer's batch, so linear scaling uses that batch size.
+    if args.lr_scaling == "linear":
+        return args.learning_rate * local_batch / args.reference_batch_size
+    return args.learning_rate
+
+
+def run_server(args: argparse.Namespace) -> dict[str, Any]:
+    global _SERVER
+    from torch.distributed import rpc
+
+    from sublimate.components.worker import MODEL_NAME, test_accuracy
+
+    model, optimizer, metadata, _, steps_per_epoch = _setup(args)
+    server = ParameterServer(model, optimizer, args.num_trainers, args.staleness_bound)
+    saved = checkpoint.load(args.run_dir / SERVER_CHECKPOINT)
+    if saved is not None:
+        server.load_state_dict(saved)
+        print(f"resumed parameter server at update {server.version}", flush=True)
+    first_version = server.version
+    _SERVER = server
+    _init_rpc(args, PS_NAME, 0)
+    total_updates = steps_per_epoch * args.epochs * args.num_trainers
+    updates_per_epoch = steps_per_epoch * args.num_trainers
+    started, curve, next_report = time.perf_counter(), [], first_version + updates_per_epoch
+    next_checkpoint = first_version + args.checkpoint_every if args.checkpoint_every else None
+    while True:
+        wake_at = min(next_report, next_checkpoint or next_report)
+        with server.condition:
+            server.condition.wait_for(
+                lambda wake_at=wake_at: len(server.finished) == args.num_trainers
+                or server.version >= wake_at, timeout=1.0)
+            done = len(server.finished) == args.num_trainers
+        if next_checkpoint is not None and server.version >= next_checkpoint:
+            checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
+            next_checkpoint = server.version + args.checkpoint_every
+        if server.version >= next_report:
+            message = f"epoch {round(server.version / updates_per_epoch)}/{args.epochs} " \
+                      f"updates {server.version}/{total_updates} staleness mean " \
+                      f"{server.statistics()['staleness_mean']}"
+            if args.eval_every_epoch:
+                with server.condition:
+                    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+                paused = time.perf_counter()
+                probe = _setup(args)[0]
+                probe.load_state_dict(snapshot)
+                accuracy = test_accuracy(probe, args.data_dir, torch.device("cpu"))
+                started += time.perf_counter() - paused  # evaluation is not training time
+                curve.append([round(time.perf_counter() - started, 4), server.version,
+                              round(accuracy, 4)])
+                message += f" test-accuracy {accuracy:.4f}"
+            print(message, flush=True)
+            next_report = (server.version // updates_per_epoch + 1) * updates_per_epoch
+        if done:
+            break
+    seconds = time.perf_counter() - started
+    rpc.shutdown()
+    checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
+    local_batch = args.global_batch_size // args.num_trainers
+    summary = {
+        "algorithm": "async", "world_size": args.num_trainers, "epochs": args.epochs,
+        "global_batch_size": args.global_batch_size, "train_seconds": round(seconds, 3),
+        "samples_per_second": round((server.version - first_version) * local_batch
+                                    / max(seconds, 1e-9), 1),
+        "push_pull_ops_per_epoch": updates_per_epoch,
+        "communication_ops_per_epoch": updates_per_epoch,
+        "resumed_from_update": first_version, "accuracy_curve": curve,
+        "steps": server.version // args.num_trainers,
+        **server.statistics(),
+    }
+    checkpoint.save({"architecture": "mlp", "config": {
+        "num_features": model[0].in_features, "num_classes": metadata["num_classes"],
+        "hidden": args.hidden}, "state_dict": model.state_dict(), "algorithm": "async",
+        "steps": summary["steps"], "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
+    checkpoint.write_json(summary, args.run_dir / "train-summary.json")
+    return summary
+
+
+def run_trainer(args: argparse.Namespace) -> None:
+    from torch.distributed import rpc
+
+    model, _, _, data, steps_per_epoch = _setup(args)
+    if args.global_batch_size % args.num_trainers:
+        raise ValueError(f"global-batch-size {args.global_batch_size} is not divisible by the "
+                         f"{args.num_trainers} trainers")
+    local_batch = args.global_batch_size // args.num_trainers
+    features = torch.from_numpy(data.x).reshape(len(data.y), -1)
+    labels = torch.from_numpy(data.y)
+    _init_rpc(args, f"trainer{args.trainer_id}", args.trainer_id + 1)
+    parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(args.trainer_id,))
+    lr = update_learning_rate(args, local_batch)
+    loss_fn = nn.CrossEntropyLoss()
+    total_steps = steps_per_epoch * args.epochs
+    while step < total_steps:
+        epoch, batch_index = divmod(step, steps_per_epoch)
+        with torch.no_grad():
+            for parameter, value in zip(model.parameters(), parameters, strict=True):
+                parameter.copy_(value)
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
+            args.seed * 100_003 + epoch))
+        start = batch_index * args.global_batch_size + args.trainer_id * local_batch
+        rows = order[start:start + local_batch]
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(features[rows]), labels[rows]).backward()
+        gradients = [parameter.grad for parameter in model.parameters()]
+        parameters, version = rpc.rpc_sync(
+            PS_NAME, _remote_push_pull, args=(args.trainer_id, gradients, version, lr))
+        step += 1
+    rpc.rpc_sync(PS_NAME, _remote_finish, args=(args.trainer_id,))
+    rpc.shutdown()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from sublimate.components.worker import add_training_arguments
+
+    parser = argparse.ArgumentParser(prog="sublimate-async", description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=["ps", "trainer"])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--num-trainers", type=int, required=True)
+    parser.add_argument("--trainer-id", type=int, default=0)
+    parser.add_argument("--rpc-endpoint", required=True, help="host:port of the ps process")
+    parser.add_argument("--rpc-timeout", type=float, default=300.0)
+    parser.add_argument("--staleness-bound", type=int, default=0,
+                        help="max pushes a trainer may run ahead of the slowest (0: unbounded)")
+    add_training_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.role == "ps":
+        summary = run_server(args)
+        print(f"training finished: {summary}", flush=True)
+    else:
+        run_trainer(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

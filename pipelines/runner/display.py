@@ -1,0 +1,87 @@
+"""Console progress reporting and the final results table."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+from .model import NodeResult, RunEvent, RunResult
+
+MAX_VALUE = 40
+_QUIET_TYPES = frozenset({"StepGroup"})  # bookkeeping nodes that clutter the live view
+
+
+def console_reporter(
+    stream: TextIO | None = None, follow_logs: bool = True
+) -> Callable[[RunEvent], None]:
+    """A reporter printing phase transitions with elapsed time and, optionally, log lines."""
+    lock = threading.Lock()
+    start: list[float] = []
+
+    def report(event: RunEvent) -> None:
+        out = stream if stream is not None else sys.stderr
+        if not start:
+            start.append(event.time.timestamp())
+        elapsed = event.time.timestamp() - start[0]
+        if event.kind == "log":
+            if not follow_logs or event.node is None:
+                return
+            text = f"{event.node.display_name} | {event.line}"
+        elif event.kind == "node" and event.node is not None:
+            if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
+                return  # the root node's phase is the workflow's, reported on its own
+            text = f"[{elapsed:7.1f}s] {event.node.display_name}: {event.phase}"
+            if event.message and event.phase not in ("Running", "Succeeded"):
+                text += f" ({event.message})"
+        else:
+            text = f"[{elapsed:7.1f}s] workflow {event.workflow}: {event.phase}"
+            if event.message:
+                text += f" ({event.message})"
+        with lock:
+            out.write(text + "\n")
+            out.flush()
+
+    return report
+
+
+def _truncate(text: str, width: int = MAX_VALUE) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _depths(nodes: list[NodeResult]) -> dict[str, int]:
+    by_id = {n.id: n for n in nodes}
+    depths: dict[str, int] = {}
+    for node in nodes:
+        depth, parent = 0, node.parent
+        while parent is not None and parent in by_id:
+            depth += 1
+            parent = by_id[parent].parent
+        depths[node.id] = depth
+    return depths
+
+
+def format_table(result: RunResult) -> str:
+    """The final table: one row per node (indented by nesting), phase, duration, outputs."""
+    depths = _depths(result.nodes)
+    rows = [("NODE", "PHASE", "DURATION", "OUTPUTS")]
+    for node in result.nodes:
+        if node.type in _QUIET_TYPES:
+            continue
+        label = "  " * depths[node.id] + node.display_name
+        duration = "-" if node.duration_s is None else f"{node.duration_s:.1f}s"
+        outputs = ", ".join(f"{k}={_truncate(v)}" for k, v in node.parameters.items())
+        if not outputs and node.phase in ("Failed", "Error", "Omitted") and node.message:
+            outputs = _truncate(node.message, 60)
+        rows.append((label, node.phase, duration, outputs))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}".rstrip()
+        for row in rows
+    ]
+    footer = f"{result.name}: {result.phase}"
+    if result.message:
+        footer += f" ({result.message})"
+    return "\n".join([*lines, footer])

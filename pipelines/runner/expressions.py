@@ -1,0 +1,255 @@
+"""Evaluators for DAG ``depends`` logic and ``when`` conditions.
+
+Both are tiny recursive-descent parsers; Argo uses govaluate for ``when``, and after
+substitution it turns unknown bare words into strings, so ``heads == heads`` is true.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+TASK_RESULTS = (
+    "Succeeded",
+    "Failed",
+    "Errored",
+    "Skipped",
+    "Omitted",
+    "Daemoned",
+    "AnySucceeded",
+    "AllFailed",
+)
+# Results that mean "this dependency's failure is handled by whoever depends on it".
+FAILURE_HANDLING_RESULTS = frozenset({"Failed", "Errored", "AnySucceeded", "AllFailed"})
+
+
+class ExpressionError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------- depends
+
+Ast = tuple
+
+_DEP_TOKEN = re.compile(r"\s*(?:(&&|\|\||!|\(|\))|([A-Za-z0-9_][\w\-.]*))")
+
+
+def _tokenize_depends(expr: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = expr.rstrip()
+    while pos < len(text):
+        match = _DEP_TOKEN.match(text, pos)
+        if not match:
+            raise ExpressionError(f"unexpected {text[pos:].strip()!r} in depends {expr!r}")
+        tokens.append(match.group(1) or match.group(2))
+        pos = match.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, tokens: list, source: str) -> None:
+        self.tokens = tokens
+        self.pos = 0
+        self.source = source
+
+    def peek(self) -> object:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> object:
+        token = self.peek()
+        if token is None:
+            raise ExpressionError(f"unexpected end of expression {self.source!r}")
+        self.pos += 1
+        return token
+
+    def expect_end(self) -> None:
+        if self.pos != len(self.tokens):
+            raise ExpressionError(f"unexpected {self.peek()!r} in expression {self.source!r}")
+
+
+class _DependsParser(_Parser):
+    def parse_or(self) -> Ast:
+        left = self.parse_and()
+        while self.peek() == "||":
+            self.take()
+            left = ("or", left, self.parse_and())
+        return left
+
+    def parse_and(self) -> Ast:
+        left = self.parse_unary()
+        while self.peek() == "&&":
+            self.take()
+            left = ("and", left, self.parse_unary())
+        return left
+
+    def parse_unary(self) -> Ast:
+        token = self.take()
+        if token == "!":
+            return ("not", self.parse_unary())
+        if token == "(":
+            inner = self.parse_or()
+            if self.take() != ")":
+                raise ExpressionError(f"missing ')' in depends {self.source!r}")
+            return inner
+        if token in ("&&", "||", ")"):
+            raise ExpressionError(f"unexpected {token!r} in depends {self.source!r}")
+        name = str(token)
+        task, _, result = name.rpartition(".")
+        if task and result in TASK_RESULTS:
+            return ("ref", task, result)
+        return ("ref", name, None)
+
+
+def parse_depends(expr: str) -> Ast:
+    parser = _DependsParser(_tokenize_depends(expr), expr)
+    ast = parser.parse_or()
+    parser.expect_end()
+    return ast
+
+
+def depends_references(ast: Ast) -> list[tuple[str, str | None]]:
+    """Every ``(task, result)`` pair the expression mentions, in order."""
+    if ast[0] == "ref":
+        return [(ast[1], ast[2])]
+    return [ref for child in ast[1:] for ref in depends_references(child)]
+
+
+def evaluate_depends(ast: Ast, lookup: Callable[[str, str | None], bool]) -> bool:
+    kind = ast[0]
+    if kind == "ref":
+        return lookup(ast[1], ast[2])
+    if kind == "not":
+        return not evaluate_depends(ast[1], lookup)
+    if kind == "and":
+        return evaluate_depends(ast[1], lookup) and evaluate_depends(ast[2], lookup)
+    return evaluate_depends(ast[1], lookup) or evaluate_depends(ast[2], lookup)
+
+
+# ------------------------------------------------------------------------------- when
+
+_WHEN_TOKEN = re.compile(
+    r"""\s*(?:(?P<op>&&|\|\||==|!=|<=|>=|=~|!~|<|>|!|\(|\))"""
+    r"""|(?P<str>'[^']*'|"[^"]*")|(?P<word>[^\s()!=<>&|'"~]+))"""
+)
+_COMPARISONS = ("==", "!=", "<", ">", "<=", ">=", "=~", "!~")
+
+
+class _Literal:
+    """A value token; ``text`` keeps the source spelling for regex matching."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: object, text: str) -> None:
+        self.value = value
+        self.text = text
+
+
+def _tokenize_when(expr: str) -> list:
+    tokens: list = []
+    pos = 0
+    text = expr.rstrip()
+    while pos < len(text):
+        match = _WHEN_TOKEN.match(text, pos)
+        if not match:
+            raise ExpressionError(f"unexpected {text[pos:].strip()!r} in when {expr!r}")
+        pos = match.end()
+        if match.group("op"):
+            tokens.append(match.group("op"))
+        elif match.group("str") is not None:
+            raw = match.group("str")[1:-1]
+            tokens.append(_Literal(raw, raw))
+        else:
+            word = match.group("word")
+            tokens.append(_Literal(_word_value(word), word))
+    return tokens
+
+
+def _word_value(word: str) -> object:
+    if word == "true":
+        return True
+    if word == "false":
+        return False
+    try:
+        return float(word)
+    except ValueError:
+        return word  # govaluate variables become strings after Argo's substitution
+
+
+class _WhenParser(_Parser):
+    def parse_or(self) -> object:
+        left = self.parse_and()
+        while self.peek() == "||":
+            self.take()
+            right = self.parse_and()
+            left = _truth(left, self.source) or _truth(right, self.source)
+        return left
+
+    def parse_and(self) -> object:
+        left = self.parse_comparison()
+        while self.peek() == "&&":
+            self.take()
+            right = self.parse_comparison()
+            left = _truth(left, self.source) and _truth(right, self.source)
+        return left
+
+    def parse_comparison(self) -> object:
+        left = self.parse_unary()
+        while self.peek() in _COMPARISONS:
+            op = str(self.take())
+            right = self.parse_unary()
+            left = _Literal(_compare(op, left, right, self.source), "")
+        return left
+
+    def parse_unary(self) -> object:
+        token = self.take()
+        if token == "!":
+            return _Literal(not _truth(self.parse_unary(), self.source), "")
+        if token == "(":
+            inner = self.parse_or()
+            if self.take() != ")":
+                raise ExpressionError(f"missing ')' in when {self.source!r}")
+            return inner
+        if isinstance(token, _Literal):
+            return token
+        raise ExpressionError(f"unexpected {token!r} in when {self.source!r}")
+
+
+def _truth(value: object, source: str) -> bool:
+    raw = value.value if isinstance(value, _Literal) else value
+    if isinstance(raw, bool):
+        return raw
+    raise ExpressionError(f"when {source!r}: {raw!r} is not a boolean")
+
+
+def _compare(op: str, left: _Literal, right: _Literal, source: str) -> bool:
+    a, b = left.value, right.value
+    if op in ("=~", "!~"):
+        try:
+            found = re.search(right.text, left.text) is not None
+        except re.error as exc:
+            raise ExpressionError(f"when {source!r}: bad regex {right.text!r}: {exc}") from exc
+        return found if op == "=~" else not found
+    numeric = isinstance(a, float) and isinstance(b, float)
+    if op in ("==", "!="):
+        equal = a == b if (numeric or type(a) is type(b)) else False
+        return equal if op == "==" else not equal
+    if not (numeric or (isinstance(a, str) and isinstance(b, str))):
+        raise ExpressionError(f"when {source!r}: cannot compare {left.text!r} {op} {right.text!r}")
+    if op == "<":
+        return a < b  # type: ignore[operator]
+    if op == ">":
+        return a > b  # type: ignore[operator]
+    if op == "<=":
+        return a <= b  # type: ignore[operator]
+    return a >= b  # type: ignore[operator]
+
+
+def evaluate_when(expr: str) -> bool:
+    """Evaluate an already-substituted ``when`` expression."""
+    parser = _WhenParser(_tokenize_when(expr), expr)
+    if not parser.tokens:
+        raise ExpressionError("empty when expression")
+    result = parser.parse_or()
+    parser.expect_end()
+    return _truth(result, expr)

@@ -1,0 +1,504 @@
+"""Loading, normalising and validating rendered Argo manifests.
+
+Validation walks the spec against a whitelist so that no field is ever silently ignored:
+a key is either supported, cluster-only (accepted and ignored, see ``CLUSTER_ONLY_FIELDS``)
+or reported with its path.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .durations import parse_duration
+from .errors import ManifestError
+from .expressions import ExpressionError, parse_depends
+from .substitution import EXPRESSION_TAG
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "CronWorkflow")
+
+# Fields that only mean something to a Kubernetes cluster (scheduling, images, pod policy,
+# garbage collection, metrics). The local runner accepts them and ignores them; artifact
+# ``archive`` settings are ignored too because the local store keeps files unarchived.
+CLUSTER_ONLY_FIELDS = frozenset(
+    {
+        "image",
+        "imagePullPolicy",
+        "imagePullSecrets",
+        "resources",
+        "securityContext",
+        "metrics",
+        "podGC",
+        "ttlStrategy",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "podMetadata",
+        "metadata",
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "synchronization",
+        "priority",
+        "priorityClassName",
+        "podPriorityClassName",
+        "schedulerName",
+        "archiveLogs",
+        "archiveLocation",
+        "artifactRepositoryRef",
+        "artifactGC",
+        "podDisruptionBudget",
+        "workflowMetadata",
+        "labels",
+        "annotations",
+        "ports",
+        "livenessProbe",
+        "readinessProbe",
+        "startupProbe",
+        "terminationMessagePath",
+        "terminationMessagePolicy",
+        "executor",
+        "dnsPolicy",
+        "dnsConfig",
+        "hostNetwork",
+    }
+)
+
+# Known Argo features with a friendlier name for the error message.
+_REFUSED = {
+    "resource": "resource templates",
+    "suspend": "suspend templates",
+    "http": "http templates",
+    "plugin": "plugin templates",
+    "data": "data templates",
+    "containerSet": "containerSet templates",
+    "daemon": "daemon templates",
+    "sidecars": "sidecars",
+    "initContainers": "initContainers",
+    "templateRef": "templateRef",
+    "memoize": "memoize",
+    "hooks": "lifecycle hooks",
+    "inline": "inline templates",
+    "onExit": "task/step-level onExit",
+    "expression": "expressions",
+    "podSpecPatch": "podSpecPatch",
+    "templateDefaults": "templateDefaults",
+    "retryStrategy": "workflow-level retryStrategy",
+    "envFrom": "envFrom",
+    "valueFrom": "valueFrom",
+    "target": "dag.target",
+    "shutdown": "spec.shutdown",
+}
+_ARTIFACT_LOCATIONS = (
+    "s3",
+    "gcs",
+    "http",
+    "git",
+    "artifactory",
+    "hdfs",
+    "oss",
+    "azure",
+    "raw",
+)
+
+ANY = None  # accepted scalar or opaque value
+
+
+def _list(spec: Any) -> tuple[str, Any]:
+    return ("list", spec)
+
+
+_ARGUMENTS = {
+    "parameters": _list({"name": ANY, "value": ANY}),
+    "artifacts": _list({"name": ANY, "from": ANY, "raw": {"data": ANY}}),
+}
+_ENV = _list({"name": ANY, "value": ANY})
+_MOUNTS = _list({"name": ANY, "mountPath": ANY, "subPath": ANY, "readOnly": ANY})
+_CONTAINER = {
+    "name": ANY,
+    "command": ANY,
+    "args": ANY,
+    "env": _ENV,
+    "workingDir": ANY,
+    "volumeMounts": _MOUNTS,
+}
+_SCRIPT = {**_CONTAINER, "source": ANY}
+_LOOP = {"withItems": ANY, "withParam": ANY, "withSequence": {"count": ANY, "start": ANY,
+                                                              "end": ANY, "format": ANY}}
+_STEP = {
+    "name": ANY,
+    "template": ANY,
+    "arguments": _ARGUMENTS,
+    "when": ANY,
+    "continueOn": {"failed": ANY, "error": ANY},
+    **_LOOP,
+}
+_TASK = {**_STEP, "dependencies": ANY, "depends": ANY}
+_VOLUME = {"name": ANY, "persistentVolumeClaim": {"claimName": ANY, "readOnly": ANY},
+           "emptyDir": ANY}
+_TEMPLATE = {
+    "name": ANY,
+    "inputs": {
+        "parameters": _list(
+            {"name": ANY, "value": ANY, "default": ANY, "enum": ANY, "description": ANY}
+        ),
+        "artifacts": _list(
+            {"name": ANY, "path": ANY, "from": ANY, "optional": ANY, "raw": {"data": ANY},
+             "mode": ANY, "archive": ANY}
+        ),
+    },
+    "outputs": {
+        "parameters": _list(
+            {
+                "name": ANY,
+                "description": ANY,
+                "globalName": ANY,
+                "valueFrom": {"path": ANY, "default": ANY, "parameter": ANY},
+            }
+        ),
+        "artifacts": _list(
+            {"name": ANY, "path": ANY, "from": ANY, "optional": ANY, "archive": ANY,
+             "globalName": ANY, "mode": ANY}
+        ),
+    },
+    "container": _CONTAINER,
+    "script": _SCRIPT,
+    "dag": {"tasks": _list(_TASK), "failFast": ANY},
+    "steps": _list(_list(_STEP)),
+    "retryStrategy": {
+        "limit": ANY,
+        "retryPolicy": ANY,
+        "backoff": {"duration": ANY, "factor": ANY, "maxDuration": ANY},
+    },
+    "activeDeadlineSeconds": ANY,
+    "timeout": ANY,
+    "parallelism": ANY,
+    "failFast": ANY,
+    "volumes": _list(_VOLUME),
+}
+_SPEC = {
+    "entrypoint": ANY,
+    "arguments": {"parameters": _list(
+        {"name": ANY, "value": ANY, "default": ANY, "enum": ANY, "description": ANY}
+    )},
+    "templates": _list(_TEMPLATE),
+    "onExit": ANY,
+    "parallelism": ANY,
+    "activeDeadlineSeconds": ANY,
+    "volumes": _list(_VOLUME),
+    "volumeClaimTemplates": ANY,
+    "workflowTemplateRef": {"name": ANY},
+}
+
+
+def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
+    if spec is ANY:
+        return
+    if isinstance(spec, tuple):
+        if not isinstance(value, list):
+            problems.append(f"{path}: expected a list")
+            return
+        for i, item in enumerate(value):
+            _walk(item, spec[1], f"{path}[{i}]", problems)
+        return
+    if not isinstance(value, dict):
+        problems.append(f"{path}: expected a mapping")
+        return
+    for key, item in value.items():
+        sub = f"{path}.{key}"
+        if key in spec:
+            _walk(item, spec[key], sub, problems)
+        elif key in CLUSTER_ONLY_FIELDS:
+            continue
+        elif key in _ARTIFACT_LOCATIONS and ".artifacts[" in path:
+            problems.append(
+                f"{sub}: {key} artifact locations are not supported by the local runner"
+                " (artifacts live in the run's local store)"
+            )
+        elif key in _REFUSED:
+            problems.append(f"{sub}: {_REFUSED[key]} are not supported by the local runner")
+        elif key in ("hostPath", "configMap", "secret", "nfs", "projected", "downwardAPI",
+                     "csi", "ephemeral"):
+            problems.append(f"{sub}: {key} volumes are not supported by the local runner")
+        else:
+            problems.append(f"{sub}: field is not supported by the local runner")
+
+
+def _strings(value: Any, path: str):
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}[{i}]")
+
+
+def unsupported_fields(workflow: dict) -> list[str]:
+    """Every unsupported or malformed field of a normalised workflow, each with its path.
+
+    Covers the whitelist walk plus the checks that need context: template references,
+    ``depends`` syntax, volume names, container commands and ``{{=...}}`` expression tags.
+    """
+    problems: list[str] = []
+    spec = workflow.get("spec")
+    if not isinstance(spec, dict):
+        return ["spec: missing"]
+    _walk(spec, _SPEC, "spec", problems)
+    for path, text in _strings(spec, "spec"):
+        if EXPRESSION_TAG.search(text):
+            problems.append(
+                f"{path}: expression tags {{{{=...}}}} are not supported by the local runner"
+            )
+    templates = spec.get("templates") or []
+    names = {t.get("name") for t in templates if isinstance(t, dict)}
+    entry = spec.get("entrypoint")
+    if not entry:
+        problems.append("spec.entrypoint: missing")
+    elif entry not in names:
+        problems.append(f"spec.entrypoint: template {entry!r} not found")
+    if spec.get("onExit") and spec["onExit"] not in names:
+        problems.append(f"spec.onExit: template {spec['onExit']!r} not found")
+    workflow_volumes = _volume_names(spec, "spec", problems)
+    for i, claim in enumerate(spec.get("volumeClaimTemplates") or []):
+        name = (claim.get("metadata") or {}).get("name") if isinstance(claim, dict) else None
+        if not name:
+            problems.append(f"spec.volumeClaimTemplates[{i}].metadata.name: missing")
+        else:
+            workflow_volumes.add(name)
+    for number in ("parallelism", "activeDeadlineSeconds"):
+        _check_int(spec, number, "spec", problems)
+    for i, template in enumerate(templates):
+        if isinstance(template, dict):
+            _check_template(template, f"spec.templates[{i}]", names, workflow_volumes, problems)
+    return list(dict.fromkeys(problems))
+
+
+def _check_int(holder: dict, key: str, path: str, problems: list[str]) -> None:
+    value = holder.get(key)
+    if value is None or (isinstance(value, str) and "{{" in value):
+        return
+    try:
+        int(value)
+    except (TypeError, ValueError):
+        problems.append(f"{path}.{key}: {value!r} is not an integer")
+
+
+def _volume_names(holder: dict, path: str, problems: list[str]) -> set[str]:
+    names: set[str] = set()
+    for i, volume in enumerate(holder.get("volumes") or []):
+        if not isinstance(volume, dict):
+            continue
+        kinds = [k for k in volume if k != "name"]
+        if not volume.get("name"):
+            problems.append(f"{path}.volumes[{i}].name: missing")
+        if kinds == ["persistentVolumeClaim"] and not volume[kinds[0]].get("claimName"):
+            problems.append(f"{path}.volumes[{i}].persistentVolumeClaim.claimName: missing")
+        names.add(volume.get("name"))
+    return names
+
+
+def _check_template(
+    template: dict, path: str, names: set, volumes: set[str], problems: list[str]
+) -> None:
+    kinds = [k for k in ("container", "script", "dag", "steps") if k in template]
+    refused = [k for k in template if k in ("resource", "suspend", "http", "plugin", "data",
+                                             "containerSet")]
+    if len(kinds) + len(refused) == 0:
+        problems.append(f"{path}: template has no container, script, dag or steps")
+    elif len(kinds) > 1:
+        problems.append(f"{path}: template has more than one of {', '.join(kinds)}")
+    if not template.get("name"):
+        problems.append(f"{path}.name: missing")
+    local_volumes = volumes | _volume_names(template, path, problems)
+    for kind in ("container", "script"):
+        body = template.get(kind)
+        if not isinstance(body, dict):
+            continue
+        if not body.get("command"):
+            problems.append(
+                f"{path}.{kind}.command: required by the local runner"
+                " (the image's entrypoint is unknown locally)"
+            )
+        elif not isinstance(body["command"], list):
+            problems.append(f"{path}.{kind}.command: expected a list")
+        for j, mount in enumerate(body.get("volumeMounts") or []):
+            if isinstance(mount, dict) and mount.get("name") not in local_volumes:
+                problems.append(
+                    f"{path}.{kind}.volumeMounts[{j}].name: volume {mount.get('name')!r}"
+                    " is not declared"
+                )
+    for key in ("timeout",):
+        if key in template and "{{" not in str(template[key]):
+            try:
+                parse_duration(template[key])
+            except ValueError as exc:
+                problems.append(f"{path}.{key}: {exc}")
+    for number in ("parallelism", "activeDeadlineSeconds"):
+        _check_int(template, number, path, problems)
+    backoff = (template.get("retryStrategy") or {}).get("backoff") or {}
+    for key in ("duration", "maxDuration"):
+        if key in backoff and "{{" not in str(backoff[key]):
+            try:
+                parse_duration(backoff[key])
+            except ValueError as exc:
+                problems.append(f"{path}.retryStrategy.backoff.{key}: {exc}")
+    policy = (template.get("retryStrategy") or {}).get("retryPolicy")
+    if policy not in (None, "Always", "OnFailure", "OnError", "OnTransientError"):
+        problems.append(f"{path}.retryStrategy.retryPolicy: unknown policy {policy!r}")
+    dag = template.get("dag")
+    if isinstance(dag, dict):
+        tasks = [t for t in dag.get("tasks") or [] if isinstance(t, dict)]
+        task_names = {t.get("name") for t in tasks}
+        for j, task in enumerate(tasks):
+            _check_call(task, f"{path}.dag.tasks[{j}]", names, problems)
+            if "depends" in task and "dependencies" in task:
+                problems.append(f"{path}.dag.tasks[{j}]: use either depends or dependencies")
+            deps = list(task.get("dependencies") or [])
+            if task.get("depends"):
+                try:
+                    from .expressions import depends_references
+
+                    ast = parse_depends(str(task["depends"]))
+                    deps += [name for name, _ in depends_references(ast)]
+                except ExpressionError as exc:
+                    problems.append(f"{path}.dag.tasks[{j}].depends: {exc}")
+            for dep in deps:
+                if dep not in task_names:
+                    problems.append(f"{path}.dag.tasks[{j}]: depends on unknown task {dep!r}")
+    steps = template.get("steps")
+    if isinstance(steps, list):
+        for j, group in enumerate(steps):
+            for k, step in enumerate(group if isinstance(group, list) else []):
+                if isinstance(step, dict):
+                    _check_call(step, f"{path}.steps[{j}][{k}]", names, problems)
+
+
+def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:
+    if not call.get("name"):
+        problems.append(f"{path}.name: missing")
+    if "template" not in call:
+        if "templateRef" not in call and "inline" not in call:
+            problems.append(f"{path}.template: missing")
+    elif call["template"] not in names:
+        problems.append(f"{path}.template: template {call['template']!r} not found")
+    loops = [k for k in ("withItems", "withParam", "withSequence") if k in call]
+    if len(loops) > 1:
+        problems.append(f"{path}: only one of {', '.join(loops)} may be used")
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def load_manifest(path_or_text: str | Path, name: str | None = None) -> dict:
+    """Read a (multi-document) YAML manifest and return the normalised Workflow to run.
+
+    ``path_or_text`` is a file path, or YAML text when it contains a newline.
+    """
+    if isinstance(path_or_text, Path) or "\n" not in path_or_text:
+        try:
+            text = Path(path_or_text).read_text()
+        except OSError as exc:
+            raise ManifestError(f"cannot read manifest {str(path_or_text)!r}: {exc}") from exc
+    else:
+        text = path_or_text
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=_LOADER) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"invalid YAML: {exc}") from exc
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            raise ManifestError(f"document {i}: expected a mapping")
+    candidates = [d for d in docs if d.get("kind") in WORKFLOW_KINDS]
+    if not candidates:
+        raise ManifestError("no Workflow, WorkflowTemplate or CronWorkflow document found")
+    if name is not None:
+        candidates = [d for d in candidates if _doc_name(d) == name]
+        if not candidates:
+            known = ", ".join(_doc_name(d) for d in docs if d.get("kind") in WORKFLOW_KINDS)
+            raise ManifestError(f"no workflow named {name!r} in the manifest (found: {known})")
+    elif len(candidates) > 1:
+        # A Workflow that refers to templates in the same file is the obvious choice.
+        workflows = [d for d in candidates if d.get("kind") in ("Workflow", "CronWorkflow")]
+        if len(workflows) == 1:
+            candidates = workflows
+    if len(candidates) > 1:
+        found = ", ".join(f"{d.get('kind')}/{_doc_name(d)}" for d in candidates)
+        raise ManifestError(f"several workflows in the manifest ({found}); choose one by name")
+    templates = {_doc_name(d): d for d in docs if d.get("kind") == "WorkflowTemplate"}
+    return normalise_workflow(candidates[0], templates)
+
+
+def _doc_name(doc: dict) -> str:
+    meta = doc.get("metadata") or {}
+    return str(meta.get("name") or meta.get("generateName") or "")
+
+
+def normalise_workflow(doc: dict, workflow_templates: dict[str, dict] | None = None) -> dict:
+    """Turn a Workflow, WorkflowTemplate or CronWorkflow document into a plain Workflow."""
+    doc = copy.deepcopy(doc)
+    kind = doc.get("kind", "Workflow")
+    meta = dict(doc.get("metadata") or {})
+    if kind == "CronWorkflow":
+        spec = (doc.get("spec") or {}).get("workflowSpec")
+        if not isinstance(spec, dict):
+            raise ManifestError("spec.workflowSpec: missing in CronWorkflow")
+        meta = _submitted_metadata(meta)
+    elif kind == "WorkflowTemplate":
+        spec = doc.get("spec") or {}
+        meta = _submitted_metadata(meta)
+    elif kind == "Workflow":
+        spec = doc.get("spec") or {}
+    else:
+        raise ManifestError(f"kind: {kind!r} is not a workflow")
+    ref = spec.get("workflowTemplateRef")
+    if ref:
+        if ref.get("clusterScope"):
+            raise ManifestError(
+                "spec.workflowTemplateRef.clusterScope: ClusterWorkflowTemplates are not"
+                " supported by the local runner"
+            )
+        base = (workflow_templates or {}).get(ref.get("name"))
+        if base is None:
+            raise ManifestError(
+                f"spec.workflowTemplateRef.name: WorkflowTemplate {ref.get('name')!r}"
+                " not found in the manifest"
+            )
+        spec = _merge_specs(copy.deepcopy(base.get("spec") or {}), spec)
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": meta,
+            "spec": spec}
+
+
+def _submitted_metadata(meta: dict) -> dict:
+    name = meta.pop("name", None)
+    meta.pop("generateName", None)
+    meta["generateName"] = f"{name}-" if name else "workflow-"
+    return meta
+
+
+def _merge_specs(base: dict, override: dict) -> dict:
+    override = {k: v for k, v in override.items() if k != "workflowTemplateRef"}
+    args = override.pop("arguments", None) or {}
+    base.update(override)
+    if args.get("parameters"):
+        params = {p["name"]: dict(p) for p in (base.get("arguments") or {}).get("parameters")
+                  or []}
+        for param in args["parameters"]:
+            params.setdefault(param["name"], {}).update(param)
+        base.setdefault("arguments", {})["parameters"] = list(params.values())
+    return base
+
+
+def check_workflow(workflow: dict) -> None:
+    problems = unsupported_fields(workflow)
+    if problems:
+        count = len(problems)
+        raise ManifestError(
+            f"{count} problem{'s' if count > 1 else ''} in the manifest:\n  "
+            + "\n  ".join(problems)
+        )

@@ -1,0 +1,130 @@
+"""Options, results and progress events of a local run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+PHASES_DONE = frozenset({"Succeeded", "Failed", "Error", "Skipped", "Omitted"})
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class RunEvent:
+    """A progress event: ``kind`` is ``"workflow"``, ``"node"`` (phase change) or ``"log"``."""
+
+    kind: str
+    workflow: str
+    time: datetime
+    phase: str | None = None
+    node: NodeResult | None = None
+    line: str | None = None
+    message: str = ""
+
+
+@dataclass
+class RunOptions:
+    home: Path
+    parallelism: int | None = None
+    reporter: Callable[[RunEvent], None] | None = None
+    follow_logs: bool = True
+
+
+@dataclass
+class NodeResult:
+    id: str
+    name: str
+    display_name: str
+    template: str
+    type: str
+    phase: str = "Pending"
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    message: str = ""
+    parameters: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    result: str | None = None
+    exit_code: int | None = None
+    log: Path | None = None
+    children: list[str] = field(default_factory=list)
+    parent: str | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at or now()
+        return round((end - self.started_at).total_seconds(), 3)
+
+    @property
+    def done(self) -> bool:
+        return self.phase in PHASES_DONE
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "display_name": self.display_name,
+            "template": self.template,
+            "type": self.type,
+            "phase": self.phase,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "duration_s": self.duration_s,
+            "outputs": {
+                "parameters": dict(self.parameters),
+                "artifacts": dict(self.artifacts),
+                "result": self.result,
+                "exitCode": None if self.exit_code is None else str(self.exit_code),
+            },
+            "message": self.message,
+            "log": str(self.log) if self.log else None,
+            "parent": self.parent,
+            "children": list(self.children),
+        }
+
+
+@dataclass
+class RunResult:
+    name: str
+    phase: str
+    message: str
+    started_at: datetime
+    finished_at: datetime | None
+    run_dir: Path
+    nodes: list[NodeResult]
+    parameters: dict[str, str]
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def node(self, display_name: str) -> NodeResult:
+        """The first node whose display name (or full name) matches; handy in tests/CLI."""
+        for node in self.nodes:
+            if display_name in (node.display_name, node.name):
+                return node
+        raise KeyError(display_name)
+
+    def to_json(self) -> dict:
+        duration = None
+        if self.finished_at:
+            duration = round((self.finished_at - self.started_at).total_seconds(), 3)
+        return {
+            "name": self.name,
+            "phase": self.phase,
+            "message": self.message,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "duration_s": duration,
+            "run_dir": str(self.run_dir),
+            "parameters": dict(self.parameters),
+            "outputs": {k: dict(v) for k, v in self.outputs.items()},
+            "nodes": [node.to_json() for node in self.nodes],
+        }

@@ -1,0 +1,87 @@
+"""Resolution and checking of workflow parameters given with ``-p name=value``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .errors import ParameterError
+from .substitution import as_text
+
+TYPES_ANNOTATION = "sublimate.dev/parameter-types"
+
+
+def resolve_parameters(workflow: dict, overrides: dict[str, str]) -> dict[str, str]:
+    """Merge ``overrides`` into the workflow's ``spec.arguments.parameters`` and check them."""
+    declared = (workflow.get("spec", {}).get("arguments") or {}).get("parameters") or []
+    by_name = {p["name"]: p for p in declared if isinstance(p, dict) and "name" in p}
+    unknown = [name for name in overrides if name not in by_name]
+    if unknown:
+        known = ", ".join(by_name) or "none"
+        raise ParameterError(
+            f"unknown parameter {unknown[0]!r} (known parameters: {known})"
+        )
+    types = _type_annotation(workflow)
+    resolved: dict[str, str] = {}
+    for name, param in by_name.items():
+        if name in overrides:
+            value = str(overrides[name])
+        elif param.get("value") is not None:
+            value = as_text(param["value"])
+        elif param.get("default") is not None:
+            value = as_text(param["default"])
+        else:
+            raise ParameterError(
+                f"parameter {name!r} has no value and no default; pass -p {name}=..."
+            )
+        enum = param.get("enum")
+        if enum and value not in [as_text(v) for v in enum]:
+            allowed = ", ".join(as_text(v) for v in enum)
+            raise ParameterError(f"parameter {name!r}: {value!r} is not one of {allowed}")
+        if name in types:
+            _check_type(name, value, types[name])
+        resolved[name] = value
+    return resolved
+
+
+def _type_annotation(workflow: dict) -> dict[str, dict]:
+    annotations = (workflow.get("metadata") or {}).get("annotations") or {}
+    raw = annotations.get(TYPES_ANNOTATION)
+    if not raw:
+        return {}
+    try:
+        types = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ParameterError(f"annotation {TYPES_ANNOTATION} is not valid JSON: {exc}") from exc
+    if not isinstance(types, dict):
+        raise ParameterError(f"annotation {TYPES_ANNOTATION} must be a JSON object")
+    return {k: v for k, v in types.items() if isinstance(v, dict)}
+
+
+def _check_type(name: str, value: str, rule: dict) -> None:
+    kind = rule.get("type", "string")
+    number: float | None = None
+    if kind == "integer":
+        try:
+            number = int(value)
+        except ValueError:
+            raise ParameterError(f"parameter {name!r}: {value!r} is not an integer") from None
+    elif kind == "number":
+        try:
+            number = float(value)
+        except ValueError:
+            raise ParameterError(f"parameter {name!r}: {value!r} is not a number") from None
+    elif kind == "boolean" and value.lower() not in ("true", "false"):
+        raise ParameterError(f"parameter {name!r}: {value!r} is not a boolean (true/false)")
+    if number is not None:
+        if "minimum" in rule and number < rule["minimum"]:
+            raise ParameterError(
+                f"parameter {name!r}: {value} is below the minimum {rule['minimum']}"
+            )
+        if "maximum" in rule and number > rule["maximum"]:
+            raise ParameterError(
+                f"parameter {name!r}: {value} is above the maximum {rule['maximum']}"
+            )
+    pattern = rule.get("pattern")
+    if pattern and re.search(pattern, value) is None:
+        raise ParameterError(f"parameter {name!r}: {value!r} does not match pattern {pattern!r}")
