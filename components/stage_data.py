@@ -67,6 +67,8 @@ def stage(dataset: str, data_root: Path) -> Path:
         build_builtin(dataset, target)
     elif "://" in dataset or Path(dataset).exists():
         _copy_from_url(dataset if "://" in dataset else str(Path(dataset).resolve()), target)
+    elif "/" in dataset or dataset.startswith("."):
+        raise DatasetError(f"dataset '{dataset}': no such directory")
     else:
         raise DatasetError(f"dataset '{dataset}' is neither a built-in dataset "
                            f"({', '.join(BUILTIN_DATASETS)}) nor an existing path or URL")

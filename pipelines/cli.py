@@ -114,9 +114,21 @@ def command_run(args: argparse.Namespace) -> int:
         if root is not None and root.parameters:
             print("outputs: " + ", ".join(f"{k}={v}" for k, v in root.parameters.items()))
         print(f"run folder: {result.run_dir} ({time.perf_counter() - started:.1f}s)")
-        if result.phase != "Succeeded" and result.message:
-            print(f"error: {result.message}", file=sys.stderr)
+        if result.phase != "Succeeded":
+            report_failures(result)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def report_failures(result: Any, lines: int = 8) -> None:
+    """Say why the run failed: the message and the end of each failed step's log."""
+    print(f"error: {result.message or result.phase}", file=sys.stderr)
+    for node in result.nodes:
+        if node.phase in ("Failed", "Error") and node.log and not node.children:
+            log = Path(node.log)
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+            print(f"--- {node.display_name}: {node.message} (log: {log})", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
 
 
 def command_render(args: argparse.Namespace) -> int:

@@ -33,9 +33,12 @@ PARAMETERS = [
                       type="integer", minimum=1, maximum=100000),
     PipelineParameter("global-batch-size", 64, "Examples per optimizer step across all workers; "
                       "must divide by nodes x procs-per-node.", type="integer", minimum=1),
-    PipelineParameter("learning-rate", 0.1, "SGD learning rate.", type="number", minimum=0),
-    PipelineParameter("momentum", 0.9, "SGD momentum.", type="number", minimum=0, maximum=1),
-    PipelineParameter("weight-decay", 0.0001, "L2 weight decay.", type="number", minimum=0),
+    PipelineParameter("learning-rate", 0.1, "SGD learning rate at reference-batch-size (scaled "
+                      "for other batch sizes, see lr-scaling).", type="number", minimum=0),
+    PipelineParameter("momentum", 0.9, "SGD momentum of each worker's optimizer (async: the "
+                      "server's).", type="number", minimum=0, maximum=1),
+    PipelineParameter("weight-decay", 0.0001, "L2 weight decay of the optimizer.",
+                      type="number", minimum=0),
     PipelineParameter("seed", 0, "Seed for model initialisation and data order.",
                       type="integer", minimum=0),
     PipelineParameter("checkpoint-every", 100, "Steps between checkpoints on the shared volume "
