@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
+    import torch
+    from torch import nn
 
 # name -> "module:Class"; modules are imported on demand so a worker loads only its own paradigm.
 PARADIGMS: dict[str, str] = {
@@ -67,10 +68,11 @@ class Paradigm:
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
     """A detached copy of the module's parameters as one vector (one collective per sync)."""
-    return torch.nn.utils.parameters_to_vector(module.parameters()).detach().clone()
+    from torch.nn.utils import parameters_to_vector
+
+    return parameters_to_vector(module.parameters()).detach().clone()
 
 
-@torch.no_grad()
 def load_flat_parameters(module: nn.Module, vector: torch.Tensor) -> None:
     """Copy ``vector`` into the parameters in place.
 
@@ -78,11 +80,14 @@ def load_flat_parameters(module: nn.Module, vector: torch.Tensor) -> None:
     vector, this keeps them independent: the vector (a center variable, a block start) must not
     change when the local optimizer steps.
     """
+    import torch
+
     offset = 0
-    for parameter in module.parameters():
-        size = parameter.numel()
-        parameter.copy_(vector[offset:offset + size].view_as(parameter))
-        offset += size
+    with torch.no_grad():
+        for parameter in module.parameters():
+            size = parameter.numel()
+            parameter.copy_(vector[offset:offset + size].view_as(parameter))
+            offset += size
 
 
 def paradigm_class(name: str) -> type[Paradigm]:

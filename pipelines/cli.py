@@ -114,8 +114,8 @@ def command_run(args: argparse.Namespace) -> int:
         if root is not None and root.parameters:
             print("outputs: " + ", ".join(f"{k}={v}" for k, v in root.parameters.items()))
         print(f"run folder: {result.run_dir} ({time.perf_counter() - started:.1f}s)")
-        if result.phase != "Succeeded":
-            report_failures(result)
+    if result.phase != "Succeeded":
+        report_failures(result)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
 
 

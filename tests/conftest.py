@@ -18,9 +18,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def run_cli(*args: str, home: Path, timeout: float = 300,
-            cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real `sublimate` entry point in a child process, as a user would."""
-    env = {**os.environ, "SUBLIMATE_HOME": str(home)}
+    env = {**os.environ, "SUBLIMATE_HOME": str(home), **(env or {})}
     return subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)

@@ -1,0 +1,199 @@
+"""`sublimate run` end to end: real torchrun workers through TorchX, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+PASSES = "Succeeded"
+
+
+def _run_json(home: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    completed = run_cli("run", "-q", "-o", "json", *args, home=home, env=env)
+    assert completed.stdout, completed.stderr
+    result = json.loads(completed.stdout)
+    result["_exit"], result["_stderr"] = completed.returncode, completed.stderr
+    return result
+
+
+def _nodes(result: dict) -> dict[str, dict]:
+    return {node["display_name"]: node for node in result["nodes"]}
+
+
+def _volume(home: Path) -> Path:
+    return home / "volumes" / "sublimate-data"
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    home = tmp_path_factory.mktemp("default") / "home"
+    return home, _run_json(home)
+
+
+def test_default_pipeline_trains_digits_on_two_nodes(default_run: tuple[Path, dict]) -> None:
+    home, result = default_run
+    assert result["phase"] == PASSES and result["_exit"] == 0, result["_stderr"]
+    nodes = _nodes(result)
+    assert [nodes[n]["phase"] for n in ("stage-data", "train", "evaluate")] == [PASSES] * 3
+    accuracy = float(nodes["evaluate"]["outputs"]["parameters"]["accuracy"])
+    assert accuracy >= 0.95
+    run_dir = _volume(home) / "runs" / result["name"]
+    assert nodes["train"]["outputs"]["parameters"]["run-dir"] == \
+        f"/mnt/sublimate/runs/{result['name']}"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(accuracy) and metrics["examples"] == 359
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 440
+    # two simulated nodes really ran: TorchX kept one log folder per replica
+    replicas = list((run_dir / "logs" / "torchx").glob("*/worker/*"))
+    assert sorted(p.name for p in replicas) == ["0", "1"]
+    assert (home / "runs" / result["name"] / "status.json").is_file()
+
+
+def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path, dict]) -> None:
+    home, _ = default_run
+    completed = run_cli("run", "-p", "epochs=2", home=home)
+    assert completed.returncode == 0, completed.stderr
+    assert "stage-data: nothing to transfer" not in completed.stdout  # logs go to stderr
+    assert "is already complete; nothing to transfer" in completed.stderr
+    assert "train | [node0] epoch 2/2" in completed.stderr
+    lines = completed.stdout.splitlines()
+    assert lines[0].split() == ["NODE", "PHASE", "DURATION", "OUTPUTS"]
+    assert any(line.split()[:2] == ["evaluate", PASSES] for line in lines)
+    assert any(line.startswith("outputs: accuracy=") for line in lines)
+
+
+@pytest.mark.parametrize("algorithm", ["async", "bmuf", "easgd"])
+def test_every_paradigm_reaches_the_accuracy_floor(tmp_path: Path, algorithm: str) -> None:
+    result = _run_json(tmp_path / "home", "-p", f"algorithm={algorithm}", "-p", "nodes=2")
+    assert result["phase"] == PASSES, result["_stderr"]
+    assert float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"]) >= 0.93
+    summary = json.loads((_volume(tmp_path / "home") / "runs" / result["name"]
+                          / "train-summary.json").read_text())
+    assert summary["algorithm"] == algorithm
+    if algorithm == "async":
+        assert summary["updates_applied"] == 2 * 440 and summary["pushes_per_trainer"] == [440] * 2
+    else:
+        assert summary["communication_ops_per_worker"] == 440 // 8
+
+
+def test_a_killed_worker_is_restarted_and_resumes_from_its_checkpoint(
+        tmp_path: Path, default_run: tuple[Path, dict]) -> None:
+    home = tmp_path / "home"
+    result = _run_json(home, "-p", "max-restarts=1", "-p", "checkpoint-every=50",
+                       env={"SUBLIMATE_FAIL_AT_STEP": "130", "SUBLIMATE_FAIL_RANK": "1"})
+    assert result["phase"] == PASSES, result["_stderr"]
+    run_dir = _volume(home) / "runs" / result["name"]
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    assert summary["steps"] == 440 and summary["resumed_from_step"] == 100
+    log = next((run_dir / "logs" / "torchx").glob("*/worker/1/stdout.log")).read_text()
+    assert "fault injection: killing rank 1 at step 130" in log
+    baseline = float(_nodes(default_run[1])["evaluate"]["outputs"]["parameters"]["accuracy"])
+    accuracy = float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"])
+    assert abs(accuracy - baseline) <= 0.01
+    # no half-written checkpoint is left behind
+    assert not list(run_dir.rglob(".*.pt.*"))
+
+
+def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fault = {"SUBLIMATE_FAIL_AT_STEP": "130", "SUBLIMATE_FAIL_RANK": "0"}
+    first = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50", env=fault)
+    assert first["phase"] == "Failed" and first["_exit"] == 1
+    assert _nodes(first)["train"]["phase"] == "Failed"
+    assert _nodes(first)["evaluate"]["phase"] == "Omitted"
+    run_dir = _volume(home) / "runs" / "nightly"
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["step"] == 100
+    assert "--- train:" in first["_stderr"]  # the failed step's log tail is shown
+
+    second = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50")
+    assert second["phase"] == PASSES, second["_stderr"]
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    assert summary["resumed_from_step"] == 100 and summary["steps"] == 440
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("nodes", "-p 'nodes': expected name=value"),
+    ("bogus=1", "unknown parameter 'bogus'"),
+    ("nodes=two", "parameter 'nodes': 'two' is not an integer"),
+    ("nodes=0", "parameter 'nodes'"),
+    ("algorithm=hogwild", "parameter 'algorithm': 'hogwild' is not one of sync, async"),
+    ("run-id=../elsewhere", "parameter 'run-id'"),
+    ("learning-rate=fast", "parameter 'learning-rate'"),
+])
+def test_bad_parameters_fail_before_anything_runs(tmp_path: Path, flag: str,
+                                                  message: str) -> None:
+    completed = run_cli("run", "-p", flag, home=tmp_path)
+    assert completed.returncode == 2
+    assert message in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1, "one clear error"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_parameter_file_and_flags(tmp_path: Path) -> None:
+    manifest = tmp_path / "echo.yaml"
+    manifest.write_text("""
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {generateName: echo-}
+spec:
+  entrypoint: echo
+  arguments:
+    parameters: [{name: greeting, value: hi}, {name: name, value: you}, {name: loud, value: "no"}]
+  templates:
+  - name: echo
+    script:
+      image: python
+      command: [python]
+      source: |
+        print("{{workflow.parameters.greeting}} {{workflow.parameters.name}}",
+              "{{workflow.parameters.loud}}")
+""")
+    params = tmp_path / "params.yaml"
+    params.write_text("greeting: hello\nname: file\nloud: true\n")
+    result = _run_json(tmp_path / "home", str(manifest), "--parameter-file", str(params),
+                       "-p", "name=flag")
+    assert result["phase"] == PASSES
+    assert _nodes(result)[result["name"]]["outputs"]["result"] == "hello flag true"
+    params.write_text("- not\n- a mapping\n")
+    completed = run_cli("run", str(manifest), "--parameter-file", str(params), home=tmp_path)
+    assert completed.returncode == 2 and "expected a mapping" in completed.stderr
+
+
+def test_malformed_manifests_are_refused_with_the_field(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: Workflow\nspec: {entrypoint: main\n")
+    completed = run_cli("run", str(broken), home=tmp_path)
+    assert completed.returncode == 2 and str(broken) in completed.stderr
+    dangling = tmp_path / "dangling.yaml"
+    dangling.write_text("""
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {generateName: d-}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    dag:
+      tasks: [{name: a, template: missing}]
+""")
+    completed = run_cli("run", str(dangling), home=tmp_path)
+    assert completed.returncode == 2
+    assert "missing" in completed.stderr and "spec.templates[0].dag.tasks[0]" in completed.stderr
+    completed = run_cli("run", "no-such-pipeline", home=tmp_path)
+    assert completed.returncode == 2
+    assert "'no-such-pipeline' is neither a pipeline (train)" in completed.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_dataset_fails_the_run_and_names_the_path(tmp_path: Path) -> None:
+    result = _run_json(tmp_path / "home", "-p", f"dataset={tmp_path}/absent")
+    assert result["phase"] == "Failed" and result["_exit"] == 1
+    nodes = _nodes(result)
+    assert nodes["stage-data"]["phase"] == "Failed"
+    assert nodes["train"]["phase"] == "Omitted"
+    assert f"dataset '{tmp_path}/absent': no such directory" in result["_stderr"]
