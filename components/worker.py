@@ -110,13 +110,21 @@ def _log(rank: int, message: str) -> None:
         print(message, flush=True)
 
 
-def _fault_injection(step: int, rank: int) -> None:
-    """Resilience testing: SIGKILL this worker at a given step of the first attempt only."""
-    if (os.environ.get("SUBLIMATE_FAIL_AT_STEP") == str(step)
-            and os.environ.get("SUBLIMATE_FAIL_RANK", "0") == str(rank)
-            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
-        print(f"fault injection: killing rank {rank} at step {step}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+def fault_injection_step(rank: int) -> int | None:
+    """Resilience testing: the step at which to SIGKILL this worker (first attempt only).
+
+    Set ``SUBLIMATE_FAIL_AT_STEP`` (and ``SUBLIMATE_FAIL_RANK``, default 0) in the environment.
+    """
+    at_step = os.environ.get("SUBLIMATE_FAIL_AT_STEP")
+    if (at_step is None or os.environ.get("SUBLIMATE_FAIL_RANK", "0") != str(rank)
+            or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+        return None
+    return int(at_step)
+
+
+def _kill_self(rank: int, step: int) -> None:
+    print(f"fault injection: killing rank {rank} at step {step}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_accuracy(model: nn.Module, data_dir: Path, device: torch.device) -> float:
@@ -194,6 +202,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     training_model = paradigm.training_model()
     loss_fn = nn.CrossEntropyLoss()
     first_step, curve = step, []
+    fail_at = fault_injection_step(rank)
+    accumulate = args.accumulation_steps > 1
+    lr = None
 
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
@@ -202,22 +213,31 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         epoch_loss = torch.zeros((), device=device)
         epoch_started = time.perf_counter()
         for batch_index in range(position, steps_per_epoch):
-            lr = learning_rate(args, step, steps_per_epoch)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            step_lr = learning_rate(args, step, steps_per_epoch)
+            if step_lr != lr:
+                lr = step_lr
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
             start = batch_index * args.global_batch_size + rank * local_batch
-            for micro in range(args.accumulation_steps):
-                rows = order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
-                last = micro == args.accumulation_steps - 1
-                with paradigm.no_sync() if not last else contextlib.nullcontext():
-                    loss = loss_fn(training_model(features[rows]), labels[rows])
-                    (loss / args.accumulation_steps).backward()
-                epoch_loss += loss.detach() / args.accumulation_steps
+            if accumulate:
+                for micro in range(args.accumulation_steps):
+                    rows = order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
+                    last = micro == args.accumulation_steps - 1
+                    with contextlib.nullcontext() if last else paradigm.no_sync():
+                        loss = loss_fn(training_model(features[rows]), labels[rows])
+                        (loss / args.accumulation_steps).backward()
+                    epoch_loss += loss.detach() / args.accumulation_steps
+            else:  # the common case stays as lean as a hand-written loop
+                rows = order[start:start + local_batch]
+                loss = loss_fn(training_model(features[rows]), labels[rows])
+                loss.backward()
+                epoch_loss += loss.detach()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             paradigm.after_step(step)
-            _fault_injection(step, rank)
+            if step == fail_at:
+                _kill_self(rank, step)
             if args.checkpoint_every and step % args.checkpoint_every == 0 \
                     and step < total_steps:
                 checkpointer.save(step, model, optimizer, paradigm,

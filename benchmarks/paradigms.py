@@ -1,0 +1,103 @@
+"""Training throughput of every paradigm, against a hand-written DDP script, in one run.
+
+For the same model (sublimate's MLP), data (digits, staged once), global batch and epochs:
+
+1. the baseline: benchmarks/ddp_baseline.py under plain `torchrun` (2 workers);
+2. each paradigm through sublimate's own train step (TorchX `local_cwd`, 2 simulated nodes).
+
+It prints samples/s (training loop only, start-up excluded), the sync/baseline ratio (the
+component's abstraction must cost < 5%: ratio >= 0.95), collective or push/pull operations per
+epoch, and time-to-target accuracy from a second, evaluated run of each paradigm.
+
+Usage: python benchmarks/paradigms.py [--epochs 30] [--hidden 512] [--repeat 3] [--target 0.95]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sublimate.components.datasets import build_builtin
+
+HERE = Path(__file__).resolve().parent
+PARADIGMS = ("sync", "async", "bmuf", "easgd")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
+
+
+def baseline(data_dir: Path, args: argparse.Namespace) -> float:
+    completed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+         str(HERE / "ddp_baseline.py"), str(data_dir), str(args.epochs), str(args.batch),
+         str(args.hidden)], env=ENV, capture_output=True, text=True, check=True)
+    line = next(line for line in completed.stdout.splitlines() if line.startswith("{"))
+    return json.loads(line)["samples_per_second"]
+
+
+def component(algorithm: str, data_dir: Path, run_dir: Path, args: argparse.Namespace,
+              evaluate: bool = False, epochs: int | None = None) -> dict:
+    command = [sys.executable, "-m", "sublimate.components.train", "--algorithm", algorithm,
+               "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--nodes", "2",
+               "--epochs", str(epochs or args.epochs), "--global-batch-size", str(args.batch),
+               "--hidden", str(args.hidden), "--checkpoint-every", "0",
+               "--scheduler", "local_cwd"]
+    subprocess.run(command + (["--eval-every-epoch"] if evaluate else []), env=ENV,
+                   capture_output=True, text=True, check=True)
+    return json.loads((run_dir / "train-summary.json").read_text())
+
+
+def time_to_target(curve: list[list[float]], target: float) -> str:
+    for seconds, _, accuracy in curve:
+        if accuracy >= target:
+            return f"{seconds:.2f} s"
+    return f"not reached (best {max(a for _, _, a in curve):.3f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--target", type=float, default=0.95)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        data_dir = build_builtin("digits", Path(folder) / "digits")
+        throughput: dict[str, list[float]] = {"baseline": [], **{p: [] for p in PARADIGMS}}
+        ops: dict[str, float] = {}
+        for attempt in range(args.repeat):  # interleaved, so drift hits every contender alike
+            throughput["baseline"].append(baseline(data_dir, args))
+            for paradigm in PARADIGMS:
+                summary = component(paradigm, data_dir, Path(folder) / f"{paradigm}-{attempt}",
+                                    args)
+                throughput[paradigm].append(summary["samples_per_second"])
+                ops[paradigm] = summary["communication_ops_per_epoch"]
+        curves = {p: component(p, data_dir, Path(folder) / f"{p}-eval", args, evaluate=True,
+                               epochs=args.epochs)["accuracy_curve"] for p in PARADIGMS}
+    medians = {name: statistics.median(values) for name, values in throughput.items()}
+    print(f"digits, MLP hidden={args.hidden}, 2 workers, global batch {args.batch}, "
+          f"{args.epochs} epochs, median of {args.repeat}")
+    print(f"{'contender':<22}{'samples/s':>11}{'vs baseline':>13}{'comm ops/epoch':>16}"
+          f"{'time to ' + str(args.target):>20}")
+    print(f"{'ddp baseline (torchrun)':<22}{medians['baseline']:>11.0f}{1.0:>13.3f}"
+          f"{'22 all-reduce':>16}{'-':>20}")
+    kinds = {"sync": "all-reduce", "async": "push/pull", "bmuf": "all-reduce",
+             "easgd": "all-reduce"}
+    for paradigm in PARADIGMS:
+        print(f"{paradigm:<22}{medians[paradigm]:>11.0f}"
+              f"{medians[paradigm] / medians['baseline']:>13.3f}"
+              f"{f'{ops[paradigm]:g} {kinds[paradigm]}':>16}"
+              f"{time_to_target(curves[paradigm], args.target):>20}")
+    ratio = medians["sync"] / medians["baseline"]
+    print(f"sync component / hand-written DDP: {ratio:.3f} "
+          f"({'meets' if ratio >= 0.95 else 'MISSES'} the >= 0.95 target)")
+
+
+if __name__ == "__main__":
+    main()
