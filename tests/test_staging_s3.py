@@ -199,21 +199,21 @@ def test_missing_bucket_and_prefix(s3_env: S3Server, bucket: str, tmp_path: Path
 
 def test_an_object_replaced_mid_copy_is_an_error(staged_copy: tuple[str, Path, str],
                                                  server: S3Server, digits_folder: Path,
-                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture) -> None:
     url, folder, manifest = staged_copy
-    bucket = url.split("/")[2]
-    fs = server.filesystem()
-    # A new version is being published: metadata.json first, then (during our copy) a shard.
-    fs.pipe(f"{bucket}/digits/{METADATA_FILE}", (digits_folder / METADATA_FILE).read_bytes())
+    source = _copy_dataset(digits_folder, tmp_path / "v2")
+    _change_shard(source, "test-00000-of-00001.npz")
+    publish.push(str(source), url)  # a new version, which we are about to fetch ...
+    key = f"{url.removeprefix('s3://')}/test-00000-of-00001.npz"
     original = stage_data._read_metadata_from
 
-    def replace_a_shard_after_listing(*args: object, **kwargs: object) -> object:
+    def replace_the_shard_after_listing(*args: object, **kwargs: object) -> object:
         metadata = original(*args, **kwargs)  # type: ignore[arg-type]
-        fs.pipe(f"{bucket}/digits/test-00000-of-00001.npz", b"half-uploaded")
+        server.filesystem().pipe(key, b"... and someone overwrites it while we copy")
         return metadata
 
-    monkeypatch.setattr(stage_data, "_read_metadata_from", replace_a_shard_after_listing)
+    monkeypatch.setattr(stage_data, "_read_metadata_from", replace_the_shard_after_listing)
     code, output = _stage(url, folder.parent, capsys)
     assert code == 2
     assert f"dataset '{url}/test-00000-of-00001.npz': it changed while it was being copied" \
