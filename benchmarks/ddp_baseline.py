@@ -36,7 +36,8 @@ def main(data_dir: str, epochs: int, global_batch: int, hidden: int) -> None:
     for epoch in range(epochs):
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(epoch))
         for step in range(steps):
-            rows = order[step * global_batch + rank * local:step * global_batch + (rank + 1) * local]
+            start = step * global_batch + rank * local
+            rows = order[start:start + local]
             loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

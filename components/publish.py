@@ -10,6 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sublimate.components import object_store
 from sublimate.components.datasets import (
@@ -30,7 +31,7 @@ class PushReport:
 
 
 def push(source: str, url: str, *, create_bucket: bool = False) -> PushReport:
-    """Upload ``source`` (a built-in name, ``py:module:function`` or a dataset folder) to ``url``."""
+    """Upload ``source`` (built-in name, ``py:module:function`` or dataset folder) to ``url``."""
     if source in BUILTIN_DATASETS or source.startswith("py:"):
         with tempfile.TemporaryDirectory(prefix="sublimate-push-") as scratch:
             return _push_folder(_build(source, Path(scratch)), url, create_bucket)
@@ -55,10 +56,10 @@ def _push_folder(folder: Path, url: str, create_bucket: bool) -> PushReport:
     shards = [shard["file"] for split in metadata["splits"].values() for shard in split["shards"]]
     fs, root = object_store.open_url(url)
     try:
-        if create_bucket and object_store.is_s3(url):
-            bucket = root.split("/", 1)[0]
-            if not fs.exists(bucket):
-                fs.mkdir(bucket)
+        if object_store.is_s3(url):
+            _ensure_bucket(fs, root.split("/", 1)[0], url, create_bucket)
+        else:
+            fs.makedirs(root, exist_ok=True)  # folders exist on their own only outside S3
         meta_path = object_store.join(root, METADATA_FILE)
         if fs.exists(meta_path):
             fs.rm_file(meta_path)
@@ -74,3 +75,15 @@ def _push_folder(folder: Path, url: str, create_bucket: bool) -> PushReport:
     return PushReport(object_store.public_url(url), len(files),
                       sum((folder / name).stat().st_size for name in files),
                       time.perf_counter() - started)
+
+
+def _ensure_bucket(fs: Any, bucket: str, url: str, create: bool) -> None:
+    # s3fs would create a missing bucket on the first put; a typo should not make a new bucket.
+    try:
+        fs.info(bucket)
+    except FileNotFoundError:
+        if not create:
+            raise DatasetError(f"dataset '{object_store.public_url(url)}': bucket '{bucket}' does "
+                               f"not exist at {object_store.endpoint()} (create it, or pass "
+                               "--create-bucket)") from None
+        fs.mkdir(bucket)

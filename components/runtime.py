@@ -35,6 +35,8 @@ def python_step(
     claim_name: str = DEFAULT_CLAIM,
     extra_args: list[str] | None = None,
     retries: int = 0,
+    cpu: str = "500m",
+    memory: str = "1Gi",
 ):  # -> hera.workflows.Container (hera is imported lazily: step code must not pay for it)
     """A container template that runs ``python -m module`` with one flag per input parameter.
 
@@ -42,8 +44,8 @@ def python_step(
     parameter to the flag that tells the step where to write it (read back by Argo from
     ``/tmp/outputs/<name>``).
     """
-    from hera.workflows import Container, Parameter, RetryStrategy
-    from hera.workflows.models import Backoff, ValueFrom
+    from hera.workflows import Container, Counter, Gauge, Label, Parameter, RetryStrategy
+    from hera.workflows.models import Backoff, ResourceRequirements, ValueFrom
 
     args: list[str] = []
     for parameter, flag in inputs.items():
@@ -61,8 +63,21 @@ def python_step(
         inputs=[Parameter(name=parameter) for parameter in inputs],
         outputs=output_parameters,
         volumes=[shared_volume(claim_name)],
+        resources=ResourceRequirements(requests={"cpu": cpu, "memory": memory},
+                                       limits={"memory": memory}),
+        # Retries only on errors of the pod itself (evicted, node lost): a step that fails on
+        # bad input would fail again. Every sublimate step is safe to re-run (staging is
+        # idempotent, training resumes from its checkpoint).
         retry_strategy=RetryStrategy(
             limit=retries, retry_policy="OnError",
             backoff=Backoff(duration="10s", factor=2, max_duration="5m"),
         ) if retries else None,
+        # Argo's controller exports these to the cluster's Prometheus for every run.
+        metrics=[
+            Gauge(name="sublimate_step_duration_seconds", help="Duration of a sublimate step",
+                  labels=[Label(key="step", value=name)], realtime=False, value="{{duration}}"),
+            Counter(name="sublimate_step_results_total", help="sublimate steps by final status",
+                    labels=[Label(key="step", value=name), Label(key="status", value="{{status}}")],
+                    value="1"),
+        ],
     )

@@ -322,6 +322,10 @@ def _reusable(name: str, remote: RemoteFile, sha256: str, previous: Path,
     return sha256_of(local) == sha256
 
 
+def sha256_of_or_none(path: Path) -> str | None:
+    return sha256_of(path) if path.is_file() else None
+
+
 def _link_or_copy(source: Path, target: Path) -> None:
     # A hard link shares the bytes; files are never modified in place, so the old copy and a job
     # still reading it are unaffected.
@@ -410,8 +414,15 @@ def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile]
                 concurrency: int) -> StageReport:
     report = StageReport(staging)
     meta_remote = listing[METADATA_FILE]
-    metadata = _read_metadata_from(fs, meta_remote, staging, url, concurrency)
-    report.fetched.append(METADATA_FILE)
+    entry = (manifest or {}).get("files", {}).get(METADATA_FILE)
+    if entry and entry["token"] == meta_remote.token and entry["sha256"] == sha256_of_or_none(
+            previous / METADATA_FILE):
+        _link_or_copy(previous / METADATA_FILE, staging / METADATA_FILE)
+        metadata = json.loads((staging / METADATA_FILE).read_text())
+        report.files_reused += 1
+    else:
+        metadata = _read_metadata_from(fs, meta_remote, staging, url, concurrency)
+        report.fetched.append(METADATA_FILE)
     to_fetch = []
     for remote, sha256 in _wanted(metadata, listing, url):
         if _reusable(remote.name, remote, sha256, previous, manifest):
@@ -422,7 +433,7 @@ def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile]
     _fetch(fs, to_fetch, staging, url, concurrency)
     report.fetched += [remote.name for remote in to_fetch]
     report.files_fetched = len(report.fetched)
-    report.bytes_fetched = meta_remote.size + sum(remote.size for remote in to_fetch)
+    report.bytes_fetched = sum(listing[name].size for name in report.fetched)
     return report
 
 

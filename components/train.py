@@ -162,6 +162,39 @@ def parameter_server(
 RUN_ID = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> object:
+    """TorchX 0.7 reads only ~/.kube/config; inside a pod use the pod's service account."""
+    from kubernetes import client, config
+    from torchx.schedulers.kubernetes_scheduler import create_scheduler
+
+    try:
+        config.load_incluster_config()
+        api_client = client.ApiClient()
+    except config.ConfigException:  # not in a pod: TorchX falls back to ~/.kube/config
+        api_client = None
+    return create_scheduler(session_name, client=api_client)
+
+
+def make_runner(scheduler: str) -> object:
+    from torchx.runner import Runner, get_runner
+
+    if scheduler != "kubernetes":
+        return get_runner("sublimate")
+    return Runner("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
+
+
+def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
+    if scheduler == "local_cwd":
+        return {"log_dir": str(args.run_dir / "logs")}
+    namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
+    # The job runs next to the workflow, in the namespace of the pod that launches it.
+    namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
+    return {"queue": args.queue, "namespace": namespace}
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -289,15 +322,13 @@ def _stream_logs(runner: object, handle: str, role: str, replica: int, prefix: s
 
 
 def launch(args: argparse.Namespace) -> int:
-    from torchx.runner import get_runner
     from torchx.specs import AppState
 
     scheduler = choose_scheduler(args.scheduler)
     app = build_app(args, scheduler)
-    cfg: dict[str, str] = {"log_dir": str(args.run_dir / "logs")} if scheduler == "local_cwd" \
-        else {"queue": args.queue}
+    cfg = scheduler_config(args, scheduler)
     args.run_dir.mkdir(parents=True, exist_ok=True)
-    with get_runner() as runner:
+    with make_runner(scheduler) as runner:  # type: ignore[attr-defined]
         if args.dryrun:
             print(runner.dryrun(app, scheduler, cfg=cfg))
             return 0
@@ -359,6 +390,7 @@ TEMPLATE_INPUTS = (
     "max-restarts", "lr-scaling", "reference-batch-size", "warmup-epochs", "accumulation-steps",
     "sync-period",    "block-momentum", "block-lr", "nesterov", "moving-rate", "staleness-bound",
     "backend", "scheduler", "cpu-per-node", "gpus-per-node", "memory-mb-per-node", "queue",
+    "image",
 )
 
 

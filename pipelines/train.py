@@ -9,8 +9,10 @@ from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.pipelines.parameters import TYPES_ANNOTATION, PipelineParameter, type_annotation
 
 if TYPE_CHECKING:
-    from hera.workflows import WorkflowTemplate
+    from hera.workflows import CronWorkflow, WorkflowTemplate
 
+DATASET_LABEL = ("sprig.trunc(63, sprig.trimAll(\"-\", sprig.regexReplaceAll("
+                 "\"[^A-Za-z0-9_.-]+\", workflow.parameters.dataset, \"-\")))")
 AUTO_OR_NUMBER = r"^(auto|[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?)$"
 
 PARAMETERS = [
@@ -80,6 +82,8 @@ PARAMETERS = [
     PipelineParameter("memory-mb-per-node", 2048, "Memory requested per training node, in MB.",
                       type="integer", minimum=128),
     PipelineParameter("queue", "default", "Volcano queue for the training job (kubernetes)."),
+    PipelineParameter("image", DEFAULT_IMAGE, "Container image of the training workers "
+                      "(kubernetes; the steps' own image is set at install)."),
 ]
 
 
@@ -90,22 +94,38 @@ def train_pipeline(
 ) -> WorkflowTemplate:
     """Build the ``sublimate-train`` WorkflowTemplate."""
     from hera.workflows import DAG, Parameter, WorkflowTemplate
-    from hera.workflows.models import ValueFrom
+    from hera.workflows.models import PodGC, TTLStrategy, ValueFrom, WorkflowMetadata
+
+    from sublimate.pipelines.cluster import SERVICE_ACCOUNT
 
     parameter = {p.name: p.reference() for p in PARAMETERS}
-    step_options = {"image": image, "claim_name": claim_name}
+    step_options: dict[str, object] = {"image": image, "claim_name": claim_name}
     with WorkflowTemplate(
         name=name,
         entrypoint="train-pipeline",
         arguments=[p.to_hera() for p in PARAMETERS],
         labels={"sublimate.dev/pipeline": "train"},
+        service_account_name=SERVICE_ACCOUNT,
+        # Keep a failed run's pods for debugging; clean up after success, and drop finished
+        # workflows after a week.
+        pod_gc=PodGC(strategy="OnPodSuccess"),
+        ttl_strategy=TTLStrategy(seconds_after_success=7 * 86400,
+                                 seconds_after_failure=14 * 86400),
+        workflow_metadata=WorkflowMetadata(
+            labels={"sublimate.dev/pipeline": "train"},
+            labels_from={
+                "sublimate.dev/algorithm": {"expression": "workflow.parameters.algorithm"},
+                # Label values allow [A-Za-z0-9_.-] only, so the dataset URL is folded to that.
+                "sublimate.dev/dataset": {"expression": DATASET_LABEL},
+            },
+        ),
         annotations={TYPES_ANNOTATION: type_annotation(PARAMETERS),
                      "workflows.argoproj.io/description":
                          "Stage a dataset, train it on several nodes with TorchX, evaluate."},
     ) as workflow:
-        stage_step = stage_data.template(**step_options)
-        train_step = train.template(**step_options)
-        evaluate_step = evaluate.template(**step_options)
+        stage_step = stage_data.template(**step_options, retries=2)
+        train_step = train.template(**step_options, retries=1)
+        evaluate_step = evaluate.template(**step_options, retries=2)
         with DAG(name="train-pipeline", outputs=[Parameter(
                 name="accuracy",
                 value_from=ValueFrom(parameter="{{tasks.evaluate.outputs.parameters.accuracy}}"))]):
@@ -121,3 +141,27 @@ def train_pipeline(
             })
             staged >> trained >> evaluated
     return workflow
+
+
+def nightly_retraining(
+    name: str = "sublimate-train-nightly",
+    template: str = "sublimate-train",
+    schedule: str = "0 2 * * *",
+    timezone: str = "UTC",
+) -> CronWorkflow:
+    """A CronWorkflow that submits ``template`` with its defaults every night."""
+    from hera.workflows import CronWorkflow
+    from hera.workflows.models import WorkflowTemplateRef
+
+    return CronWorkflow(
+        name=name,
+        schedules=[schedule],
+        timezone=timezone,
+        # A retraining run that is still going when the next one is due keeps the volume.
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=5,
+        labels={"sublimate.dev/pipeline": "train"},
+        workflow_template_ref=WorkflowTemplateRef(name=template),
+    )

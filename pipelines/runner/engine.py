@@ -32,7 +32,7 @@ from .expressions import (
     evaluate_when,
     parse_depends,
 )
-from .manifest import check_workflow, normalise_workflow
+from .manifest import CLUSTER_ONLY_FIELDS, check_workflow, normalise_workflow
 from .model import NodeResult, RunEvent, RunOptions, RunResult, iso, now
 from .parameters import resolve_parameters
 from .paths import PathMap
@@ -440,7 +440,10 @@ class _Run:
                  art_args: dict[str, dict]) -> NodeResult:
         where = f"templates.{template['name']}"
         body_key = "script" if "script" in template else "container"
-        tmpl = substitute({k: v for k, v in template.items() if k != "name"}, local, where)
+        # Cluster-only fields (metrics use Argo's {{duration}}/{{status}}, ...) are not ours to
+        # resolve: they mean nothing locally.
+        tmpl = substitute({k: v for k, v in template.items()
+                           if k != "name" and k not in CLUSTER_ONLY_FIELDS}, local, where)
         body = tmpl[body_key]
         node_dir = self.run_dir / "nodes" / node.id
         node_dir.mkdir(parents=True, exist_ok=True)

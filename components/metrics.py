@@ -1,0 +1,332 @@
+"""Prometheus metrics for training processes, and the files that tell users where to scrape them.
+
+Every training process (a torchrun worker, the async parameter server or a trainer) creates one
+:class:`WorkerMetrics`. It owns a private registry, labelled ``run`` (the run folder's name),
+``rank``, ``node`` and ``role``, and serves it over HTTP:
+
+* bound to ``127.0.0.1`` unless ``SUBLIMATE_METRICS_ADDR`` (or ``--metrics-addr``) says otherwise
+  (``0.0.0.0`` in a cluster pod, so Prometheus can reach it);
+* on port ``SUBLIMATE_METRICS_PORT`` (default 9440) + local rank, falling back to a port the OS
+  picks when that one is taken (simulated nodes on one machine share the base port);
+* ``SUBLIMATE_METRICS=off`` turns the server, the DDP timing hook and TensorBoard off (the
+  benchmark's "metrics off" case).
+
+The address actually bound is recorded in ``<run_dir>/metrics-endpoints.json`` (see
+:func:`record_endpoint`), so tests and users find every rank's endpoint.
+
+The step loop must stay as fast as a hand-written one, so it never calls into this module per
+step: it adds ``perf_counter`` differences to plain floats and hands them over in batches
+(:meth:`WorkerMetrics.observe_steps`). Short-lived steps (staging, evaluation) do not serve HTTP:
+they write JSON (and may push to a Pushgateway, see :func:`record_staging`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import Metric
+from prometheus_client.process_collector import ProcessCollector
+
+DEFAULT_PORT = 9440
+ENDPOINTS_FILE = "metrics-endpoints.json"
+PHASES = ("data", "compute", "comm")  # how one step's wall time is split
+
+
+def enabled() -> bool:
+    """False when ``SUBLIMATE_METRICS`` is ``off``/``0``/``false`` (for overhead benchmarks)."""
+    return os.environ.get("SUBLIMATE_METRICS", "on").lower() not in ("off", "0", "false", "no")
+
+
+def bind_address(requested: str | None = None) -> str:
+    return requested or os.environ.get("SUBLIMATE_METRICS_ADDR") or "127.0.0.1"
+
+
+def base_port(requested: int | None = None) -> int:
+    if requested is not None:
+        return requested
+    return int(os.environ.get("SUBLIMATE_METRICS_PORT", str(DEFAULT_PORT)))
+
+
+class _LabelledProcessCollector:
+    """prometheus-client's process collector (CPU seconds, RSS, open fds), with our labels.
+
+    The stock collector has no labels; Prometheus would attach pod labels on a cluster, but
+    locally several ranks share one machine, so their samples must say which rank they are.
+    """
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self._inner = ProcessCollector(registry=None)
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._inner.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labelled.add_sample(sample.name, {**sample.labels, **self._labels}, sample.value,
+                                    sample.timestamp, sample.exemplar)
+            yield labelled
+
+
+class _GpuCollector:
+    """GPU memory from torch.cuda, utilisation from NVML when ``pynvml`` is importable."""
+
+    def __init__(self, labels: dict[str, str], device_index: int) -> None:
+        self._labels, self._device = labels, device_index
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:  # no pynvml, no driver access: memory figures only
+            self._nvml = None
+
+    def collect(self) -> Iterator[Metric]:
+        import torch
+
+        names = sorted(self._labels)
+        values = [self._labels[name] for name in names]
+        from prometheus_client.core import GaugeMetricFamily
+
+        allocated = GaugeMetricFamily("sublimate_gpu_memory_allocated_bytes",
+                                      "GPU memory held by tensors", labels=names)
+        allocated.add_metric(values, float(torch.cuda.memory_allocated(self._device)))
+        reserved = GaugeMetricFamily("sublimate_gpu_memory_reserved_bytes",
+                                     "GPU memory reserved by the caching allocator", labels=names)
+        reserved.add_metric(values, float(torch.cuda.memory_reserved(self._device)))
+        yield from (allocated, reserved)
+        if self._nvml is not None:
+            utilisation = GaugeMetricFamily("sublimate_gpu_utilization_ratio",
+                                            "GPU busy fraction (NVML)", labels=names)
+            rates = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            utilisation.add_metric(values, rates.gpu / 100.0)
+            yield utilisation
+
+
+class WorkerMetrics:
+    """One training process's metrics: created once, updated per batch of steps and per epoch."""
+
+    def __init__(self, run: str, rank: str, node: str, role: str = "worker",
+                 gpu_index: int | None = None) -> None:
+        self.labels = {"run": run, "rank": rank, "node": node, "role": role}
+        self.registry = CollectorRegistry(auto_describe=True)
+        names = list(self.labels)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=self.registry).labels(**self.labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=self.registry).labels(**self.labels)
+
+        # Children are bound once here, so an update is one locked float add.
+        self.steps = counter("sublimate_train_steps", "optimizer steps done by this process")
+        self.samples = counter("sublimate_train_samples", "training examples processed here")
+        phase = Counter("sublimate_train_step_seconds", "step wall time by phase",
+                        [*names, "phase"], registry=self.registry)
+        self.phase_seconds = {p: phase.labels(**self.labels, phase=p) for p in PHASES}
+        self.samples_per_second = gauge("sublimate_train_samples_per_second",
+                                        "this process's recent throughput")
+        self.loss = gauge("sublimate_train_loss", "mean training loss of the last epoch")
+        self.learning_rate = gauge("sublimate_train_learning_rate", "current learning rate")
+        self.epoch = gauge("sublimate_train_epoch", "epochs completed")
+        self.progress = gauge("sublimate_train_progress_ratio", "steps done / total steps")
+        self.registry.register(_LabelledProcessCollector(self.labels))
+        if gpu_index is not None:
+            self.registry.register(_GpuCollector(self.labels, gpu_index))
+        self.address: str | None = None
+        self._server: Any = None
+        self._last_observe = time.perf_counter()
+
+    def observe_steps(self, steps: int, samples: int, data_s: float, compute_s: float,
+                      comm_s: float, total_steps: int, done_steps: int) -> None:
+        """Fold a batch of steps into the counters (called every few steps, not every step)."""
+        now = time.perf_counter()
+        self.steps.inc(steps)
+        self.samples.inc(samples)
+        for phase, seconds in zip(PHASES, (data_s, compute_s, comm_s), strict=True):
+            self.phase_seconds[phase].inc(max(seconds, 0.0))
+        self.samples_per_second.set(samples / max(now - self._last_observe, 1e-9))
+        self.progress.set(done_steps / max(total_steps, 1))
+        self._last_observe = now
+
+    def observe_epoch(self, epoch: int, loss: float | None, learning_rate: float | None) -> None:
+        self.epoch.set(epoch)
+        if loss is not None:
+            self.loss.set(loss)
+        if learning_rate is not None:
+            self.learning_rate.set(learning_rate)
+
+    def serve(self, addr: str | None = None, port: int | None = None,
+              local_rank: int = 0) -> str:
+        """Start the HTTP endpoint; returns ``host:port`` as reachable by a scraper."""
+        from prometheus_client import start_http_server
+
+        host = bind_address(addr)
+        wanted = base_port(port)
+        try:
+            server, _ = start_http_server(wanted + local_rank if wanted else 0, host,
+                                          self.registry)
+        except OSError:  # taken (another simulated node on this host): let the OS choose
+            server, _ = start_http_server(0, host, self.registry)
+        self._server = server
+        reachable = _reachable_host(host)
+        self.address = f"{reachable}:{server.server_port}"
+        return self.address
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def _reachable_host(bound: str) -> str:
+    if bound not in ("0.0.0.0", "::", ""):
+        return bound
+    try:  # the pod IP on Kubernetes; what other hosts can dial
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return socket.gethostname()
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def record_endpoint(run_dir: Path, key: str, address: str, labels: dict[str, str]) -> None:
+    """Add this process's endpoint to ``run_dir/metrics-endpoints.json`` (read-modify-write).
+
+    Ranks start together, so the update is serialised with a lock file and the JSON is replaced
+    atomically: readers never see a half-written file.
+    """
+    path = Path(run_dir) / ENDPOINTS_FILE
+    with _locked(path):
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            document = {}
+        document.setdefault("run", labels.get("run", Path(run_dir).name))
+        endpoints = document.setdefault("endpoints", {})
+        endpoints[key] = {"address": address, "url": f"http://{address}/metrics",
+                          "pid": os.getpid(), "host": socket.gethostname(),
+                          "started_at": round(time.time(), 3), **labels}
+        document["endpoints"] = dict(sorted(endpoints.items()))
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(document, indent=2) + "\n")
+        os.replace(temporary, path)
+
+
+def read_endpoints(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """``{key: {"address": "host:port", "url": ..., "rank": ..., ...}}``; empty if none yet."""
+    try:
+        return json.loads((Path(run_dir) / ENDPOINTS_FILE).read_text())["endpoints"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
+    """Fetch one endpoint; returns ``{"name{label=value,...}": value}`` (handy in notebooks)."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items())
+                              if k not in ("run", "node", "role"))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def serve_worker(run_dir: Path, rank: str, node: str, role: str = "worker",
+                 local_rank: int = 0, gpu_index: int | None = None, addr: str | None = None,
+                 port: int | None = None, key: str | None = None) -> WorkerMetrics | None:
+    """Create, serve and record one process's metrics; ``None`` when metrics are off.
+
+    A failure to serve is reported and ignored: monitoring must never fail a training run.
+    """
+    if not enabled():
+        return None
+    metrics = WorkerMetrics(Path(run_dir).name, rank, node, role, gpu_index)
+    try:
+        address = metrics.serve(addr, port, local_rank)
+        record_endpoint(run_dir, key or rank, address, metrics.labels)
+    except OSError as error:
+        print(f"metrics: not served ({error})", flush=True)
+    return metrics
+
+
+def record_staging(path: Path, *, dataset: str, bytes_transferred: int, files_transferred: int,
+                   files_skipped: int = 0, seconds: float = 0.0) -> dict[str, Any]:
+    """Staging's metrics, for the stage-data step to call once at its end.
+
+    Staging is short-lived, so it is not scraped: this writes the figures to ``path`` (JSON,
+    e.g. ``<dataset-dir>/../<id>.staging.json``) and, when ``SUBLIMATE_PUSHGATEWAY`` names a
+    Prometheus Pushgateway (``host:port``), pushes them there under job ``sublimate-stage-data``.
+    Returns the figures.
+    """
+    figures = {"dataset": dataset, "bytes": int(bytes_transferred),
+               "files": int(files_transferred), "files_skipped": int(files_skipped),
+               "seconds": round(seconds, 3),
+               "bytes_per_second": round(bytes_transferred / seconds, 1) if seconds > 0 else 0.0}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    gateway = os.environ.get("SUBLIMATE_PUSHGATEWAY")
+    if gateway:
+        from prometheus_client import push_to_gateway
+
+        registry = CollectorRegistry()
+        for name, value in figures.items():
+            if name != "dataset":
+                Gauge(f"sublimate_staging_{name}", f"stage-data: {name}", ["dataset"],
+                      registry=registry).labels(dataset=dataset).set(value)
+        with contextlib.suppress(OSError):  # an unreachable gateway must not fail staging
+            push_to_gateway(gateway, job="sublimate-stage-data", registry=registry)
+    return figures
+
+
+def time_split(data_s: float, compute_s: float, comm_s: float) -> dict[str, float]:
+    """Fractions of the step time per phase (for the live line and the report)."""
+    total = data_s + compute_s + comm_s
+    if total <= 0:
+        return dict.fromkeys(PHASES, 0.0)
+    return {p: s / total for p, s in zip(PHASES, (data_s, compute_s, comm_s), strict=True)}
+
+
+def format_split(split: dict[str, float]) -> str:
+    """``compute 71% comm 22% data 7%``: the order users read first."""
+    return " ".join(f"{p} {split[p] * 100:.0f}%" for p in ("compute", "comm", "data"))
+
+
+def iter_jsonl(path: Path) -> Iterable[dict[str, Any]]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        with contextlib.suppress(ValueError):  # a line cut short by a crash is skipped
+            records.append(json.loads(line))
+    return records
