@@ -1,12 +1,23 @@
 """Staging throughput from a loopback S3 server (SeaweedFS), against baselines measured in the
-same run: boto3 downloading the same objects one at a time, and a plain local copy of the same
-bytes (the disk's own limit).
+same run on the same objects:
 
-    python benchmarks/staging.py [--small 500 --small-kb 64 --large 4 --large-mb 64 --repeat 2]
+- ``boto3 download_file loop``: what a user writes, ``client.download_file`` per object, one
+  object at a time. boto3's TransferManager already splits an object above 8 MiB into concurrent
+  ranged GETs (10 threads), so on large objects this loop is not single-stream; reported as is.
+- ``boto3 get_object loop``: ``get_object()["Body"]`` streamed to a file, one object at a time,
+  one stream per object: the plain single-stream baseline.
+- ``s3fs get (recursive)``: fsspec's own concurrent copy (no integrity checks).
+- ``local copy``: ``shutil.copyfile`` of the same bytes from local disk (the disk's own limit).
 
-Two workloads: many small files and a few large ones. Staging includes listing, If-Match GETs,
-the atomic renames and the SHA-256 verification of every byte; the baselines do none of that.
-All writes land in the page cache (no fsync), for every contender alike.
+    python benchmarks/staging.py [--workloads small,tiny,large] [--repeat 3]
+
+Three workloads: "small" (300 x 1 MiB, many small files as in RECIPES.md), "tiny" (500 x 64 KiB,
+a request-rate stress case) and "large" (4 x 64 MiB). Staging includes listing, If-Match GETs, the
+atomic renames and the SHA-256 verification of every byte; the baselines do none of that. All
+writes land in the page cache (no fsync), for every contender alike. Each figure is the best of
+``--repeat`` runs; the CPU seconds that the SeaweedFS server and this client process used during
+that run are shown next to it, to tell a client-bound result from a server-bound one on a small
+machine (the server and the client share its cores).
 """
 
 from __future__ import annotations
@@ -28,6 +39,13 @@ from sublimate.components.datasets import FORMAT_VERSION, METADATA_FILE
 from sublimate.components.stage_data import stage_url
 from tests.s3_server import S3Server, seaweedfs
 
+WORKLOADS = {  # name: (files, bytes each)
+    "small": (300, 1 << 20),
+    "tiny": (500, 64 << 10),
+    "large": (4, 64 << 20),
+}
+BASELINE = "boto3 download_file loop"
+
 
 def make_dataset(folder: Path, count: int, size: int) -> Path:
     """A dataset folder in the layout whose shards are ``count`` random files of ``size`` bytes."""
@@ -44,14 +62,30 @@ def make_dataset(folder: Path, count: int, size: int) -> Path:
     return folder
 
 
-def boto3_loop(server: S3Server, bucket: str, prefix: str, target: Path) -> None:
+def _boto3_client(server: S3Server):  # -> botocore S3 client
     import boto3
 
-    client = boto3.client("s3", endpoint_url=server.endpoint)
-    target.mkdir(parents=True)
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+    return boto3.client("s3", endpoint_url=server.endpoint)
+
+
+def _keys(client, bucket: str, prefix: str) -> list[str]:  # noqa: ANN001
+    return [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=f"{prefix}/") for o in page.get("Contents", [])]
-    for key in keys:
+
+
+def boto3_download_file_loop(server: S3Server, bucket: str, prefix: str, target: Path) -> None:
+    """The loop a user writes: list, then ``download_file`` each object in turn."""
+    client = _boto3_client(server)
+    target.mkdir(parents=True)
+    for key in _keys(client, bucket, prefix):
+        client.download_file(bucket, key, str(target / key.rsplit("/", 1)[-1]))
+
+
+def boto3_get_object_loop(server: S3Server, bucket: str, prefix: str, target: Path) -> None:
+    """One ``get_object`` stream per object, one object at a time."""
+    client = _boto3_client(server)
+    target.mkdir(parents=True)
+    for key in _keys(client, bucket, prefix):
         body = client.get_object(Bucket=bucket, Key=key)["Body"]
         with open(target / key.rsplit("/", 1)[-1], "wb") as out:
             shutil.copyfileobj(body, out, 1 << 20)
@@ -63,19 +97,57 @@ def local_copy(source: Path, target: Path) -> None:
         shutil.copyfile(path, target / path.name)
 
 
-def timed(scratch: Path, action: Callable[[Path], object], repeat: int) -> float:
-    best = float("inf")
+def _weed_pids() -> list[int]:
+    """The SeaweedFS processes this benchmark started (children of this process)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+        if comm == "weed" and int(rest.split()[1]) == os.getpid():
+            pids.append(int(entry.name))
+    return pids
+
+
+def _server_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by ``pids`` (all their threads)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _client_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def timed(scratch: Path, action: Callable[[Path], object], repeat: int,
+          pids: list[int]) -> tuple[float, float, float]:
+    """Best wall time of ``repeat`` runs, with the server's and the client's CPU in that run."""
+    best = (float("inf"), 0.0, 0.0)
     for _ in range(repeat):
         target = Path(tempfile.mkdtemp(dir=scratch)) / "copy"
+        server0, client0 = _server_cpu(pids), _client_cpu()
         started = time.perf_counter()
         action(target)
-        best = min(best, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        if seconds < best[0]:
+            best = (seconds, _server_cpu(pids) - server0, _client_cpu() - client0)
         shutil.rmtree(target.parent)
     return best
 
 
 def run_workload(server: S3Server, scratch: Path, label: str, count: int, size: int,
-                 repeat: int) -> None:
+                 repeat: int, pids: list[int]) -> dict[str, float]:
     source = make_dataset(scratch / f"src-{label}", count, size)
     total = sum(p.stat().st_size for p in source.iterdir())
     bucket = f"bench-{label}"
@@ -83,40 +155,42 @@ def run_workload(server: S3Server, scratch: Path, label: str, count: int, size: 
     fs.mkdir(bucket)
     fs.put(str(source) + "/", f"{bucket}/ds/", recursive=True)
     url = f"s3://{bucket}/ds"
-    results = {
-        "sublimate stage": timed(scratch, lambda t: stage_url(url, t), repeat),
-        "s3fs get (recursive)": timed(scratch, lambda t: fs.get(f"{bucket}/ds/", f"{t}/",
-                                                                recursive=True), repeat),
-        "boto3 one at a time": timed(scratch, lambda t: boto3_loop(server, bucket, "ds", t),
-                                     repeat),
-        "local copy": timed(scratch, lambda t: local_copy(source, t), repeat),
+    contenders: dict[str, Callable[[Path], object]] = {
+        "sublimate stage": lambda t: stage_url(url, t),
+        "s3fs get (recursive)": lambda t: fs.get(f"{bucket}/ds/", f"{t}/", recursive=True),
+        BASELINE: lambda t: boto3_download_file_loop(server, bucket, "ds", t),
+        "boto3 get_object loop": lambda t: boto3_get_object_loop(server, bucket, "ds", t),
+        "local copy": lambda t: local_copy(source, t),
     }
+    results = {name: timed(scratch, action, repeat, pids) for name, action in contenders.items()}
     print(f"\n{label}: {count} files x {size / 2**20:g} MiB = {total / 1e6:.1f} MB "
-          f"(best of {repeat})")
-    baseline = results["boto3 one at a time"]
-    for name, seconds in results.items():
-        print(f"  {name:<22} {seconds:7.3f} s {total / 1e6 / seconds:8.1f} MB/s "
-              f"{baseline / seconds:6.2f}x boto3 loop")
+          f"(best of {repeat}; CPU seconds of the server and of this process in that run)",
+          flush=True)
+    baseline = results[BASELINE][0]
+    for name, (seconds, server_cpu, client_cpu) in results.items():
+        print(f"  {name:<26} {seconds:7.3f} s {total / 1e6 / seconds:8.1f} MB/s "
+              f"{baseline / seconds:6.2f}x {BASELINE}   "
+              f"server cpu {server_cpu:5.2f} s, client cpu {client_cpu:5.2f} s", flush=True)
     fs.rm(bucket, recursive=True)
     shutil.rmtree(source)
+    return {name: total / 1e6 / seconds for name, (seconds, _, _) in results.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", type=int, default=500)
-    parser.add_argument("--small-kb", type=int, default=64)
-    parser.add_argument("--large", type=int, default=4)
-    parser.add_argument("--large-mb", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="comma-separated, from: " + ", ".join(WORKLOADS))
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    print(f"{os.cpu_count()} CPUs; server and client share them", flush=True)
     with tempfile.TemporaryDirectory(prefix="sublimate-bench-") as scratch_dir:
         scratch = Path(scratch_dir)
         with seaweedfs(scratch / "weed") as server:
             os.environ.update(server.env())
-            # Stage output lines (progress, "already complete") are noise here.
-            sys.stdout.flush()
-            run_workload(server, scratch, "small", args.small, args.small_kb << 10, args.repeat)
-            run_workload(server, scratch, "large", args.large, args.large_mb << 20, args.repeat)
+            pids = _weed_pids()
+            for label in args.workloads.split(","):
+                count, size = WORKLOADS[label]
+                run_workload(server, scratch, label, count, size, args.repeat, pids)
     return 0
 
 

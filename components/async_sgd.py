@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from sublimate.components import checkpoint
+from sublimate.components import metrics as monitoring
 from sublimate.components.paradigm import Paradigm
 
 PS_NAME = "ps"
@@ -56,6 +58,8 @@ class ParameterServer:
         self.staleness_histogram: dict[int, int] = {}
         self.waits = 0
         self.condition = threading.Condition()
+        # each trainer's last per-epoch report (loss, time split), for the live line
+        self.trainer_reports: dict[int, dict[str, float]] = {}
 
     def parameters(self) -> list[torch.Tensor]:
         return [parameter.detach().clone() for parameter in self.model.parameters()]
@@ -89,6 +93,18 @@ class ParameterServer:
             self.clocks[trainer] += 1
             self.condition.notify_all()
             return self.parameters(), self.version
+
+    def report(self, trainer: int, figures: dict[str, float]) -> None:
+        with self.condition:
+            self.trainer_reports[trainer] = figures
+
+    def trainer_means(self) -> dict[str, float]:
+        """Mean over trainers of their latest epoch report (they may be an epoch apart)."""
+        with self.condition:
+            reports = list(self.trainer_reports.values())
+        if not reports:
+            return {}
+        return {key: sum(r[key] for r in reports) / len(reports) for key in reports[0]}
 
     def finish(self, trainer: int) -> None:
         with self.condition:
@@ -133,6 +149,11 @@ def _remote_push_pull(trainer: int, gradients: list[torch.Tensor], version_seen:
                       learning_rate: float) -> tuple[list[torch.Tensor], int]:
     assert _SERVER is not None
     return _SERVER.push_pull(trainer, gradients, version_seen, learning_rate)
+
+
+def _remote_report(trainer: int, figures: dict[str, float]) -> None:
+    assert _SERVER is not None
+    _SERVER.report(trainer, figures)
 
 
 def _remote_finish(trainer: int) -> None:
@@ -189,9 +210,13 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
         print(f"resumed parameter server at update {server.version}", flush=True)
     first_version = server.version
     _SERVER = server
+    metrics, epoch_log, staleness_gauge = _server_monitoring(args)
     _init_rpc(args, PS_NAME, 0)
     total_updates = steps_per_epoch * args.epochs * args.num_trainers
     updates_per_epoch = steps_per_epoch * args.num_trainers
+    local_batch = args.global_batch_size // args.num_trainers
+    observed_version, epoch_started, epoch_version = server.version, time.perf_counter(), \
+        server.version
     started, curve, next_report = time.perf_counter(), [], first_version + updates_per_epoch
     next_checkpoint = first_version + args.checkpoint_every if args.checkpoint_every else None
     while True:
@@ -201,13 +226,32 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
                 lambda wake_at=wake_at: len(server.finished) == args.num_trainers
                 or server.version >= wake_at, timeout=1.0)
             done = len(server.finished) == args.num_trainers
+        if metrics is not None and server.version > observed_version:
+            updates = server.version - observed_version
+            metrics.observe_steps(updates, updates * local_batch, 0.0, 0.0, 0.0,
+                                  total_updates, server.version)
+            staleness_gauge.set(server.statistics()["staleness_mean"])
+            observed_version = server.version
         if next_checkpoint is not None and server.version >= next_checkpoint:
             checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
             next_checkpoint = server.version + args.checkpoint_every
         if server.version >= next_report:
-            message = f"epoch {round(server.version / updates_per_epoch)}/{args.epochs} " \
-                      f"updates {server.version}/{total_updates} staleness mean " \
-                      f"{server.statistics()['staleness_mean']}"
+            epoch = round(server.version / updates_per_epoch)
+            now = time.perf_counter()
+            samples_per_second = (server.version - epoch_version) * local_batch \
+                / max(now - epoch_started, 1e-9)
+            epoch_started, epoch_version = now, server.version
+            trainers = server.trainer_means()
+            message = f"epoch {epoch}/{args.epochs} updates {server.version}/{total_updates}"
+            if "loss" in trainers:
+                message += f" loss {trainers['loss']:.4f}"
+            message += f" samples/s {samples_per_second:.0f} staleness mean " \
+                       f"{server.statistics()['staleness_mean']}"
+            if trainers:
+                split = monitoring.time_split(*(trainers[f"{p}_seconds"]
+                                                for p in monitoring.PHASES))
+                message += f" | {monitoring.format_split(split)}"
+            accuracy = None
             if args.eval_every_epoch:
                 with server.condition:
                     snapshot = {k: v.clone() for k, v in model.state_dict().items()}
@@ -220,13 +264,17 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
                               round(accuracy, 4)])
                 message += f" test-accuracy {accuracy:.4f}"
             print(message, flush=True)
+            _record_server_epoch(epoch_log, metrics, epoch, server, trainers,
+                                 samples_per_second, accuracy)
             next_report = (server.version // updates_per_epoch + 1) * updates_per_epoch
         if done:
             break
     seconds = time.perf_counter() - started
     rpc.shutdown()
+    epoch_log.close()
+    if metrics is not None:
+        metrics.close()
     checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
-    local_batch = args.global_batch_size // args.num_trainers
     summary = {
         "algorithm": "async", "world_size": args.num_trainers, "epochs": args.epochs,
         "global_batch_size": args.global_batch_size, "train_seconds": round(seconds, 3),
@@ -261,27 +309,131 @@ def run_trainer(args: argparse.Namespace) -> None:
     lr = update_learning_rate(args, local_batch)
     loss_fn = nn.CrossEntropyLoss()
     total_steps = steps_per_epoch * args.epochs
+    metrics, epoch_log = _trainer_monitoring(args)
+    times, perf_counter = monitoring.StepTimes(), time.perf_counter
+    epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
+    order, order_epoch = None, -1
     while step < total_steps:
+        started = perf_counter()
         epoch, batch_index = divmod(step, steps_per_epoch)
+        if epoch != order_epoch:  # one permutation per epoch (it was redrawn every step)
+            order, order_epoch = torch.randperm(len(labels), generator=torch.Generator()
+                                                .manual_seed(args.seed * 100_003 + epoch)), epoch
+        start = batch_index * args.global_batch_size + args.trainer_id * local_batch
+        rows = order[start:start + local_batch]
+        x, y = features[rows], labels[rows]
+        loaded = perf_counter()
         with torch.no_grad():
             for parameter, value in zip(model.parameters(), parameters, strict=True):
                 parameter.copy_(value)
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
-            args.seed * 100_003 + epoch))
-        start = batch_index * args.global_batch_size + args.trainer_id * local_batch
-        rows = order[start:start + local_batch]
         model.zero_grad(set_to_none=True)
-        loss_fn(model(features[rows]), labels[rows]).backward()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        epoch_loss += loss.detach()
         gradients = [parameter.grad for parameter in model.parameters()]
-        parameters, version = rpc.rpc_sync(
+        computed = perf_counter()
+        parameters, version = rpc.rpc_sync(  # the push/pull round trip is the communication
             PS_NAME, _remote_push_pull, args=(args.trainer_id, gradients, version, lr))
         step += 1
+        epoch_steps += 1
+        times.comm += perf_counter() - computed
+        times.data += loaded - started
+        times.compute += computed - loaded
+        times.steps += 1
+        if times.steps == 16:
+            times.flush(metrics, 0.0, local_batch, step, total_steps)
+        if step % steps_per_epoch == 0 or step == total_steps:
+            times.flush(metrics, 0.0, local_batch, step, total_steps)
+            seconds = perf_counter() - epoch_started
+            figures = {"loss": epoch_loss.item() / epoch_steps,
+                       **{f"{phase}_seconds": value for phase, value
+                          in zip(monitoring.PHASES, times.take_epoch(), strict=True)}}
+            rpc.rpc_sync(PS_NAME, _remote_report, args=(args.trainer_id, figures))
+            _record_trainer_epoch(epoch_log, metrics, -(-step // steps_per_epoch), step, lr,
+                                  figures, epoch_steps * local_batch / max(seconds, 1e-9),
+                                  seconds)
+            epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
     rpc.rpc_sync(PS_NAME, _remote_finish, args=(args.trainer_id,))
     rpc.shutdown()
+    epoch_log.close()
+    if metrics is not None:
+        metrics.close()
+
+
+def _server_monitoring(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from prometheus_client import Gauge
+
+    from sublimate.components.tensorboard_log import EpochLog
+
+    metrics = monitoring.serve_worker(args.run_dir, "0", "ps0", role="ps", addr=args.metrics_addr,
+                                      port=args.metrics_port, key="ps")
+    staleness = None
+    if metrics is not None:
+        staleness = Gauge("sublimate_async_staleness_mean", "mean staleness of applied updates",
+                          list(metrics.labels), registry=metrics.registry).labels(**metrics.labels)
+        print(f"metrics: http://{metrics.address}/metrics (every process: "
+              f"{args.run_dir / monitoring.ENDPOINTS_FILE})", flush=True)
+    return metrics, EpochLog(args.run_dir, "ps", aggregate=True), staleness
+
+
+def _trainer_monitoring(args: argparse.Namespace) -> tuple[Any, Any]:
+    from sublimate.components.tensorboard_log import EpochLog
+
+    # Trainers are separate TorchX replicas; on one host they share the base port, so each
+    # offsets it by its id (in a cluster each is its own pod and the offset is harmless).
+    metrics = monitoring.serve_worker(
+        args.run_dir, str(args.trainer_id + 1), f"trainer{args.trainer_id}", role="trainer",
+        local_rank=1 + args.trainer_id, addr=args.metrics_addr, port=args.metrics_port,
+        key=f"trainer-{args.trainer_id}")
+    return metrics, EpochLog(args.run_dir, f"trainer-{args.trainer_id}")
+
+
+def _record_server_epoch(epoch_log: Any, metrics: Any, epoch: int, server: ParameterServer,
+                         trainers: dict[str, float], samples_per_second: float,
+                         accuracy: float | None) -> None:
+    statistics = server.statistics()
+    record: dict[str, Any] = {"epoch": epoch, "step": server.version, "time": round(time.time(), 3),
+                              "samples_per_second": round(samples_per_second, 1),
+                              "staleness_mean": statistics["staleness_mean"]}
+    if "loss" in trainers:
+        record["loss"] = round(trainers["loss"], 6)
+    if accuracy is not None:
+        record["test_accuracy"] = round(accuracy, 4)
+    aggregate = {"train/samples_per_second": samples_per_second,
+                 "async/staleness_mean": statistics["staleness_mean"]}
+    if trainers:
+        aggregate["train/loss"] = trainers["loss"]
+        split = monitoring.time_split(*(trainers[f"{p}_seconds"] for p in monitoring.PHASES))
+        aggregate.update({f"time/{phase}_fraction": value for phase, value in split.items()})
+    if accuracy is not None:
+        aggregate["test/accuracy"] = accuracy
+    epoch_log.write(record, server.version, {key: aggregate[key] for key in (
+        "train/samples_per_second", "async/staleness_mean")}, aggregate)
+    if metrics is not None:
+        metrics.observe_epoch(epoch, trainers.get("loss"), None)
+
+
+def _record_trainer_epoch(epoch_log: Any, metrics: Any, epoch: int, step: int, lr: float,
+                          figures: dict[str, float], samples_per_second: float,
+                          seconds: float) -> None:
+    phases = [figures[f"{phase}_seconds"] for phase in monitoring.PHASES]
+    split = monitoring.time_split(*phases)
+    record = {"epoch": epoch, "step": step, "time": round(time.time(), 3),
+              "seconds": round(seconds, 4), "loss": round(figures["loss"], 6),
+              "local_loss": round(figures["loss"], 6), "learning_rate": lr,
+              "local_samples_per_second": round(samples_per_second, 1),
+              **{f"{phase}_seconds": round(figures[f"{phase}_seconds"], 5)
+                 for phase in monitoring.PHASES}}
+    epoch_log.write(record, step, {
+        "train/loss": figures["loss"], "train/samples_per_second": samples_per_second,
+        "train/learning_rate": lr,
+        **{f"time/{phase}_fraction": value for phase, value in split.items()}})
+    if metrics is not None:
+        metrics.observe_epoch(epoch, figures["loss"], lr)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sublimate.components.worker import add_training_arguments
+    from sublimate.components.worker import add_metrics_arguments, add_training_arguments
 
     parser = argparse.ArgumentParser(prog="sublimate-async", description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=["ps", "trainer"])
@@ -293,6 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rpc-timeout", type=float, default=300.0)
     parser.add_argument("--staleness-bound", type=int, default=0,
                         help="max pushes a trainer may run ahead of the slowest (0: unbounded)")
+    add_metrics_arguments(parser)
     add_training_arguments(parser)
     return parser.parse_args(argv)
 
@@ -300,9 +453,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    # torch's RPC init warns about its own internal use of a deprecated API: noise in the live view
+    warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     if args.role == "ps":
         summary = run_server(args)
-        print(f"training finished: {summary}", flush=True)
+        print(f"training finished: {summary['updates_applied']} updates in "
+              f"{summary['train_seconds']:.1f}s, {summary['samples_per_second']:.0f} samples/s, "
+              f"staleness mean {summary['staleness_mean']}, model at "
+              f"{args.run_dir / 'model.pt'}", flush=True)
     else:
         run_trainer(args)
     return 0

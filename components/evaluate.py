@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from sublimate.components.datasets import DatasetError
@@ -38,6 +39,28 @@ def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, 
             "steps": saved.get("steps", 0)}
 
 
+def _publish(run_dir: Path, metrics: dict[str, float | int | str]) -> None:
+    """Test scalars into TensorBoard and the run report; never fails the step."""
+    try:
+        from sublimate.components.tensorboard_log import write_scalars
+
+        write_scalars(run_dir, "evaluate", int(metrics["steps"]),
+                      {f"{metrics['split']}/accuracy": float(metrics["accuracy"]),
+                       f"{metrics['split']}/loss": float(metrics["loss"])})
+    except Exception as error:  # monitoring is best effort
+        print(f"evaluate: no TensorBoard scalars ({error})", file=sys.stderr)
+    try:
+        from sublimate.pipelines.report import REPORT_DIR, ReportError, write_report
+
+        write_report(run_dir)
+        print(f"evaluate: run report in {run_dir / REPORT_DIR} "
+              f"(sublimate report {run_dir.name})", flush=True)
+    except ReportError:
+        pass  # a model without training records (trained elsewhere): nothing to report
+    except Exception as error:
+        print(f"evaluate: no run report ({error})", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True,
@@ -46,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="test")
     parser.add_argument("--accuracy-path", type=Path, help="file to write the accuracy to")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     try:
         metrics = evaluate(args.model_dir, args.data_dir, args.split)
     except (DatasetError, FileNotFoundError, ValueError) as error:
@@ -53,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from sublimate.components import checkpoint
 
+    metrics["seconds"] = round(time.perf_counter() - started, 3)
+    metrics["examples_per_second"] = round(metrics["examples"] / max(metrics["seconds"], 1e-9), 1)
+    # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are the
+    # metrics.json below, the TensorBoard scalars and the run report.
     checkpoint.write_json(metrics, args.model_dir / "metrics.json")
+    _publish(args.model_dir, metrics)
     if args.accuracy_path:
         args.accuracy_path.parent.mkdir(parents=True, exist_ok=True)
         args.accuracy_path.write_text(f"{metrics['accuracy']}")

@@ -307,6 +307,40 @@ def record_staging(path: Path, *, dataset: str, bytes_transferred: int, files_tr
     return figures
 
 
+class StepTimes:
+    """Per-step phase seconds, accumulated by the step loop with plain float adds.
+
+    ``data``/``compute``/``comm`` are the window since the last :meth:`flush`; ``flush`` moves
+    the window into the epoch totals and into Prometheus. Communication that happens inside
+    ``backward()`` (DDP's all-reduce, measured by a comm hook) is passed to ``flush`` and moved
+    from compute to comm.
+    """
+
+    __slots__ = ("comm", "compute", "data", "epoch", "steps")
+
+    def __init__(self) -> None:
+        self.data = self.compute = self.comm = 0.0
+        self.steps = 0
+        self.epoch = [0.0, 0.0, 0.0]
+
+    def flush(self, metrics: WorkerMetrics | None, hidden_comm: float, samples_per_step: int,
+              done_steps: int, total_steps: int) -> None:
+        self.compute -= hidden_comm
+        self.comm += hidden_comm
+        for index, seconds in enumerate((self.data, self.compute, self.comm)):
+            self.epoch[index] += seconds
+        if metrics is not None and self.steps:
+            metrics.observe_steps(self.steps, self.steps * samples_per_step, self.data,
+                                  self.compute, self.comm, total_steps, done_steps)
+        self.data = self.compute = self.comm = 0.0
+        self.steps = 0
+
+    def take_epoch(self) -> tuple[float, float, float]:
+        data, compute, comm = self.epoch
+        self.epoch = [0.0, 0.0, 0.0]
+        return data, compute, comm
+
+
 def time_split(data_s: float, compute_s: float, comm_s: float) -> dict[str, float]:
     """Fractions of the step time per phase (for the live line and the report)."""
     total = data_s + compute_s + comm_s

@@ -37,6 +37,7 @@ def python_step(
     retries: int = 0,
     cpu: str = "500m",
     memory: str = "1Gi",
+    env: list | None = None,
 ):  # -> hera.workflows.Container (hera is imported lazily: step code must not pay for it)
     """A container template that runs ``python -m module`` with one flag per input parameter.
 
@@ -63,6 +64,7 @@ def python_step(
         inputs=[Parameter(name=parameter) for parameter in inputs],
         outputs=output_parameters,
         volumes=[shared_volume(claim_name)],
+        env=env,
         resources=ResourceRequirements(requests={"cpu": cpu, "memory": memory},
                                        limits={"memory": memory}),
         # Retries only on errors of the pod itself (evicted, node lost): a step that fails on

@@ -546,8 +546,17 @@ def main(argv: Iterable[str] | None = None) -> int:
     return 0
 
 
-def template(name: str = "stage-data", **step_options: object):
-    """The ``stage-data`` step: input ``dataset``; output ``dataset-dir`` (the staged folder)."""
+DEFAULT_CREDENTIALS_SECRET = "sublimate-s3"
+
+
+def template(name: str = "stage-data", credentials_secret: str = DEFAULT_CREDENTIALS_SECRET,
+             **step_options: object):
+    """The ``stage-data`` step: input ``dataset``; output ``dataset-dir`` (the staged folder).
+
+    Object-store credentials and endpoint come from the Kubernetes Secret
+    ``credentials_secret`` (every key optional); locally, from the usual AWS variables.
+    """
+    from sublimate.components.object_store import credentials_env
     from sublimate.components.runtime import DATASETS_PATH, python_step
 
     return python_step(
@@ -555,6 +564,7 @@ def template(name: str = "stage-data", **step_options: object):
         inputs={"dataset": "--dataset"},
         outputs={"dataset-dir": "--output-path"},
         extra_args=["--data-root", DATASETS_PATH],
+        env=credentials_env(credentials_secret),
         **step_options,  # type: ignore[arg-type]
     )
 

@@ -24,12 +24,15 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from sublimate.components import checkpoint
+from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import read_metadata, read_split
 from sublimate.components.models import build_model
 from sublimate.components.paradigm import Paradigm, paradigm_class
 
 MODEL_NAME = "model.pt"
 COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
+# Steps between hand-overs of the step timings to Prometheus: the loop itself only adds floats.
+METRICS_FLUSH_STEPS = 16
 
 
 def _auto_float(value: str) -> float | None:
@@ -79,8 +82,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    add_metrics_arguments(parser)
     add_training_arguments(parser)
     return parser.parse_args(argv)
+
+
+def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-addr", default=None,
+                        help="address the Prometheus endpoint binds (default "
+                             "$SUBLIMATE_METRICS_ADDR or 127.0.0.1; 0.0.0.0 in a cluster)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="base port; each process uses base + local rank, or an OS-chosen "
+                             f"port when taken (default $SUBLIMATE_METRICS_PORT or "
+                             f"{monitoring.DEFAULT_PORT}; 0: always OS-chosen)")
 
 
 def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> float:
@@ -103,6 +117,46 @@ def _device_and_backend(requested: str) -> tuple[torch.device, str]:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank), "nccl"
     return torch.device("cpu"), "gloo"
+
+
+class CommClock:
+    """Seconds spent in DDP's gradient all-reduce, which runs inside ``backward()``."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
+    """Wrap DDP's default all-reduce in a comm hook that adds its in-flight time to ``clock``.
+
+    The future's callback runs when the bucket's all-reduce completes, and DDP waits for it
+    before ``backward()`` returns, so the clock is complete at the end of every step. With
+    several buckets the all-reduce overlaps the backward pass; that overlap counts as comm.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    # No annotations: DDP checks them against the real classes, and this module's are strings.
+    def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+
+        def finished(future: torch.futures.Future) -> torch.Tensor:
+            clock.seconds += time.perf_counter() - started
+            return future.value()
+
+        return default_hooks.allreduce_hook(state, bucket).then(finished)
+
+    model.register_comm_hook(None, timed_allreduce)
+    return True
 
 
 def _log(rank: int, message: str) -> None:
@@ -205,6 +259,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     fail_at = fault_injection_step(rank)
     accumulate = args.accumulation_steps > 1
     lr = None
+    metrics, epoch_log = _start_monitoring(args, rank, device)
+    comm_clock = CommClock()
+    if metrics is not None:
+        time_ddp_allreduce(training_model, comm_clock)
+    times = monitoring.StepTimes()
+    perf_counter = time.perf_counter
 
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
@@ -213,6 +273,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         epoch_loss = torch.zeros((), device=device)
         epoch_started = time.perf_counter()
         for batch_index in range(position, steps_per_epoch):
+            started = perf_counter()
             step_lr = learning_rate(args, step, steps_per_epoch)
             if step_lr != lr:
                 lr = step_lr
@@ -220,41 +281,66 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     group["lr"] = lr
             start = batch_index * args.global_batch_size + rank * local_batch
             if accumulate:
-                for micro in range(args.accumulation_steps):
-                    rows = order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
+                batches = [(features[rows], labels[rows]) for rows in (
+                    order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
+                    for micro in range(args.accumulation_steps))]
+                loaded = perf_counter()
+                for micro, (x, y) in enumerate(batches):
                     last = micro == args.accumulation_steps - 1
                     with contextlib.nullcontext() if last else paradigm.no_sync():
-                        loss = loss_fn(training_model(features[rows]), labels[rows])
+                        loss = loss_fn(training_model(x), y)
                         (loss / args.accumulation_steps).backward()
                     epoch_loss += loss.detach() / args.accumulation_steps
             else:  # the common case stays as lean as a hand-written loop
                 rows = order[start:start + local_batch]
-                loss = loss_fn(training_model(features[rows]), labels[rows])
+                x, y = features[rows], labels[rows]
+                loaded = perf_counter()
+                loss = loss_fn(training_model(x), y)
                 loss.backward()
                 epoch_loss += loss.detach()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            paradigm.after_step(step)
+            computed = perf_counter()
+            paradigm.after_step(step)  # bmuf/easgd collectives happen here
+            times.comm += perf_counter() - computed
+            times.data += loaded - started
+            times.compute += computed - loaded
+            times.steps += 1
+            if times.steps == METRICS_FLUSH_STEPS:
+                times.flush(metrics, comm_clock.take(), args.global_batch_size // world,
+                            step, total_steps)
             if step == fail_at:
                 _kill_self(rank, step)
             if args.checkpoint_every and step % args.checkpoint_every == 0 \
                     and step < total_steps:
                 checkpointer.save(step, model, optimizer, paradigm,
                                   train_seconds + time.perf_counter() - epoch_started)
-        train_seconds += time.perf_counter() - epoch_started
-        mean_loss = epoch_loss / (steps_per_epoch - position)
-        dist.all_reduce(mean_loss)
-        samples_per_second = (steps_per_epoch - position) * args.global_batch_size \
-            / max(time.perf_counter() - epoch_started, 1e-9)
+        epoch_seconds = time.perf_counter() - epoch_started
+        train_seconds += epoch_seconds
+        times.flush(metrics, comm_clock.take(), args.global_batch_size // world, step,
+                    total_steps)
+        # Loss and the time split travel in the one all-reduce the epoch already had.
+        local = torch.cat([(epoch_loss / (steps_per_epoch - position)).reshape(1),
+                           torch.tensor(times.take_epoch(), device=device)])
+        reduced = local.clone()
+        dist.all_reduce(reduced)
+        local_values, mean_values = local.tolist(), [v / world for v in reduced.tolist()]
+        epoch_steps = steps_per_epoch - position
+        samples_per_second = epoch_steps * args.global_batch_size / max(epoch_seconds, 1e-9)
+        split = monitoring.time_split(*mean_values[1:])
         message = (f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} "
-                   f"loss {mean_loss.item() / world:.4f} lr {lr:.4g} "
-                   f"samples/s {samples_per_second:.0f}")
+                   f"loss {mean_values[0]:.4f} lr {lr:.4g} "
+                   f"samples/s {samples_per_second:.0f} | {monitoring.format_split(split)}")
+        accuracy = None
         if args.eval_every_epoch and rank == 0:
             accuracy = test_accuracy(paradigm.result_model(), args.data_dir, device)
             curve.append([round(train_seconds, 4), step, round(accuracy, 4)])
             message += f" test-accuracy {accuracy:.4f}"
         _log(rank, message)
+        _record_epoch(epoch_log, metrics, epoch + 1, step, lr, local_values, mean_values,
+                      samples_per_second, epoch_steps * local_batch / max(epoch_seconds, 1e-9),
+                      epoch_seconds, accuracy)
 
     checkpointer.save(step, model, optimizer, paradigm, train_seconds)
     ops = torch.tensor([paradigm.communication_ops], dtype=torch.float64)
@@ -279,14 +365,63 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         checkpoint.write_json(summary, args.run_dir / "train-summary.json")
     dist.barrier()
     dist.destroy_process_group()
+    epoch_log.close()
+    if metrics is not None:
+        metrics.close()
     return summary
+
+
+def _start_monitoring(args: argparse.Namespace, rank: int, device: torch.device,
+                      ) -> tuple[monitoring.WorkerMetrics | None, Any]:
+    from sublimate.components.tensorboard_log import EpochLog
+
+    metrics = monitoring.serve_worker(
+        args.run_dir, str(rank), f"node{os.environ.get('GROUP_RANK', '0')}",
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        gpu_index=device.index if device.type == "cuda" else None,
+        addr=args.metrics_addr, port=args.metrics_port, key=f"rank-{rank}")
+    if metrics is not None and metrics.address:
+        _log(rank, f"metrics: http://{metrics.address}/metrics (every rank: "
+                   f"{args.run_dir / monitoring.ENDPOINTS_FILE})")
+    return metrics, EpochLog(args.run_dir, f"rank-{rank}", aggregate=rank == 0)
+
+
+def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoch: int,
+                  step: int, lr: float, local: list[float], mean: list[float],
+                  samples_per_second: float, local_samples_per_second: float,
+                  seconds: float, accuracy: float | None) -> None:
+    """The epoch's JSONL record, TensorBoard scalars and Prometheus gauges."""
+    local_split = monitoring.time_split(*local[1:])
+    mean_split = monitoring.time_split(*mean[1:])
+    record = {"epoch": epoch, "step": step, "time": round(time.time(), 3),
+              "seconds": round(seconds, 4), "loss": round(mean[0], 6),
+              "local_loss": round(local[0], 6), "learning_rate": lr,
+              "samples_per_second": round(samples_per_second, 1),
+              "local_samples_per_second": round(local_samples_per_second, 1),
+              **{f"{phase}_seconds": round(value, 5)
+                 for phase, value in zip(monitoring.PHASES, local[1:], strict=True)}}
+    if accuracy is not None:
+        record["test_accuracy"] = round(accuracy, 4)
+    scalars = {"train/loss": local[0], "train/samples_per_second": local_samples_per_second,
+               "train/learning_rate": lr,
+               **{f"time/{phase}_fraction": value for phase, value in local_split.items()}}
+    aggregate = {"train/loss": mean[0], "train/samples_per_second": samples_per_second,
+                 "train/learning_rate": lr,
+                 **{f"time/{phase}_fraction": value for phase, value in mean_split.items()}}
+    if accuracy is not None:
+        aggregate["test/accuracy"] = accuracy
+    epoch_log.write(record, step, scalars, aggregate if epoch_log.aggregate else None)
+    if metrics is not None:
+        metrics.observe_epoch(epoch, mean[0], lr)
 
 
 @record  # puts the worker's traceback into torchrun's failure summary
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     summary = train(args)
-    _log(int(os.environ.get("RANK", "0")), f"training finished: {summary}")
+    _log(int(os.environ.get("RANK", "0")),
+         f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
+         f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")
     return 0
 
 

@@ -89,13 +89,30 @@ def _replacement(key: str, targets: list[dict[str, Any]]) -> dict[str, Any]:
             "targets": targets}
 
 
-def kustomization(resources: list[str], template: str, step_templates: list[str]) -> dict:
-    """``argo/kustomization.yaml``: every file, and the ConfigMap values copied into place."""
-    workflow_template = {"kind": "WorkflowTemplate", "name": template}
+DEFAULTS_COMPONENT = "defaults"
+
+
+def kustomization(resources: list[str]) -> dict[str, Any]:
+    """``argo/kustomization.yaml``: every file, then the defaults copied into place."""
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "namespace": NAMESPACE,
         "resources": resources,
+        "components": [DEFAULTS_COMPONENT],
+    }
+
+
+def defaults_component(template: str, step_templates: list[str]) -> dict[str, Any]:
+    """``argo/defaults/``: copies the ConfigMap's values into the template and the claim.
+
+    A kustomize Component, because an overlay must re-apply it after changing the ConfigMap
+    (replacements run when their kustomization is built, before an overlay's own patches)::
+
+        components: [my-settings, ../argo/defaults]
+    """
+    workflow_template = {"kind": "WorkflowTemplate", "name": template}
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
         "replacements": [
             _replacement("image", [
                 {"select": workflow_template,

@@ -62,9 +62,10 @@ def render_files() -> dict[str, str]:
         files[file_name] = HEADER.format(source="pipelines/cluster.py") + _dump(document)
     template = next(d for d in argo_documents if d.__class__.__name__ == "WorkflowTemplate")
     steps = [t.name for t in template.templates if getattr(t, "image", None)]
-    files["kustomization.yaml"] = HEADER.format(source="pipelines/cluster.py") + _dump(
-        cluster.kustomization(sorted(name for name in files if name != "kustomization.yaml"),
-                              template.name, steps))
+    header = HEADER.format(source="pipelines/cluster.py")
+    files["kustomization.yaml"] = header + _dump(cluster.kustomization(sorted(files)))
+    files[f"{cluster.DEFAULTS_COMPONENT}/kustomization.yaml"] = header + _dump(
+        cluster.defaults_component(template.name, steps))
     return files
 
 
@@ -78,7 +79,7 @@ def render_all(output_dir: Path, check: bool = False) -> list[tuple[Path, bool]]
         path = output_dir / file_name
         changed = not path.is_file() or path.read_text() != text
         if changed and not check:
-            output_dir.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".yaml.tmp")
             temporary.write_text(text)
             temporary.replace(path)

@@ -94,7 +94,13 @@ def train_pipeline(
 ) -> WorkflowTemplate:
     """Build the ``sublimate-train`` WorkflowTemplate."""
     from hera.workflows import DAG, Parameter, WorkflowTemplate
-    from hera.workflows.models import PodGC, TTLStrategy, ValueFrom, WorkflowMetadata
+    from hera.workflows.models import (
+        PodGC,
+        PodSecurityContext,
+        TTLStrategy,
+        ValueFrom,
+        WorkflowMetadata,
+    )
 
     from sublimate.pipelines.cluster import SERVICE_ACCOUNT
 
@@ -106,6 +112,9 @@ def train_pipeline(
         arguments=[p.to_hera() for p in PARAMETERS],
         labels={"sublimate.dev/pipeline": "train"},
         service_account_name=SERVICE_ACCOUNT,
+        # The runtime image's unprivileged user; fs_group lets it write the shared claim.
+        security_context=PodSecurityContext(run_as_non_root=True, run_as_user=10001,
+                                            run_as_group=10001, fs_group=10001),
         # Keep a failed run's pods for debugging; clean up after success, and drop finished
         # workflows after a week.
         pod_gc=PodGC(strategy="OnPodSuccess"),

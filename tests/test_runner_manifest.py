@@ -284,3 +284,35 @@ def test_interrupt_stops_nodes_and_writes_status(tmp_path: Path, sig: int) -> No
     time.sleep(0.1)
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
+
+
+def test_optional_secret_env_comes_from_the_local_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {generateName: secret-}
+spec:
+  entrypoint: show
+  templates:
+  - name: show
+    script:
+      image: python
+      command: [python]
+      env:
+      - name: AWS_ACCESS_KEY_ID
+        valueFrom: {secretKeyRef: {name: s3, key: access-key, optional: true}}
+      - {name: PLAIN, value: here}
+      source: |
+        import os
+        print(os.environ.get("AWS_ACCESS_KEY_ID", "unset"), os.environ["PLAIN"])
+"""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-local-env")
+    result = run_workflow(load_manifest(manifest), {}, RunOptions(home=tmp_path, reporter=None))
+    assert result.phase == "Succeeded"
+    assert result.nodes[0].result == "from-local-env here"
+    required = manifest.replace("optional: true", "optional: false")
+    problems = unsupported_fields(load_manifest(required))
+    assert problems == ["spec.templates[0].script.env[0].valueFrom.secretKeyRef: Kubernetes "
+                        "secrets are not available locally; mark it optional: true so the local "
+                        "environment provides the variable"]

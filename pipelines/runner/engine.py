@@ -472,6 +472,8 @@ class _Run:
         env = dict(os.environ)
         env.setdefault("PYTHONUNBUFFERED", "1")  # lets follow_logs stream lines as they come
         for item in body.get("env") or []:
+            if "valueFrom" in item:
+                continue  # an optional secret: the local environment provides it, or nobody
             env[item["name"]] = paths.rewrite(as_text(item.get("value", "")))
         env["SUBLIMATE_LOCAL_RUN"] = "1"
         env["SUBLIMATE_RUN_DIR"] = str(self.run_dir)

@@ -116,7 +116,10 @@ _ARGUMENTS = {
     "parameters": _list({"name": ANY, "value": ANY}),
     "artifacts": _list({"name": ANY, "from": ANY, "raw": {"data": ANY}}),
 }
-_ENV = _list({"name": ANY, "value": ANY})
+# Secrets do not exist locally: an optional secretKeyRef is left to the local environment (the
+# variable is whatever the runner's own environment says), a required one is refused below.
+_ENV = _list({"name": ANY, "value": ANY,
+              "valueFrom": {"secretKeyRef": {"name": ANY, "key": ANY, "optional": ANY}}})
 _MOUNTS = _list({"name": ANY, "mountPath": ANY, "subPath": ANY, "readOnly": ANY})
 _CONTAINER = {
     "name": ANY,
@@ -239,6 +242,23 @@ def _strings(value: Any, path: str):
             yield from _strings(item, f"{path}[{i}]")
 
 
+def _required_secrets(templates: list) -> list[str]:
+    problems = []
+    for i, template in enumerate(templates):
+        body = (template.get("container") or template.get("script") or {}) \
+            if isinstance(template, dict) else {}
+        kind = "container" if isinstance(template, dict) and "container" in template else "script"
+        for j, item in enumerate(body.get("env") or [] if isinstance(body, dict) else []):
+            ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") \
+                if isinstance(item, dict) else None
+            if isinstance(ref, dict) and not ref.get("optional"):
+                problems.append(
+                    f"spec.templates[{i}].{kind}.env[{j}].valueFrom.secretKeyRef: Kubernetes "
+                    "secrets are not available locally; mark it optional: true so the local "
+                    "environment provides the variable")
+    return problems
+
+
 def unsupported_fields(workflow: dict) -> list[str]:
     """Every unsupported or malformed field of a normalised workflow, each with its path.
 
@@ -256,6 +276,7 @@ def unsupported_fields(workflow: dict) -> list[str]:
                 f"{path}: expression tags {{{{=...}}}} are not supported by the local runner"
             )
     templates = spec.get("templates") or []
+    problems += _required_secrets(templates)
     names = {t.get("name") for t in templates if isinstance(t, dict)}
     entry = spec.get("entrypoint")
     if not entry:
