@@ -17,8 +17,9 @@ AUTO_OR_NUMBER = r"^(auto|[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?)$"
 
 PARAMETERS = [
     PipelineParameter("dataset", "digits",
-                      "Built-in dataset (digits) or the path/URL (file://, s3://) of a dataset "
-                      "folder in sublimate's layout; staged onto the shared volume."),
+                      "Built-in dataset (digits), the path/URL (file://, s3://, gs://) of a "
+                      "dataset in sublimate's layout, or py:module:function; staged onto the "
+                      "shared volume."),
     PipelineParameter("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP "
                       "all-reduce every step); async: asynchronous SGD with a parameter server; "
                       "bmuf: block-momentum SGD (Chen & Huo 2016); easgd: elastic-averaging SGD "
