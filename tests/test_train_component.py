@@ -107,3 +107,34 @@ def test_sync_sgd_on_two_workers_equals_one_process_with_the_global_batch(tmp_pa
 
     initial = build_model("mlp", {"num_features": 64, "num_classes": 10}).state_dict()
     assert not torch.allclose(initial["0.weight"], single["0.weight"])
+
+
+def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
+    from torchx.runner import get_runner
+
+    args = parse_args([*ARGS, "--algorithm", "async", "--nodes", "3", "--staleness-bound", "4",
+                       "--global-batch-size", "96",
+                       "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate"])
+    with get_runner() as runner:
+        info = runner.dryrun(build_app(args, "kubernetes"), "kubernetes",
+                             cfg={"queue": "research", "namespace": "ml"})
+    job = info.request.resource
+    tasks = [task["name"] for task in job["spec"]["tasks"]]
+    assert tasks[0].startswith("ps-0") and len(tasks) == 4
+    assert job["spec"]["queue"] == "research"
+    trainer = job["spec"]["tasks"][1]["template"].spec.containers[0]
+    script = " ".join(trainer.command)
+    assert "sublimate.components.async_sgd trainer --trainer-id" in script
+    assert "--staleness-bound 4" in script and "--num-trainers 3" in script
+
+
+def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sublimate.components import train
+
+    (tmp_path / "namespace").write_text("ml-team\n")
+    monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)
+    args = parse_args([*ARGS, "--queue", "gpu"])
+    assert train.scheduler_config(args, "kubernetes") == {"queue": "gpu", "namespace": "ml-team"}
+    assert train.scheduler_config(args, "local_cwd") == {
+        "log_dir": "/mnt/sublimate/runs/r1/logs"}
