@@ -8,6 +8,9 @@ same run on the same objects:
   one stream per object: the plain single-stream baseline.
 - ``s3fs get (recursive)``: fsspec's own concurrent copy (no integrity checks).
 - ``local copy``: ``shutil.copyfile`` of the same bytes from local disk (the disk's own limit).
+- ``ceiling: ...``: the same GETs with nothing written and nothing checked, from 32 botocore
+  threads (large objects in 16 MiB ranges) and from 32 aiobotocore requests in flight: what the
+  server and the HTTP client can deliver on this machine, whatever the copier does.
 
     python benchmarks/staging.py [--workloads small,tiny,large] [--repeat 3]
 
@@ -68,7 +71,7 @@ def _boto3_client(server: S3Server):  # -> botocore S3 client
     return boto3.client("s3", endpoint_url=server.endpoint)
 
 
-def _keys(client, bucket: str, prefix: str) -> list[str]:  # noqa: ANN001
+def _keys(client, bucket: str, prefix: str) -> list[str]:
     return [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(
         Bucket=bucket, Prefix=f"{prefix}/") for o in page.get("Contents", [])]
 
@@ -89,6 +92,51 @@ def boto3_get_object_loop(server: S3Server, bucket: str, prefix: str, target: Pa
         body = client.get_object(Bucket=bucket, Key=key)["Body"]
         with open(target / key.rsplit("/", 1)[-1], "wb") as out:
             shutil.copyfileobj(body, out, 1 << 20)
+
+
+def raw_threads(server: S3Server, bucket: str, prefix: str, threads: int = 32,
+                part: int = 16 << 20) -> None:
+    """Ceiling: botocore GETs from ``threads`` threads into memory (large objects as ranged
+    parts), nothing written, nothing checked."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=server.endpoint,
+                          config=Config(max_pool_connections=threads))
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
+    ranges = [(o["Key"], start, min(start + part, o["Size"])) for page in pages
+              for o in page.get("Contents", []) for start in range(0, max(o["Size"], 1), part)]
+
+    def get(key: str, start: int, end: int) -> int:
+        extra = {"Range": f"bytes={start}-{end - 1}"} if end - start == part else {}
+        return len(client.get_object(Bucket=bucket, Key=key, **extra)["Body"].read())
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda r: get(*r), ranges))
+
+
+def raw_aiobotocore(fs, bucket: str, prefix: str, concurrency: int = 32) -> None:
+    """Ceiling: s3fs's aiobotocore client, ``concurrency`` GETs in flight into memory, nothing
+    written, nothing checked."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    async def run() -> None:
+        limit = asyncio.Semaphore(concurrency)
+
+        async def get(key: str) -> None:
+            async with limit:
+                response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+                await response["Body"].read()
+                response["Body"].close()
+
+        listing = await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=f"{prefix}/")
+        await asyncio.gather(*(get(o["Key"]) for o in listing.get("Contents", [])))
+
+    sync(fs.loop, run)
 
 
 def local_copy(source: Path, target: Path) -> None:
@@ -161,16 +209,20 @@ def run_workload(server: S3Server, scratch: Path, label: str, count: int, size: 
         BASELINE: lambda t: boto3_download_file_loop(server, bucket, "ds", t),
         "boto3 get_object loop": lambda t: boto3_get_object_loop(server, bucket, "ds", t),
         "local copy": lambda t: local_copy(source, t),
+        "ceiling: threads GET->RAM": lambda t: raw_threads(server, bucket, "ds"),
+        "ceiling: aiobotocore->RAM": lambda t: raw_aiobotocore(fs, bucket, "ds"),
     }
     results = {name: timed(scratch, action, repeat, pids) for name, action in contenders.items()}
     print(f"\n{label}: {count} files x {size / 2**20:g} MiB = {total / 1e6:.1f} MB "
           f"(best of {repeat}; CPU seconds of the server and of this process in that run)",
           flush=True)
-    baseline = results[BASELINE][0]
+    baseline, single = results[BASELINE][0], results["boto3 get_object loop"][0]
+    print(f"  {'':<26} {'wall':>9} {'rate':>13} {'vs download_file loop':>22} "
+          f"{'vs get_object loop':>19} {'server cpu':>11} {'client cpu':>11}")
     for name, (seconds, server_cpu, client_cpu) in results.items():
         print(f"  {name:<26} {seconds:7.3f} s {total / 1e6 / seconds:8.1f} MB/s "
-              f"{baseline / seconds:6.2f}x {BASELINE}   "
-              f"server cpu {server_cpu:5.2f} s, client cpu {client_cpu:5.2f} s", flush=True)
+              f"{baseline / seconds:21.2f}x {single / seconds:18.2f}x "
+              f"{server_cpu:9.2f} s {client_cpu:9.2f} s", flush=True)
     fs.rm(bucket, recursive=True)
     shutil.rmtree(source)
     return {name: total / 1e6 / seconds for name, (seconds, _, _) in results.items()}

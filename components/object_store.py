@@ -14,6 +14,7 @@ import errno
 import os
 import posixpath
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 from sublimate.components.datasets import DatasetError
@@ -67,6 +68,39 @@ def open_url(url: str) -> tuple[AbstractFileSystem, str]:
 # variables would be reused after they change; this one is keyed by them (a new client costs
 # ~0.3 s of botocore model loading, noticeable in notebooks and tests).
 _S3_CLIENTS: dict[frozenset[tuple[str, str]], Any] = {}
+
+
+# Bulk GETs go through botocore's own (synchronous, thread-safe) client from a thread pool: on a
+# loopback SeaweedFS it moved 1 MiB objects ~1.7x and 64 MiB ranged parts ~2x faster than
+# aiobotocore's event loop (urllib3 reads big blocks straight off the socket; aiohttp hands the
+# loop small chunks), and hashing and disk writes run in those threads outside the GIL.
+_TRANSFER_CLIENTS: dict[tuple[frozenset[tuple[str, str]], int], Any] = {}
+_TRANSFER_LOCK = threading.Lock()
+
+
+def transfer_client(url: str, max_connections: int) -> Any:
+    """A botocore S3 client for concurrent downloads: same credentials and endpoint (the standard
+    AWS variables and files), timeouts and retries as :func:`open_url`'s, and a connection pool
+    as large as the number of threads that share it. ``url`` is named in any error.
+
+    Response checksums are left to the caller (staging checks the SHA-256 of every byte against
+    the dataset's metadata, a stronger check than the CRC that botocore would add per GET).
+    """
+    from botocore.config import Config
+    from botocore.session import get_session
+
+    key = (_aws_environment(), max_connections)
+    with _TRANSFER_LOCK:
+        client = _TRANSFER_CLIENTS.get(key)
+        if client is None:
+            config = Config(**S3_OPTIONS["config_kwargs"], max_pool_connections=max_connections,
+                            response_checksum_validation="when_required")
+            try:
+                client = get_session().create_client("s3", config=config)
+            except Exception as error:  # e.g. a profile that does not exist
+                raise explain(url, error) from error
+            _TRANSFER_CLIENTS[key] = client
+    return client
 
 
 def _aws_environment() -> frozenset[tuple[str, str]]:

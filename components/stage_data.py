@@ -9,11 +9,14 @@ A URL is copied into ``<data-root>/<dataset-id>``:
 - one listing of the source (sizes and ETags) decides what to fetch: files whose size and ETag
   match the previous copy's manifest are hard-linked from it, so a re-run over an unchanged source
   transfers nothing, and a changed source is still noticed;
-- the rest is fetched concurrently, each file under a temporary name renamed into place; on S3 every
-  GET carries ``If-Match: <listed ETag>``, so an object replaced mid-copy is an error, not a mix;
+- the rest is fetched concurrently, each file under a temporary name renamed into place; on S3 a
+  pool of threads issues the GETs, an object above :data:`PART_SIZE` is split into ranged GETs
+  written with ``os.pwrite`` into one file, and every GET (each part too) carries
+  ``If-Match: <listed ETag>``, so an object replaced mid-copy is an error, not a mix;
 - the new copy is built in a hidden folder, verified against the SHA-256 digests in
-  ``metadata.json``, given its manifest (:data:`MANIFEST_FILE`) last, and only then swapped with the
-  earlier copy, which a failure (missing bucket, refused credentials, disk full ...) leaves intact.
+  ``metadata.json`` (computed as the bytes arrive, so no file is read back twice), given its
+  manifest (:data:`MANIFEST_FILE`) last, and only then swapped with the earlier copy, which a
+  failure (missing bucket, refused credentials, disk full ...) leaves intact.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +49,7 @@ from sublimate.components.datasets import (
     DatasetError,
     Split,
     build_builtin,
+    read_metadata,
     sha256_of,
     verify_dataset,
     write_dataset,
@@ -56,7 +60,8 @@ if TYPE_CHECKING:
 
 MANIFEST_FILE = ".sublimate-stage.json"
 ENTRY_POINT_PREFIX = "py:"
-DEFAULT_CONCURRENCY = 16
+DEFAULT_CONCURRENCY = 32
+PART_SIZE = 16 << 20  # objects above this are fetched as concurrent ranged GETs of this size
 _CHUNK = 1 << 20
 
 
@@ -226,39 +231,168 @@ def _changed_mid_copy(url: str, name: str, why: str) -> DatasetError:
                         f"being copied ({why}); nothing was staged, re-run once the upload is done")
 
 
-async def _fetch_s3(fs: Any, files: list[RemoteFile], folder: Path, url: str,
-                    progress: Progress, concurrency: int) -> None:
-    """Concurrent GETs through s3fs's client, each pinned to the listed ETag with If-Match."""
-    import asyncio
+class _Cancelled(Exception):
+    """Another transfer failed first; this one stopped early (never reported)."""
 
-    limit = asyncio.Semaphore(concurrency)
 
-    async def fetch(remote: RemoteFile) -> None:
-        async with limit:
-            bucket, key, _ = fs.split_path(remote.path)
-            try:
-                response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                             IfMatch=remote.token)
-            except Exception as error:
-                raise object_store.explain(object_store.join(url, remote.name), error) from error
-            body, part = response["Body"], folder / f".{remote.name}.part"
-            try:
-                with open(part, "wb") as out:
-                    while chunk := await body.read(_CHUNK):
-                        out.write(chunk)
-                        progress.add(len(chunk))
-            finally:
-                body.close()
-            _land(part, folder / remote.name, remote, url)
-            progress.add(files=1)
+class _Transfer:
+    """One object on its way into ``folder``: fetched whole, or in ranged parts for a large one.
 
-    # TaskGroup cancels the other transfers on the first failure, before the folder is removed.
+    Every GET carries ``If-Match: <listed ETag>``. Bytes land in ``.<name>.part`` (parts with
+    ``os.pwrite`` at their offset in a file sized up front), the SHA-256 is computed while they
+    arrive (for a parted object, over the contiguous prefix as soon as it grows: one sequential
+    pass, overlapping the transfer of later parts), and the file is renamed into place once whole.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str, remote: RemoteFile, folder: Path,
+                 url: str, part_size: int, progress: Progress, stop: threading.Event,
+                 digests: dict[str, str]) -> None:
+        self.client, self.bucket, self.key, self.remote = client, bucket, key, remote
+        self.part, self.final = folder / f".{remote.name}.part", folder / remote.name
+        self.url, self.progress, self.stop, self.digests = url, progress, stop, digests
+        self.where = object_store.join(url, remote.name)
+        size = remote.size
+        self.ranges = [(start, min(start + part_size, size))
+                       for start in range(0, size, part_size)] if size > part_size else [(0, size)]
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._done = [False] * len(self.ranges)
+        self._hashed = 0          # parts [0, _hashed) are in the digest
+        self._hashing = False     # one thread at a time extends the digest
+        self._sha = hashlib.sha256()
+
+    def jobs(self) -> list[Callable[[], None]]:
+        if len(self.ranges) == 1:
+            return [self._whole]
+        return [lambda index=index: self._ranged(index) for index in range(len(self.ranges))]
+
+    # -- network
+    def _get(self, byte_range: str | None) -> Any:
+        extra = {"Range": byte_range} if byte_range else {}
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.key,
+                                          IfMatch=self.remote.token, **extra)["Body"]
+        except Exception as error:
+            raise object_store.explain(self.where, error) from error
+
+    def _read(self, body: Any) -> bytes:
+        if self.stop.is_set():
+            raise _Cancelled
+        try:
+            return body.read(_CHUNK)
+        except Exception as error:
+            raise object_store.explain(self.where, error) from error
+
+    # -- a whole object in one GET, hashed as it is written
+    def _whole(self) -> None:
+        body = self._get(None)
+        try:
+            with open(self.part, "wb") as out:
+                while chunk := self._read(body):
+                    out.write(chunk)
+                    self._sha.update(chunk)
+                    self.progress.add(len(chunk))
+        finally:
+            body.close()
+        self._land()
+
+    # -- one ranged part of a large object
+    def _ranged(self, index: int) -> None:
+        start, end = self.ranges[index]
+        body = self._get(f"bytes={start}-{end - 1}")
+        try:
+            fd = self._open()
+            offset = start
+            while chunk := self._read(body):
+                if offset + len(chunk) > end:
+                    break
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
+                self.progress.add(len(chunk))
+        finally:
+            body.close()
+        if offset != end:
+            raise _changed_mid_copy(self.url, self.remote.name,
+                                    f"bytes {start}-{end - 1} came back as a different length")
+        with self._lock:
+            self._done[index] = True
+            if self._hashing:
+                return  # the thread that is hashing will take this part too
+            self._hashing = True
+        self._extend_digest()
+
+    def _open(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                   0o644)
+                os.ftruncate(self._fd, self.remote.size)
+            return self._fd
+
+    def _extend_digest(self) -> None:
+        """Hash every finished part that follows the digest so far; land the file once whole."""
+        while True:
+            with self._lock:
+                if self._hashed == len(self.ranges) or not self._done[self._hashed]:
+                    self._hashing = False
+                    complete = self._hashed == len(self.ranges)
+                    break
+                start, end = self.ranges[self._hashed]
+            with open(self.part, "rb", buffering=0) as reader:  # from the page cache
+                reader.seek(start)
+                remaining = end - start
+                while remaining:
+                    if self.stop.is_set():
+                        raise _Cancelled
+                    chunk = reader.read(min(_CHUNK * 4, remaining))
+                    if not chunk:
+                        raise _changed_mid_copy(self.url, self.remote.name, "short file")
+                    self._sha.update(chunk)
+                    remaining -= len(chunk)
+            with self._lock:
+                self._hashed += 1
+        if complete:
+            self.close()
+            self._land()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _land(self) -> None:
+        _land(self.part, self.final, self.remote, self.url)
+        self.digests[self.remote.name] = self._sha.hexdigest()
+        self.progress.add(files=1)
+
+
+def _fetch_s3(fs: Any, files: list[RemoteFile], folder: Path, url: str, progress: Progress,
+              concurrency: int, digests: dict[str, str]) -> None:
+    """Concurrent GETs from a thread pool, large objects split into ranged parts."""
+    client = object_store.transfer_client(url, max(1, concurrency))
+    stop = threading.Event()
+    transfers = []
+    for remote in files:
+        bucket, key, _ = fs.split_path(remote.path)
+        transfers.append(_Transfer(client, bucket, key, remote, folder, url, PART_SIZE, progress,
+                                   stop, digests))
+    jobs = [job for transfer in transfers for job in transfer.jobs()]
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs))),
+                              thread_name_prefix="stage-data")
     try:
-        async with asyncio.TaskGroup() as group:
-            for remote in files:
-                group.create_task(fetch(remote))
-    except BaseExceptionGroup as failures:
-        raise failures.exceptions[0] from None
+        futures = [pool.submit(job) for job in jobs]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception()
+                  and not isinstance(f.exception(), _Cancelled)]
+        if failed:
+            stop.set()
+            raise failed[0].exception()  # type: ignore[misc]
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for transfer in transfers:
+            transfer.close()
 
 
 def _fetch_generic(fs: AbstractFileSystem, files: list[RemoteFile], folder: Path, url: str,
@@ -287,14 +421,15 @@ def _land(part: Path, final: Path, remote: RemoteFile, url: str) -> None:
 
 
 def _fetch(fs: AbstractFileSystem, files: list[RemoteFile], folder: Path, url: str,
-           concurrency: int) -> None:
+           concurrency: int, digests: dict[str, str] | None = None) -> None:
+    """Fetch ``files`` into ``folder``; the SHA-256 of what arrived goes into ``digests`` where
+    the transfer computed it (S3), so verification need not read those files again."""
     if not files:
         return
     with Progress(len(files), sum(f.size for f in files)) as progress:
         if object_store.is_s3(url):
-            from fsspec.asyn import sync
-
-            sync(fs.loop, _fetch_s3, fs, files, folder, url, progress, concurrency)
+            _fetch_s3(fs, files, folder, url, progress, concurrency,
+                      {} if digests is None else digests)
         else:
             _fetch_generic(fs, files, folder, url, progress, concurrency)
 
@@ -310,7 +445,7 @@ def _read_metadata_from(fs: AbstractFileSystem, remote: RemoteFile, folder: Path
 
 
 def _reusable(name: str, remote: RemoteFile, sha256: str, previous: Path,
-              manifest: dict[str, Any] | None) -> bool:
+              manifest: dict[str, Any] | None, digests: dict[str, str]) -> bool:
     """Whether the earlier copy's file can stand in for ``remote`` without a transfer."""
     local = previous / name
     if not local.is_file() or local.stat().st_size != remote.size:
@@ -319,7 +454,8 @@ def _reusable(name: str, remote: RemoteFile, sha256: str, previous: Path,
     if entry and entry["token"] == remote.token and entry["sha256"] == sha256:
         return True
     # No manifest (an older copy) or a new ETag: reuse only what hashes the same.
-    return sha256_of(local) == sha256
+    digests[name] = sha256_of(local)
+    return digests[name] == sha256
 
 
 def sha256_of_or_none(path: Path) -> str | None:
@@ -396,8 +532,8 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        report = _stage_into(fs, url, listing, staging, target, manifest, concurrency)
-        verify_dataset(staging)
+        report, digests = _stage_into(fs, url, listing, staging, target, manifest, concurrency)
+        _verify_staged(staging, digests)
         _write_manifest(staging, url, listing)
         _swap_into_place(staging, target)
     except BaseException as error:
@@ -411,8 +547,9 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
 
 def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile], staging: Path,
                 previous: Path, manifest: dict[str, Any] | None,
-                concurrency: int) -> StageReport:
+                concurrency: int) -> tuple[StageReport, dict[str, str]]:
     report = StageReport(staging)
+    digests: dict[str, str] = {}  # SHA-256 of files already read once (while fetched or reused)
     meta_remote = listing[METADATA_FILE]
     entry = (manifest or {}).get("files", {}).get(METADATA_FILE)
     if entry and entry["token"] == meta_remote.token and entry["sha256"] == sha256_of_or_none(
@@ -425,16 +562,32 @@ def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile]
         report.fetched.append(METADATA_FILE)
     to_fetch = []
     for remote, sha256 in _wanted(metadata, listing, url):
-        if _reusable(remote.name, remote, sha256, previous, manifest):
+        if _reusable(remote.name, remote, sha256, previous, manifest, digests):
             _link_or_copy(previous / remote.name, staging / remote.name)
             report.files_reused += 1
         else:
             to_fetch.append(remote)
-    _fetch(fs, to_fetch, staging, url, concurrency)
+    _fetch(fs, to_fetch, staging, url, concurrency, digests)
     report.fetched += [remote.name for remote in to_fetch]
     report.files_fetched = len(report.fetched)
     report.bytes_fetched = sum(listing[name].size for name in report.fetched)
-    return report
+    return report, digests
+
+
+def _verify_staged(folder: Path, digests: dict[str, str]) -> dict[str, Any]:
+    """:func:`verify_dataset` without reading a file twice: the SHA-256 of every shard is checked
+    against ``metadata.json``, taken from ``digests`` where the bytes were already hashed on their
+    way in (fetched, or compared while deciding on reuse), computed from the file otherwise."""
+    metadata = read_metadata(folder)
+    for split_name, split in metadata["splits"].items():
+        for shard in split["shards"]:
+            path = folder / shard["file"]
+            if not path.is_file():
+                raise DatasetError(f"{path}: shard of split '{split_name}' is missing")
+            if path.stat().st_size != shard["bytes"] or \
+                    (digests.get(shard["file"]) or sha256_of(path)) != shard["sha256"]:
+                raise DatasetError(f"{path}: content does not match its checksum in metadata")
+    return metadata
 
 
 def _write_manifest(folder: Path, url: str, listing: dict[str, RemoteFile]) -> None:

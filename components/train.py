@@ -45,6 +45,12 @@ def _worker_env(gpu: int, env: dict[str, str] | None) -> dict[str, str]:
     }
 
 
+def _metrics_port() -> int:
+    from sublimate.components.metrics import DEFAULT_PORT
+
+    return DEFAULT_PORT  # declared on the role so the pods expose the workers' endpoints
+
+
 def _shell(command: list[str]) -> list[str]:
     # The rendezvous host is a shell expansion, so only arguments holding it stay unquoted.
     return ["-c", " ".join(arg if RANK0_HOST in arg else shlex.quote(arg) for arg in command)]
@@ -106,7 +112,8 @@ def trainer(
     return specs.AppDef(name=name, roles=[specs.Role(
         name="worker", image=image, entrypoint="bash", args=_shell(command),
         num_replicas=nodes, resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
-        env=_worker_env(gpu, env), port_map={"c10d": rdzv_port}, mounts=_mounts(mounts),
+        env=_worker_env(gpu, env), port_map={"c10d": rdzv_port, "metrics": _metrics_port()},
+        mounts=_mounts(mounts),
     )])
 
 
@@ -293,6 +300,9 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
         "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
         "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
         "mounts": None if local else args.mount, "name": f"sublimate-{args.algorithm}",
+        # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
+        # machine they stay on loopback.
+        "env": None if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"},
     }
     # Simulated nodes share one host, so each local job needs its own rendezvous port.
     port = _free_port() if local else 29500

@@ -323,8 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(handler=command_logs)
 
     from sublimate.pipelines.data_cli import add_data_commands
+    from sublimate.pipelines.report import add_report_command
 
     add_data_commands(commands)
+    add_report_command(commands)
     return parser
 
 

@@ -49,7 +49,7 @@ def test_default_pipeline_trains_digits_on_two_nodes(default_run: tuple[Path, di
     summary = json.loads((run_dir / "train-summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 440
     # two simulated nodes really ran: TorchX kept one log folder per replica
-    replicas = list((run_dir / "logs" / "torchx").glob("*/worker/*"))
+    replicas = list((run_dir / "logs").glob("*/*/worker/*"))
     assert sorted(p.name for p in replicas) == ["0", "1"]
     assert (home / "runs" / result["name"] / "status.json").is_file()
 
@@ -60,7 +60,8 @@ def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path,
     assert completed.returncode == 0, completed.stderr
     assert "stage-data: nothing to transfer" not in completed.stdout  # logs go to stderr
     assert "is already complete; nothing to transfer" in completed.stderr
-    assert "train | [node0] epoch 2/2" in completed.stderr
+    # the step runs as attempt train(0) of its retry strategy
+    assert "train(0) | [node0] epoch 2/2" in completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[0].split() == ["NODE", "PHASE", "DURATION", "OUTPUTS"]
     assert any(line.split()[:2] == ["evaluate", PASSES] for line in lines)
@@ -90,7 +91,7 @@ def test_a_killed_worker_is_restarted_and_resumes_from_its_checkpoint(
     run_dir = _volume(home) / "runs" / result["name"]
     summary = json.loads((run_dir / "train-summary.json").read_text())
     assert summary["steps"] == 440 and summary["resumed_from_step"] == 100
-    log = next((run_dir / "logs" / "torchx").glob("*/worker/1/stdout.log")).read_text()
+    log = next((run_dir / "logs").glob("*/*/worker/1/stdout.log")).read_text()
     assert "fault injection: killing rank 1 at step 130" in log
     baseline = float(_nodes(default_run[1])["evaluate"]["outputs"]["parameters"]["accuracy"])
     accuracy = float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"])
@@ -108,7 +109,7 @@ def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     assert _nodes(first)["evaluate"]["phase"] == "Omitted"
     run_dir = _volume(home) / "runs" / "nightly"
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["step"] == 100
-    assert "--- train:" in first["_stderr"]  # the failed step's log tail is shown
+    assert "--- train(0):" in first["_stderr"]  # the failed step attempt's log tail is shown
 
     second = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50")
     assert second["phase"] == PASSES, second["_stderr"]

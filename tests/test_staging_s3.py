@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sublimate.components import publish, stage_data
+from sublimate.components import object_store, publish, stage_data
 from sublimate.components.datasets import METADATA_FILE, build_builtin, sha256_of, verify_dataset
 from sublimate.components.stage_data import MANIFEST_FILE, dataset_id
 from tests.conftest import run_cli
@@ -197,11 +197,15 @@ def test_missing_bucket_and_prefix(s3_env: S3Server, bucket: str, tmp_path: Path
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("part_size", [None, 32 << 10], ids=["whole", "ranged-parts"])
 def test_an_object_replaced_mid_copy_is_an_error(staged_copy: tuple[str, Path, str],
                                                  server: S3Server, digits_folder: Path,
                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture) -> None:
+                                                 capsys: pytest.CaptureFixture,
+                                                 part_size: int | None) -> None:
     url, folder, manifest = staged_copy
+    if part_size:
+        monkeypatch.setattr(stage_data, "PART_SIZE", part_size)
     source = _copy_dataset(digits_folder, tmp_path / "v2")
     _change_shard(source, "test-00000-of-00001.npz")
     publish.push(str(source), url)  # a new version, which we are about to fetch ...
@@ -219,6 +223,55 @@ def test_an_object_replaced_mid_copy_is_an_error(staged_copy: tuple[str, Path, s
     assert f"dataset '{url}/test-00000-of-00001.npz': it changed while it was being copied" \
         in output
     _assert_intact(folder, manifest)
+
+
+class _RecordingClient:
+    """Passes GETs to the real client and keeps their arguments."""
+
+    def __init__(self, client: object) -> None:
+        self.client, self.calls = client, []
+
+    def get_object(self, **kwargs: object) -> object:
+        self.calls.append(kwargs)
+        return self.client.get_object(**kwargs)  # type: ignore[attr-defined]
+
+
+def test_large_objects_arrive_in_ranged_parts_each_pinned_to_the_etag(
+        s3_env: S3Server, bucket: str, digits_folder: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"s3://{bucket}/digits"
+    publish.push(str(digits_folder), url)
+    part = 64 << 10
+    monkeypatch.setattr(stage_data, "PART_SIZE", part)
+    clients: list[_RecordingClient] = []
+    real = object_store.transfer_client
+
+    def recording(*args: object) -> _RecordingClient:
+        clients.append(_RecordingClient(real(*args)))  # type: ignore[arg-type]
+        return clients[-1]
+
+    monkeypatch.setattr(object_store, "transfer_client", recording)
+    report = stage_data.stage_dataset(url, tmp_path / "data")
+    staged = report.folder
+    assert report.files_fetched == 4
+    assert verify_dataset(staged) == verify_dataset(digits_folder)
+    for path in digits_folder.iterdir():
+        assert (staged / path.name).read_bytes() == path.read_bytes()
+    calls = [call for client in clients for call in client.calls]
+    assert sum("Range" in call for call in calls) > 4, "no object was split into parts"
+    listing = {info["name"].rsplit("/", 1)[-1]: info for info in
+               s3_env.filesystem().ls(url.removeprefix("s3://"), detail=True)}
+    for name, info in listing.items():
+        mine = [call for call in calls if call["Key"].endswith(f"/{name}")]
+        assert mine and all(call["IfMatch"] == info["ETag"] for call in mine)
+        size = int(info["size"])
+        if size > part:
+            expected = {f"bytes={start}-{min(start + part, size) - 1}"
+                        for start in range(0, size, part)}
+            assert {call["Range"] for call in mine} == expected and len(mine) == len(expected)
+        else:
+            assert [call.get("Range") for call in mine] == [None]
+    _no_leftovers(tmp_path / "data")
 
 
 def test_endpoint_from_aws_endpoint_url_and_a_profile(server: S3Server, bucket: str,
