@@ -163,13 +163,14 @@ def _remote_finish(trainer: int) -> None:
 
 def _setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, Any, Any, int]:
     from sublimate.components.datasets import read_metadata, read_split
-    from sublimate.components.models import build_model
+    from sublimate.components.models import build_model, model_spec
 
     metadata = read_metadata(args.data_dir)
     data = read_split(args.data_dir, "train")
     torch.manual_seed(args.seed)
-    model = build_model("mlp", {"num_features": int(data.x.reshape(len(data.y), -1).shape[1]),
-                                "num_classes": metadata["num_classes"], "hidden": args.hidden})
+    architecture, config = model_spec(args.model, int(data.x.reshape(len(data.y), -1).shape[1]),
+                                      metadata["num_classes"], args.hidden)
+    model = build_model(architecture, config)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
     steps_per_epoch = len(data.y) // args.global_batch_size
@@ -202,7 +203,7 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
 
     from sublimate.components.worker import MODEL_NAME, test_accuracy
 
-    model, optimizer, metadata, _, steps_per_epoch = _setup(args)
+    model, optimizer, metadata, train_data, steps_per_epoch = _setup(args)
     server = ParameterServer(model, optimizer, args.num_trainers, args.staleness_bound)
     saved = checkpoint.load(args.run_dir / SERVER_CHECKPOINT)
     if saved is not None:
@@ -286,9 +287,12 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
         "steps": server.version // args.num_trainers,
         **server.statistics(),
     }
-    checkpoint.save({"architecture": "mlp", "config": {
-        "num_features": model[0].in_features, "num_classes": metadata["num_classes"],
-        "hidden": args.hidden}, "state_dict": model.state_dict(), "algorithm": "async",
+    from sublimate.components.models import model_spec
+
+    architecture, config = model_spec(args.model, int(train_data.x[0].size),
+                                      metadata["num_classes"], args.hidden)
+    checkpoint.save({"architecture": architecture, "config": config,
+        "state_dict": model.state_dict(), "algorithm": "async",
         "steps": summary["steps"], "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
     checkpoint.write_json(summary, args.run_dir / "train-summary.json")
     return summary

@@ -397,9 +397,9 @@ def launch(args: argparse.Namespace) -> int:
 TEMPLATE_INPUTS = (
     "algorithm", "data-dir", "run-id", "workflow-name", "nodes", "procs-per-node", "epochs",
     "global-batch-size", "learning-rate", "momentum", "weight-decay", "seed", "checkpoint-every",
-    "max-restarts", "lr-scaling", "reference-batch-size", "warmup-epochs", "accumulation-steps",
-    "sync-period",    "block-momentum", "block-lr", "nesterov", "moving-rate", "staleness-bound",
-    "backend", "scheduler", "cpu-per-node", "gpus-per-node", "memory-mb-per-node", "queue",
+    "max-restarts", "model", "lr-scaling", "reference-batch-size", "warmup-epochs",
+    "accumulation-steps", "sync-period", "block-momentum", "block-lr", "nesterov", "moving-rate",
+    "staleness-bound",    "backend", "scheduler", "cpu-per-node", "gpus-per-node", "memory-mb-per-node", "queue",
     "image",
 )
 
@@ -430,11 +430,16 @@ def template(name: str = "train", **step_options: object):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from sublimate.components.datasets import DatasetError, read_metadata
+    from sublimate.components.models import resolve
 
     try:
         read_metadata(args.data_dir)
+        resolve(args.model)  # a typo in the entry point fails here, not in every worker
     except DatasetError as error:
         print(f"train: error: --data-dir: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:
+        print(f"train: error: --model: {error}", file=sys.stderr)
         return 2
     return launch(args)
 

@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from sublimate.components import checkpoint
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import read_metadata, read_split
-from sublimate.components.models import build_model
+from sublimate.components.models import build_model, model_spec
 from sublimate.components.paradigm import Paradigm, paradigm_class
 
 MODEL_NAME = "model.pt"
@@ -53,7 +53,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learning rate at the reference batch size")
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--weight-decay", type=float, default=1e-4)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--model", default="mlp",
+                        help="mlp, or module:function(num_features, num_classes) -> nn.Module")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the built-in mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=100,
                         help="steps between checkpoints (0: only at the end)")
@@ -243,9 +245,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     total_steps = steps_per_epoch * args.epochs
 
     torch.manual_seed(args.seed)
-    model_config = {"num_features": features.shape[1], "num_classes": metadata["num_classes"],
-                    "hidden": args.hidden}
-    model = build_model("mlp", model_config).to(device)
+    architecture, model_config = model_spec(args.model, features.shape[1],
+                                            metadata["num_classes"], args.hidden)
+    model = build_model(architecture, model_config).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
     paradigm = paradigm_class(args.algorithm)(model, optimizer, vars(args))
@@ -358,7 +360,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "accuracy_curve": curve,
     }
     if rank == 0:
-        checkpoint.save({"architecture": "mlp", "config": model_config,
+        checkpoint.save({"architecture": architecture, "config": model_config,
                          "state_dict": paradigm.result_model().state_dict(),
                          "algorithm": args.algorithm, "steps": step,
                          "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)

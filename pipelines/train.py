@@ -24,6 +24,10 @@ PARAMETERS = [
                       "all-reduce every step); async: asynchronous SGD with a parameter server; "
                       "bmuf: block-momentum SGD (Chen & Huo 2016); easgd: elastic-averaging SGD "
                       "(Zhang et al. 2015).", enum=("sync", "async", "bmuf", "easgd")),
+    PipelineParameter("model", "mlp", "Model: the built-in mlp, or module:function(num_features, "
+                      "num_classes) returning a torch.nn.Module (importable in the image), e.g. "
+                      "sublimate.components.example_models:small_cnn.",
+                      pattern=r"^(mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"),
     PipelineParameter("run-id", "", "Name of the run's folder on the shared volume "
                       "(default: the workflow's name). Submit again with a previous run's id to "
                       "resume it from its last checkpoint.",

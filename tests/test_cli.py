@@ -198,3 +198,20 @@ def test_a_missing_dataset_fails_the_run_and_names_the_path(tmp_path: Path) -> N
     assert nodes["stage-data"]["phase"] == "Failed"
     assert nodes["train"]["phase"] == "Omitted"
     assert f"dataset '{tmp_path}/absent': no such directory" in result["_stderr"]
+
+
+def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = _run_json(home, "-p", "model=sublimate.components.example_models:small_cnn",
+                       "-p", "epochs=12")
+    assert result["phase"] == PASSES, result["_stderr"]
+    assert float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"]) >= 0.9
+    saved = _volume(home) / "runs" / result["name"] / "model.pt"
+    import torch
+
+    assert torch.load(saved, weights_only=False)["architecture"] == \
+        "sublimate.components.example_models:small_cnn"
+    typo = _run_json(home, "-p", "model=sublimate.components.example_models:tiny_cnn")
+    assert typo["phase"] == "Failed"
+    assert "--model: model 'sublimate.components.example_models:tiny_cnn': module " \
+        "'sublimate.components.example_models' has no function 'tiny_cnn'" in typo["_stderr"]
