@@ -399,8 +399,8 @@ TEMPLATE_INPUTS = (
     "global-batch-size", "learning-rate", "momentum", "weight-decay", "seed", "checkpoint-every",
     "max-restarts", "model", "lr-scaling", "reference-batch-size", "warmup-epochs",
     "accumulation-steps", "sync-period", "block-momentum", "block-lr", "nesterov", "moving-rate",
-    "staleness-bound",    "backend", "scheduler", "cpu-per-node", "gpus-per-node", "memory-mb-per-node", "queue",
-    "image",
+    "staleness-bound", "backend", "scheduler", "cpu-per-node", "gpus-per-node",
+    "memory-mb-per-node", "queue", "image",
 )
 
 
