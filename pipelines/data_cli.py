@@ -9,9 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from sublimate.components import object_store
-from sublimate.components.datasets import METADATA_FILE, DatasetError
-
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``data push`` and ``data ls`` on the main CLI's subparsers."""
@@ -37,13 +34,19 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     ls.set_defaults(handler=command_ls)
 
 
+# The handlers import the storage modules (numpy, botocore, fsspec) themselves: registering these
+# commands must not slow down every other `sublimate` command.
+
+
 def _usage_error(error: Exception) -> Exception:
+    from sublimate.components import object_store
     from sublimate.pipelines.cli import UsageError  # deferred: cli imports this module
 
     return UsageError(object_store.redact(str(error)))
 
 
 def command_push(args: argparse.Namespace) -> int:
+    from sublimate.components.datasets import DatasetError
     from sublimate.components.publish import push
 
     try:
@@ -56,6 +59,9 @@ def command_push(args: argparse.Namespace) -> int:
 
 
 def command_ls(args: argparse.Namespace) -> int:
+    from sublimate.components import object_store
+    from sublimate.components.datasets import METADATA_FILE, DatasetError
+
     fs, root = object_store.open_url(args.url)
     try:
         entries = [e for e in fs.ls(root, detail=True) if e.get("type") == "file"]

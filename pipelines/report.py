@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sublimate.components.metrics import ENDPOINTS_FILE, PHASES, iter_jsonl, time_split
+# components.metrics (prometheus-client) is imported by the functions that need it, so that
+# registering `sublimate report` costs the other commands nothing.
 
 REPORT_DIR = "report"
 PLOTS = ("loss", "accuracy", "throughput", "time-split")
@@ -35,6 +36,12 @@ RUNS_UNDER = Path("volumes") / "sublimate-data" / "runs"
 
 class ReportError(Exception):
     """A run that cannot be found or holds nothing to report."""
+
+
+def _metrics() -> Any:
+    from sublimate.components import metrics
+
+    return metrics
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -70,7 +77,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "train-summary.json") or {}
     evaluation = _read_json(run_dir / "metrics.json")
-    logs = {path.stem: _by_epoch(list(iter_jsonl(path)))
+    logs = {path.stem: _by_epoch(list(_metrics().iter_jsonl(path)))
             for path in sorted((run_dir / "metrics").glob("*.jsonl"))}
     if not summary and not logs:
         raise ReportError(f"{run_dir}: no train-summary.json and no metrics/*.jsonl: "
@@ -83,12 +90,12 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     split = {}
     for label, records in logs.items():
         totals = [sum(record.get(f"{phase}_seconds", 0.0) for record in records)
-                  for phase in PHASES]
+                  for phase in _metrics().PHASES]
         if sum(totals) > 0:
             split[label] = {**{f"{phase}_seconds": round(total, 4)
-                               for phase, total in zip(PHASES, totals, strict=True)},
+                               for phase, total in zip(_metrics().PHASES, totals, strict=True)},
                             **{phase: round(fraction, 4)
-                               for phase, fraction in time_split(*totals).items()}}
+                               for phase, fraction in _metrics().time_split(*totals).items()}}
     losses = [point["loss"] for point in curve if "loss" in point]
     report: dict[str, Any] = {
         "run": run_dir.name,
@@ -108,7 +115,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if summary.get("algorithm") == "async":
         report["async"] = {key: summary.get(key) for key in (
             "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
-    endpoints = _read_json(run_dir / ENDPOINTS_FILE)
+    endpoints = _read_json(run_dir / _metrics().ENDPOINTS_FILE)
     if endpoints:
         report["metrics_endpoints"] = {key: value.get("address")
                                        for key, value in endpoints.get("endpoints", {}).items()}
