@@ -128,7 +128,7 @@ def test_unsupported_fields_are_all_reported_with_paths() -> None:
         "spec.templates[1].resource: resource templates are not supported by the local runner",
         "spec.templates[2].retryStrategy.expression:",
         "spec.templates[2].script.source: expression tags",
-        "spec.templates[2].script.env[0].valueFrom:",
+        "spec.templates[2].script.env[0].valueFrom.secretKeyRef:",
         "spec.templates[2].outputs.artifacts[0].s3: s3 artifact locations",
         "spec.templates[3].container.command: required by the local runner",
     ]
