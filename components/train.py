@@ -189,7 +189,7 @@ def make_runner(scheduler: str) -> object:
     from torchx.runner import Runner, get_runner
 
     if scheduler != "kubernetes":
-        return get_runner("sublimate")
+        return get_runner()
     return Runner("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
 
 
