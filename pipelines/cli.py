@@ -99,8 +99,8 @@ def command_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
-        reporter=None if args.output == "json" and args.quiet else console_reporter(
-            sys.stderr, follow_logs=not args.quiet),
+        # progress goes to stderr, so `-o json` keeps stdout machine-readable
+        reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
     )
     started = time.perf_counter()
