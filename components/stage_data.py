@@ -49,7 +49,6 @@ from sublimate.components.datasets import (
     DatasetError,
     Split,
     build_builtin,
-    read_metadata,
     sha256_of,
     verify_dataset,
     write_dataset,
@@ -533,7 +532,7 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         report, digests = _stage_into(fs, url, listing, staging, target, manifest, concurrency)
-        _verify_staged(staging, digests)
+        verify_dataset(staging, digests)  # hashed on the way in: no file is read twice
         _write_manifest(staging, url, listing)
         _swap_into_place(staging, target)
     except BaseException as error:
@@ -572,22 +571,6 @@ def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile]
     report.files_fetched = len(report.fetched)
     report.bytes_fetched = sum(listing[name].size for name in report.fetched)
     return report, digests
-
-
-def _verify_staged(folder: Path, digests: dict[str, str]) -> dict[str, Any]:
-    """:func:`verify_dataset` without reading a file twice: the SHA-256 of every shard is checked
-    against ``metadata.json``, taken from ``digests`` where the bytes were already hashed on their
-    way in (fetched, or compared while deciding on reuse), computed from the file otherwise."""
-    metadata = read_metadata(folder)
-    for split_name, split in metadata["splits"].items():
-        for shard in split["shards"]:
-            path = folder / shard["file"]
-            if not path.is_file():
-                raise DatasetError(f"{path}: shard of split '{split_name}' is missing")
-            if path.stat().st_size != shard["bytes"] or \
-                    (digests.get(shard["file"]) or sha256_of(path)) != shard["sha256"]:
-                raise DatasetError(f"{path}: content does not match its checksum in metadata")
-    return metadata
 
 
 def _write_manifest(folder: Path, url: str, listing: dict[str, RemoteFile]) -> None:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from sublimate.pipelines import argo_server
     from sublimate.pipelines.cli import parse_parameter_flags
     from sublimate.pipelines.lint import lint_paths
-    from sublimate.pipelines.render import PIPELINES, SCHEDULES, _call, render_all
+    from sublimate.pipelines.render import argo_documents, render_all
 
     for path, changed in render_all(args.output_dir):
         print(f"rendered {path}{' (changed)' if changed else ''}")
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     conn = argo_server.connection(None, None, None)
     try:
-        workflows = [_call(ref) for ref in [*PIPELINES.values(), *SCHEDULES.values()]]
-        for done in argo_server.install(conn, workflows):
+        for done in argo_server.install(conn, argo_documents()):
             print(f"installed {done}")
         parameters = {**SMOKE_PARAMETERS, **parse_parameter_flags(args.parameter)}
         name = argo_server.submit(conn, "sublimate-train", parameters,

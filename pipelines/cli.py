@@ -198,10 +198,9 @@ def command_submit(args: argparse.Namespace) -> int:
 
 def command_install(args: argparse.Namespace) -> int:
     from sublimate.pipelines import argo_server
-    from sublimate.pipelines.render import PIPELINES, SCHEDULES, _call
+    from sublimate.pipelines.render import argo_documents
 
-    workflows = [_call(reference) for reference in [*PIPELINES.values(), *SCHEDULES.values()]]
-    for done in argo_server.install(_connection(args), workflows):
+    for done in argo_server.install(_connection(args), argo_documents()):
         print(f"{done}: created or updated")
     return 0
 

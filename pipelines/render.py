@@ -33,6 +33,11 @@ def build(pipeline: str) -> Any:
     return _call(PIPELINES[pipeline])
 
 
+def argo_documents() -> list[Any]:
+    """Every Hera WorkflowTemplate and CronWorkflow of an install, in a stable order."""
+    return [_call(reference) for reference in [*PIPELINES.values(), *SCHEDULES.values()]]
+
+
 def render_dict(pipeline: str) -> dict[str, Any]:
     return build(pipeline).to_dict()
 
@@ -52,15 +57,14 @@ def render_files() -> dict[str, str]:
     from sublimate.pipelines import cluster
 
     files: dict[str, str] = {}
-    argo_documents = []
-    for reference in [*PIPELINES.values(), *SCHEDULES.values()]:
-        workflow = _call(reference)
+    documents = argo_documents()
+    references = [*PIPELINES.values(), *SCHEDULES.values()]
+    for reference, workflow in zip(references, documents, strict=True):
         files[f"{workflow.name}.yaml"] = HEADER.format(source=_source(reference)) \
             + workflow.to_yaml()
-        argo_documents.append(workflow)
     for file_name, document in cluster.core_objects().items():
         files[file_name] = HEADER.format(source="pipelines/cluster.py") + _dump(document)
-    template = next(d for d in argo_documents if d.__class__.__name__ == "WorkflowTemplate")
+    template = next(d for d in documents if d.__class__.__name__ == "WorkflowTemplate")
     steps = [t.name for t in template.templates if getattr(t, "image", None)]
     header = HEADER.format(source="pipelines/cluster.py")
     files["kustomization.yaml"] = header + _dump(cluster.kustomization(sorted(files)))

@@ -12,25 +12,23 @@ from pathlib import Path
 
 def save(source: Path, store: Path) -> Path:
     """Copy a node's output file or folder into ``store`` (replacing an earlier copy)."""
-    if store.exists():
-        _remove(store)
-    store.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_dir():
-        shutil.copytree(source, store, symlinks=True)
-    else:
-        shutil.copy2(source, store)
+    _replace_with_copy(source, store)
     return store
 
 
 def place(stored: Path, target: Path) -> None:
     """Put a stored artifact at a node's input path before the node starts."""
+    _replace_with_copy(stored, target)
+
+
+def _replace_with_copy(source: Path, target: Path) -> None:
     if target.exists():
         _remove(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    if stored.is_dir():
-        shutil.copytree(stored, target, symlinks=True)
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
     else:
-        shutil.copy2(stored, target)
+        shutil.copy2(source, target)
 
 
 def place_raw(data: str, target: Path) -> None:
