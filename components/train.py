@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -320,15 +321,62 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
 _OUTPUT_LOCK = threading.Lock()
 
 
-def _stream_logs(runner: object, handle: str, role: str, replica: int, prefix: str) -> None:
+def whole_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """Lines of ``chunks``, joining the pieces of a line that arrived in two reads.
+
+    TorchX's local log iterator reads fixed-size chunks from a file that is still being
+    written, so one printed line can come back as two pieces.
+    """
+    pending = ""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split("\n")
+        yield from complete
+    if pending:
+        yield pending
+
+
+def log_streams(scheduler: str) -> tuple[object, ...]:
+    """Which of a replica's log streams to follow."""
+    from torchx.schedulers.api import Stream
+
+    # The local scheduler's combined.log is copied from stdout/stderr by a background thread
+    # that can lag the process by 0.1 s, so a job that just ended may miss its last lines
+    # there; the per-stream files are written by the process itself and are complete.
+    return (Stream.STDOUT, Stream.STDERR) if scheduler == "local_cwd" else (None,)
+
+
+def _stream_logs(runner: object, handle: str, role: str, replica: int, scheduler: str,
+                 stream: object, prefix: str) -> None:
     try:
-        for line in runner.log_lines(handle, role, k=replica, should_tail=True):  # type: ignore[attr-defined]
+        chunks = runner.log_lines(  # type: ignore[attr-defined]
+            handle, role, k=replica, should_tail=True, streams=stream)
+        # Kubernetes yields whole lines without their newline; the local scheduler, file chunks.
+        lines = whole_lines(chunks) if scheduler == "local_cwd" else chunks
+        for line in lines:
             # One write per line under a lock, so lines from different nodes never interleave.
             with _OUTPUT_LOCK:
                 sys.stdout.write(f"[{prefix}] {line.rstrip()}\n")
                 sys.stdout.flush()
     except Exception as error:  # the log stream must never take the step down with it
         print(f"[{prefix}] (log stream ended: {error})", flush=True)
+
+
+def follow_logs(runner: object, handle: str, app: specs.AppDef,
+                scheduler: str) -> list[threading.Thread]:
+    """Copies every replica's log into this process's stdout, each line prefixed by its node.
+
+    Returns the started threads; they end once the job has ended and its logs are read.
+    """
+    threads = [
+        threading.Thread(target=_stream_logs, daemon=True, args=(
+            runner, handle, role.name, replica, scheduler, stream,
+            f"node{replica}" if role.name == "worker" else f"{role.name}{replica}"))
+        for role in app.roles for replica in range(role.num_replicas)
+        for stream in log_streams(scheduler)]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -348,13 +396,7 @@ def launch(args: argparse.Namespace) -> int:
               f"algorithm {args.algorithm})", flush=True)
         stop = threading.Event()
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        streams = [
-            threading.Thread(target=_stream_logs, daemon=True, args=(
-                runner, handle, role.name, replica,
-                f"node{replica}" if role.name == "worker" else f"{role.name}{replica}"))
-            for role in app.roles for replica in range(role.num_replicas)]
-        for stream in streams:
-            stream.start()
+        streams = follow_logs(runner, handle, app, scheduler)
         status = None
         try:
             while not stop.is_set():

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from sublimate.components.datasets import build_builtin
-from sublimate.components.train import build_app, choose_scheduler, parse_args, trainer
+from sublimate.components.train import (
+    build_app,
+    choose_scheduler,
+    follow_logs,
+    make_runner,
+    parse_args,
+    trainer,
+    whole_lines,
+)
 
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1"]
 
@@ -138,3 +146,28 @@ def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
     assert train.scheduler_config(args, "kubernetes") == {"queue": "gpu", "namespace": "ml-team"}
     assert train.scheduler_config(args, "local_cwd") == {
         "log_dir": "/mnt/sublimate/runs/r1/logs"}
+
+
+def test_log_lines_split_across_reads_are_joined() -> None:
+    chunks = ["[rank0] epoch 2", "/2 loss 0.1\nnext line\n", "unfinished"]
+    assert list(whole_lines(chunks)) == ["[rank0] epoch 2/2 loss 0.1", "next line", "unfinished"]
+
+
+def test_followed_logs_keep_a_split_line_and_the_last_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from torchx import specs
+
+    # Half a line, a pause long enough for a read in between, then a last line just before exit:
+    # the two things a follower of a file that is still being written can get wrong.
+    program = ("import sys, time; sys.stdout.write('epoch 2'); sys.stdout.flush(); "
+               "time.sleep(0.5); print('/2 done', flush=True); print('last line', flush=True)")
+    app = specs.AppDef("logs", roles=[specs.Role(
+        "worker", image=str(tmp_path), entrypoint=sys.executable, args=["-c", program])])
+    with make_runner("local_cwd") as runner:
+        handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        threads = follow_logs(runner, handle, app, "local_cwd")
+        assert runner.wait(handle, wait_interval=0.1).state == specs.AppState.SUCCEEDED
+        for thread in threads:
+            thread.join(timeout=10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[node0] epoch 2/2 done", "[node0] last line"]
