@@ -15,42 +15,38 @@ periodic model averaging.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from sublimate.components.paradigm import Paradigm, flat_parameters, load_flat_parameters
+from sublimate.components.paradigm import (
+    PeriodicAveraging,
+    auto_or,
+    flat_parameters,
+    load_flat_parameters,
+)
 
 
-class BlockMomentumSGD(Paradigm):
+class BlockMomentumSGD(PeriodicAveraging):
     name = "bmuf"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  hyperparameters: dict[str, Any]) -> None:
         super().__init__(model, optimizer, hyperparameters)
-        world = dist.get_world_size()
-        self.period = int(hyperparameters.get("sync_period", 8))
-        momentum = hyperparameters.get("block_momentum")
-        self.eta = 1.0 - 1.0 / world if momentum in (None, "auto", -1) else float(momentum)
+        self.eta = auto_or(hyperparameters.get("block_momentum"), 1.0 - 1.0 / dist.get_world_size())
         self.zeta = float(hyperparameters.get("block_lr", 1.0))
         self.nesterov = bool(hyperparameters.get("nesterov", True))
         start = flat_parameters(model)
-        dist.broadcast(start, src=0)  # every worker starts the first block from the same model
-        load_flat_parameters(model, start)
         self.global_model = start.clone()
-        self.block_start = start.clone()
+        self.block_start = start
         self.delta = torch.zeros_like(start)
 
-    def after_step(self, step: int) -> None:
-        if step % self.period:
-            return
+    def synchronize(self) -> None:
         average = flat_parameters(self.model)
         dist.all_reduce(average)
         average /= dist.get_world_size()
-        self.communication_ops += 1
         block_update = average - self.block_start
         self.delta.mul_(self.eta).add_(block_update, alpha=self.zeta)
         self.global_model.add_(self.delta)
@@ -58,10 +54,8 @@ class BlockMomentumSGD(Paradigm):
             else self.global_model.clone()
         load_flat_parameters(self.model, self.block_start)
 
-    def result_model(self) -> nn.Module:
-        result = copy.deepcopy(self.model)  # the local model keeps training
-        load_flat_parameters(result, self.global_model)
-        return result
+    def consensus(self) -> torch.Tensor:
+        return self.global_model
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "global_model": self.global_model,

@@ -12,6 +12,7 @@ launched as its own TorchX app (:mod:`sublimate.components.async_sgd`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -64,6 +65,45 @@ class Paradigm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.communication_ops = state.get("communication_ops", 0)
+
+
+def auto_or(value: Any, default: float) -> float:
+    """A hyper-parameter left to the paper's default when it is ``None``, ``"auto"`` or -1."""
+    return default if value in (None, "auto", -1) else float(value)
+
+
+class PeriodicAveraging(Paradigm):
+    """Local SGD with one collective model update every ``sync_period`` steps (BMUF, EASGD).
+
+    Every worker starts from rank 0's model. A subclass implements :meth:`synchronize` (the
+    collective update) and :meth:`consensus` (the parameter vector the run produces).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 hyperparameters: dict[str, Any]) -> None:
+        import torch.distributed as dist
+
+        super().__init__(model, optimizer, hyperparameters)
+        self.period = int(hyperparameters.get("sync_period", 8))
+        start = flat_parameters(model)
+        dist.broadcast(start, src=0)
+        load_flat_parameters(model, start)
+
+    def after_step(self, step: int) -> None:
+        if step % self.period == 0:
+            self.synchronize()
+            self.communication_ops += 1
+
+    def synchronize(self) -> None:
+        raise NotImplementedError
+
+    def consensus(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def result_model(self) -> nn.Module:
+        result = copy.deepcopy(self.model)  # the local model keeps training
+        load_flat_parameters(result, self.consensus())
+        return result
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
