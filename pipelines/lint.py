@@ -241,7 +241,9 @@ _TEMPLATE_TYPES = (
 # Template types whose node has `outputs.result` / `exitCode` (Argo's Template.HasOutput).
 _RESULT_TYPES = ("container", "containerSet", "script", "data", "http", "plugin")
 _LOOP_KEYS = ("withItems", "withParam", "withSequence")
-_DEPENDS_RESULTS = (
+# The task results a DAG `depends` expression may test (`task.Succeeded`, ...); the runner's
+# evaluator uses the same list.
+DEPENDS_RESULTS = (
     "Succeeded",
     "Failed",
     "Errored",
@@ -540,8 +542,8 @@ def _dag_dependencies(
                 msg = f"depends refers to unknown task '{dep}'{_did_you_mean(dep, names)}"
                 report.add(f"{path}.depends", msg)
                 continue
-            if result is not None and result not in _DEPENDS_RESULTS:
-                allowed = ", ".join(_DEPENDS_RESULTS)
+            if result is not None and result not in DEPENDS_RESULTS:
+                allowed = ", ".join(DEPENDS_RESULTS)
                 report.add(f"{path}.depends", f"unknown task result '{dep}.{result}' ({allowed})")
             deps.append(dep)
     return deps

@@ -9,16 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-TASK_RESULTS = (
-    "Succeeded",
-    "Failed",
-    "Errored",
-    "Skipped",
-    "Omitted",
-    "Daemoned",
-    "AnySucceeded",
-    "AllFailed",
-)
+from sublimate.pipelines.lint import DEPENDS_RESULTS
+
 # Results that mean "this dependency's failure is handled by whoever depends on it".
 FAILURE_HANDLING_RESULTS = frozenset({"Failed", "Errored", "AnySucceeded", "AllFailed"})
 
@@ -96,7 +88,7 @@ class _DependsParser(_Parser):
             raise ExpressionError(f"unexpected {token!r} in depends {self.source!r}")
         name = str(token)
         task, _, result = name.rpartition(".")
-        if task and result in TASK_RESULTS:
+        if task and result in DEPENDS_RESULTS:
             return ("ref", task, result)
         return ("ref", name, None)
 
