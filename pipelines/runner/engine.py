@@ -34,7 +34,7 @@ from .expressions import (
 )
 from .manifest import CLUSTER_ONLY_FIELDS, check_workflow, normalise_workflow
 from .model import NodeResult, RunEvent, RunOptions, RunResult, iso, now
-from .parameters import resolve_parameters
+from .parameters import declared_value, enum_choices, resolve_parameters
 from .paths import PathMap
 from .process import KILL_GRACE_S, LocalProcess
 from .scope import CancelScope
@@ -369,18 +369,14 @@ class _Run:
         declared = (template.get("inputs") or {}).get("parameters") or []
         for param in declared:
             pname = param["name"]
-            if pname in given:
-                value = as_text(given[pname])
-            elif param.get("value") is not None:
-                value = as_text(param["value"])
-            elif param.get("default") is not None:
-                value = as_text(param["default"])
-            else:
+            value = declared_value(param, as_text(given[pname]) if pname in given else None)
+            if value is None:
                 raise NodeError(f"input parameter {pname!r} of template "
                                 f"{template['name']!r} was not supplied")
-            if param.get("enum") and value not in [as_text(v) for v in param["enum"]]:
+            allowed = enum_choices(param)
+            if allowed and value not in allowed:
                 raise NodeError(f"input parameter {pname!r}: {value!r} is not one of "
-                                f"{', '.join(as_text(v) for v in param['enum'])}")
+                                f"{', '.join(allowed)}")
             values[f"inputs.parameters.{pname}"] = value
         values["inputs.parameters"] = json.dumps(
             [{"name": p["name"], "value": values[f"inputs.parameters.{p['name']}"]}

@@ -24,24 +24,37 @@ def resolve_parameters(workflow: dict, overrides: dict[str, str]) -> dict[str, s
     types = _type_annotation(workflow)
     resolved: dict[str, str] = {}
     for name, param in by_name.items():
-        if name in overrides:
-            value = str(overrides[name])
-        elif param.get("value") is not None:
-            value = as_text(param["value"])
-        elif param.get("default") is not None:
-            value = as_text(param["default"])
-        else:
+        value = declared_value(param, str(overrides[name]) if name in overrides else None)
+        if value is None:
             raise ParameterError(
                 f"parameter {name!r} has no value and no default; pass -p {name}=..."
             )
-        enum = param.get("enum")
-        if enum and value not in [as_text(v) for v in enum]:
-            allowed = ", ".join(as_text(v) for v in enum)
-            raise ParameterError(f"parameter {name!r}: {value!r} is not one of {allowed}")
+        allowed = enum_choices(param)
+        if allowed and value not in allowed:
+            raise ParameterError(
+                f"parameter {name!r}: {value!r} is not one of {', '.join(allowed)}")
         if name in types:
             _check_type(name, value, types[name])
         resolved[name] = value
     return resolved
+
+
+def declared_value(param: dict, supplied: str | None) -> str | None:
+    """A declared parameter's value as Argo picks it: supplied, else ``value``, else ``default``.
+
+    ``None`` when there is none of the three.
+    """
+    if supplied is not None:
+        return supplied
+    for key in ("value", "default"):
+        if param.get(key) is not None:
+            return as_text(param[key])
+    return None
+
+
+def enum_choices(param: dict) -> list[str]:
+    """The values a parameter's ``enum`` allows, as text; empty when it has no enum."""
+    return [as_text(choice) for choice in param.get("enum") or []]
 
 
 def _type_annotation(workflow: dict) -> dict[str, dict]:
