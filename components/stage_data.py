@@ -91,6 +91,7 @@ class StageReport:
     files_fetched: int = 0
     bytes_fetched: int = 0
     files_reused: int = 0
+    files_built: int = 0  # written here from a built-in or py:module:function dataset
     seconds: float = 0.0
     fetched: list[str] = field(default_factory=list)
 
@@ -625,14 +626,18 @@ def stage_dataset(dataset: str, data_root: Path, *,
     started = time.perf_counter()
     target = data_root / dataset_id(dataset)
     if dataset in BUILTIN_DATASETS or dataset.startswith(ENTRY_POINT_PREFIX):
-        if (target / METADATA_FILE).is_file():
+        complete = (target / METADATA_FILE).is_file()
+        if complete:
             _say(f"stage-data: {target} is already complete; nothing to transfer")
         elif dataset in BUILTIN_DATASETS:
             build_builtin(dataset, target)
         else:
             stage_entry_point(dataset, target)
         verify_dataset(target)
-        return StageReport(target, seconds=time.perf_counter() - started)
+        files = sum(1 for path in target.iterdir() if path.is_file())
+        return StageReport(target, files_reused=files if complete else 0,
+                           files_built=0 if complete else files,
+                           seconds=time.perf_counter() - started)
     if "://" in dataset or Path(dataset).exists():
         url = dataset if "://" in dataset else str(Path(dataset).resolve())
         return stage_url(url, target, concurrency=concurrency)
@@ -649,9 +654,10 @@ def stage(dataset: str, data_root: Path) -> Path:
 
 def summary(report: StageReport) -> str:
     """The closing line: machine-greppable counts (tests and benchmarks read them)."""
-    return (f"stage-data: transferred {report.files_fetched} files, {report.bytes_fetched} bytes "
-            f"in {report.seconds:.2f}s ({report.rate_mb_s:.1f} MB/s); "
-            f"reused {report.files_reused} files")
+    built = f"built {report.files_built} files; " if report.files_built else ""
+    return (f"stage-data: {built}transferred {report.files_fetched} files, "
+            f"{report.bytes_fetched} bytes in {report.seconds:.2f}s "
+            f"({report.rate_mb_s:.1f} MB/s); reused {report.files_reused} files")
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -668,8 +674,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         report = stage_dataset(args.dataset, args.data_root, concurrency=args.concurrency)
     except DatasetError as error:
-        print(f"stage-data: error: {object_store.redact(str(error))}", file=sys.stderr)
-        return 2
+        from sublimate.components.termination import fail
+
+        return fail("stage-data", object_store.redact(str(error)))
     folder = report.folder
     metadata = json.loads((folder / METADATA_FILE).read_text())
     counts = ", ".join(f"{name}={split['examples']}" for name, split in metadata["splits"].items())

@@ -112,13 +112,29 @@ def command_run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
         print(format_table(result))
-        root = next((node for node in result.nodes if node.id == result.name), None)
-        if root is not None and root.parameters:
-            print("outputs: " + ", ".join(f"{k}={v}" for k, v in root.parameters.items()))
-        print(f"run folder: {result.run_dir} ({time.perf_counter() - started:.1f}s)")
+        print(format_results(result, time.perf_counter() - started))
     if result.phase != "Succeeded":
         report_failures(result)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def format_results(result: Any, seconds: float) -> str:
+    """Where everything is: the workflow's outputs (Argo's ``status.outputs``, as in ``-o json``),
+    the run folder, and the folders it links to, never shortened."""
+    lines = []
+    if outputs := (result.outputs.get("parameters") or {}):
+        lines.append("outputs: " + ", ".join(f"{k}={v}" for k, v in outputs.items()))
+    lines.append(f"run folder: {result.run_dir} ({seconds:.1f}s)")
+    for link in result.links.values():
+        target = Path(link).resolve()
+        held = sorted(entry.name + ("/" if entry.is_dir() else "")
+                      for entry in target.iterdir()) if target.is_dir() else []
+        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+        lines.append(f"  {link.relative_to(result.run_dir)} -> {target}"
+                     + (f"  ({shown})" if shown else ""))
+        if (target / "train-summary.json").exists() or (target / "metrics").is_dir():
+            lines.append(f"report: sublimate report {result.run_dir}")
+    return "\n".join(lines)
 
 
 def report_failures(result: Any, lines: int = 8) -> None:
@@ -136,6 +152,9 @@ def report_failures(result: Any, lines: int = 8) -> None:
 def command_render(args: argparse.Namespace) -> int:
     from sublimate.pipelines.render import render_all
 
+    if args.check and not args.output_dir.is_dir():
+        raise UsageError(f"render --check: there is no {args.output_dir}/ folder here to check; "
+                         "run it in a sublimate checkout or pass --output-dir")
     results = render_all(args.output_dir, check=args.check)
     for path, changed in results:
         state = ("differs from the Hera source" if args.check else "written") if changed \
@@ -148,11 +167,14 @@ def command_render(args: argparse.Namespace) -> int:
 
 
 def command_lint(args: argparse.Namespace) -> int:
-    from sublimate.pipelines.lint import lint_paths
+    from sublimate.pipelines.lint import lint_files
 
-    problems, documents = lint_paths(args.paths or ["argo"], strict=args.strict)
+    problems, documents, skipped = lint_files(args.paths or ["argo"], strict=args.strict)
     for problem in problems:
         print(problem)
+    for source in skipped:
+        print(f"{source}: skipped (no Workflow, WorkflowTemplate or CronWorkflow in it)",
+              file=sys.stderr)
     if problems:
         print(f"{len(problems)} problem(s) in {documents} Argo document(s)", file=sys.stderr)
         return EXIT_FAILED
@@ -243,6 +265,23 @@ def command_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+class _RunHelp(argparse.Action):
+    """``run --help``: the flags, then every parameter of the default pipeline with its default.
+
+    The list is built only when asked for: it imports the Hera definition, which `run` itself
+    must not pay for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from sublimate.pipelines.parameters import describe_parameters
+        from sublimate.pipelines.train import PARAMETERS
+
+        parser.print_help()
+        print(f"\nparameters of the '{DEFAULT_PIPELINE}' pipeline (-p NAME=VALUE):")
+        print(describe_parameters(PARAMETERS))
+        parser.exit()
+
+
 def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--argo-server", help="Argo Server host:port or URL ($ARGO_SERVER)")
     parser.add_argument("--token", help="bearer token ($ARGO_TOKEN)")
@@ -260,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run", help="run a pipeline or a rendered manifest locally (no Kubernetes needed)",
-        description="Execute a pipeline's rendered Argo manifest on this machine.")
+        description="Execute a pipeline's rendered Argo manifest on this machine.",
+        add_help=False)
+    run.add_argument("-h", "--help", action=_RunHelp, nargs=0,
+                     help="show this help and the default pipeline's parameters, then exit")
     run.add_argument("target", nargs="?", default=DEFAULT_PIPELINE,
                      help=f"pipeline name or manifest file (default: {DEFAULT_PIPELINE})")
     run.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",

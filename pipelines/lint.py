@@ -24,6 +24,7 @@ __all__ = [
     "ARGO_KINDS",
     "LintProblem",
     "lint_document",
+    "lint_files",
     "lint_paths",
     "schema_problems",
     "semantic_problems",
@@ -852,9 +853,19 @@ _YAML_TYPE_NAMES = {
 
 def lint_paths(paths: Sequence[str | Path], strict: bool = True) -> tuple[list[LintProblem], int]:
     """Lint files and directories; returns (problems, number of Argo documents checked)."""
+    problems, checked, _ = lint_files(paths, strict)
+    return problems, checked
+
+
+def lint_files(paths: Sequence[str | Path], strict: bool = True
+               ) -> tuple[list[LintProblem], int, list[str]]:
+    """:func:`lint_paths`, plus the YAML files skipped for holding no Argo document (Kubernetes
+    objects of an install, a kustomization), so that a user sees what was not checked."""
     problems: list[LintProblem] = []
     checked = 0
+    skipped: list[str] = []
     for file, exists in _iter_files(paths):
+        before = checked
         source = str(file)
         if not exists:
             problems.append(LintProblem(source, "", "", "no such file or directory"))
@@ -878,4 +889,6 @@ def lint_paths(paths: Sequence[str | Path], strict: bool = True) -> tuple[list[L
             elif is_argo_document(doc):
                 checked += 1
                 problems.extend(_lint(doc, source, strict, _document_label(doc, index)))
-    return problems, checked
+        if checked == before and not any(p.source == source for p in problems):
+            skipped.append(source)
+    return problems, checked, skipped

@@ -53,3 +53,17 @@ def type_annotation(parameters: list[PipelineParameter]) -> str:
     return json.dumps({p.name: p.constraints() for p in parameters
                        if p.type != "string" or p.pattern},
                       sort_keys=True, separators=(",", ":"))
+
+
+def describe_parameters(parameters: list[PipelineParameter], width: int = 100) -> str:
+    """``name (default): description`` per parameter, wrapped for a terminal."""
+    import textwrap
+
+    lines = []
+    for p in parameters:
+        choices = f" [{'|'.join(p.enum)}]" if p.enum else ""
+        head = f"  {p.name} (default: {p.default if p.default != '' else 'none'}){choices}"
+        lines.append(head)
+        lines += textwrap.wrap(p.description, width=width, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
+    return "\n".join(lines)

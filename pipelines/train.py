@@ -75,6 +75,8 @@ PARAMETERS = [
                       "(auto: 0.9 / N).", pattern=AUTO_OR_NUMBER),
     PipelineParameter("staleness-bound", 0, "async: most pushes a trainer may run ahead of the "
                       "slowest (0: unbounded, pure Downpour).", type="integer", minimum=0),
+    PipelineParameter("eval-every-epoch", "true", "Evaluate test accuracy after every epoch "
+                      "(rank 0), for the report's accuracy curve.", enum=("true", "false")),
     PipelineParameter("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, "
                       "gloo otherwise.", enum=("auto", "gloo", "nccl")),
     PipelineParameter("scheduler", "auto", "TorchX scheduler for the training job. auto: "
@@ -140,9 +142,14 @@ def train_pipeline(
         stage_step = stage_data.template(**step_options, retries=2)
         train_step = train.template(**step_options, retries=1)
         evaluate_step = evaluate.template(**step_options, retries=2)
-        with DAG(name="train-pipeline", outputs=[Parameter(
-                name="accuracy",
-                value_from=ValueFrom(parameter="{{tasks.evaluate.outputs.parameters.accuracy}}"))]):
+        # Global names make them the workflow's own outputs (status.outputs, `argo get`), and
+        # the local runner links `results` from the run folder.
+        with DAG(name="train-pipeline", outputs=[
+            Parameter(name="accuracy", global_name="accuracy", value_from=ValueFrom(
+                parameter="{{tasks.evaluate.outputs.parameters.accuracy}}")),
+            Parameter(name="results", global_name="results", value_from=ValueFrom(
+                parameter="{{tasks.train.outputs.parameters.run-dir}}")),
+        ]):
             staged = stage_step(arguments={"dataset": parameter["dataset"]})
             trained = train_step(arguments={
                 **{name: parameter[name] for name in train.TEMPLATE_INPUTS if name in parameter},

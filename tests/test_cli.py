@@ -54,6 +54,29 @@ def test_default_pipeline_trains_digits_on_two_nodes(default_run: tuple[Path, di
     assert (home / "runs" / result["name"] / "status.json").is_file()
 
 
+def test_the_run_folder_links_the_results_and_json_agrees_with_the_table(
+        default_run: tuple[Path, dict]) -> None:
+    home, result = default_run
+    run_folder = Path(result["run_dir"])
+    assert run_folder == home / "runs" / result["name"]
+    # the workflow's own outputs (Argo's status.outputs), the same the table prints
+    outputs = result["outputs"]["parameters"]
+    assert outputs["accuracy"] == _nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"]
+    assert outputs["results"] == f"/mnt/sublimate/runs/{result['name']}"
+    results = run_folder / "outputs" / "results"
+    assert results.is_symlink() and result["links"] == {"results": str(results)}
+    assert results.resolve() == (_volume(home) / "runs" / result["name"]).resolve()
+    for held in ("model.pt", "metrics.json", "train-summary.json", "report/report.json"):
+        assert (results / held).is_file(), held
+    # node folders say which step they belong to
+    assert {p.name.rsplit("-", 1)[0] for p in (run_folder / "nodes").iterdir()} == \
+        {"stage-data-0", "train-0", "evaluate-0"}
+    for reference in (str(run_folder), result["name"], str(results)):
+        completed = run_cli("report", "--no-plots", reference, home=home)
+        assert completed.returncode == 0, (reference, completed.stderr)
+        assert f"{result['name']}: sync on 2 workers" in completed.stdout
+
+
 def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path, dict]) -> None:
     home, _ = default_run
     completed = run_cli("run", "-p", "epochs=2", home=home)
@@ -65,7 +88,15 @@ def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path,
     lines = completed.stdout.splitlines()
     assert lines[0].split() == ["NODE", "PHASE", "DURATION", "OUTPUTS"]
     assert any(line.split()[:2] == ["evaluate", PASSES] for line in lines)
-    assert any(line.startswith("outputs: accuracy=") for line in lines)
+    outputs = next(line for line in lines if line.startswith("outputs: "))
+    name = next(line for line in lines if line.endswith(": Succeeded")).split(":")[0]
+    assert outputs.startswith("outputs: accuracy=")
+    assert outputs.endswith(f"results=/mnt/sublimate/runs/{name}")  # paths are never cut
+    folder = home / "runs" / name
+    assert f"run folder: {folder} (" in completed.stdout
+    volume = (_volume(home) / "runs" / name).resolve()
+    assert f"  outputs/results -> {volume}  (" in completed.stdout
+    assert f"report: sublimate report {folder}" in completed.stdout
 
 
 @pytest.mark.parametrize("algorithm", ["async", "bmuf", "easgd"])
@@ -120,6 +151,7 @@ def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
 @pytest.mark.parametrize(("flag", "message"), [
     ("nodes", "-p 'nodes': expected name=value"),
     ("bogus=1", "unknown parameter 'bogus'"),
+    ("epoch=3", "unknown parameter 'epoch' (did you mean 'epochs'?"),
     ("nodes=two", "parameter 'nodes': 'two' is not an integer"),
     ("nodes=0", "parameter 'nodes'"),
     ("algorithm=hogwild", "parameter 'algorithm': 'hogwild' is not one of sync, async"),
@@ -197,7 +229,40 @@ def test_a_missing_dataset_fails_the_run_and_names_the_path(tmp_path: Path) -> N
     nodes = _nodes(result)
     assert nodes["stage-data"]["phase"] == "Failed"
     assert nodes["train"]["phase"] == "Omitted"
-    assert f"dataset '{tmp_path}/absent': no such directory" in result["_stderr"]
+    message = f"dataset '{tmp_path}/absent': no such directory"
+    assert message in result["_stderr"]
+    # one line, on the step's node and repeated by the run's final message; no traceback
+    assert nodes["stage-data"]["message"] == f"Error (exit code 2): {message}"
+    assert message in result["message"]
+    assert "Traceback" not in result["_stderr"]
+
+
+def test_a_batch_larger_than_the_dataset_fails_in_one_line(tmp_path: Path) -> None:
+    result = _run_json(tmp_path / "home", "-p", "global-batch-size=4096", "-p", "epochs=1")
+    assert result["phase"] == "Failed" and result["_exit"] == 1
+    train = _nodes(result)["train"]
+    assert train["phase"] == "Failed"
+    assert "global-batch-size 4096" in train["message"] and "1438" in train["message"]
+    assert train["message"] in result["message"] or train["message"].split(": ", 1)[1] \
+        in result["message"]
+    assert "Traceback" not in result["_stderr"]
+    assert len(result["_stderr"].splitlines()) < 30, result["_stderr"]
+
+
+def test_run_help_lists_the_pipeline_parameters(tmp_path: Path) -> None:
+    completed = run_cli("run", "--help", home=tmp_path)
+    assert completed.returncode == 0
+    assert "epochs (default: 20)" in completed.stdout
+    assert "algorithm (default: sync) [sync|async|bmuf|easgd]" in completed.stdout
+
+
+def test_render_check_and_lint_say_what_they_did_not_check(tmp_path: Path) -> None:
+    completed = run_cli("render", "--check", home=tmp_path, cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "there is no argo/ folder here" in completed.stderr and "stale" not in completed.stderr
+    completed = run_cli("lint", "argo", home=tmp_path)
+    assert completed.returncode == 0, completed.stdout
+    assert "argo/namespace.yaml: skipped (no Workflow" in completed.stderr
 
 
 def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> None:

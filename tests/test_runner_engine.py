@@ -55,8 +55,10 @@ def test_diamond_dag_runs_branches_in_parallel_and_passes_results(tmp_path: Path
     assert d.result == "hi-b+c"
     assert b.started_at < c.finished_at and c.started_at < b.finished_at  # overlapped
     assert d.started_at >= max(b.finished_at, c.finished_at)
-    assert "status=Succeeded" in (result.run_dir / "nodes" / result.node("onExit").id /
-                                  "main.log").read_text()
+    on_exit = result.node("onExit")
+    assert on_exit.log == result.run_dir / "nodes" / f"onExit-{on_exit.id.rsplit('-', 1)[1]}" \
+        / "main.log"  # node folders carry the display name
+    assert "status=Succeeded" in on_exit.log.read_text()
 
 
 def test_failing_branch_omits_downstream_and_exit_handler_sees_failure(tmp_path: Path) -> None:
@@ -283,7 +285,8 @@ def test_output_parameters_and_dag_template_outputs(tmp_path: Path) -> None:
     assert result.node("use").result == "got v1"
     assert result.outputs["parameters"] == {"final": "v1"}
     # the absolute path went to the node's private folder, not the real /tmp
-    assert (result.run_dir / "nodes" / produce.id / "fs" / "tmp/o/p.txt").exists()
+    assert produce.log is not None
+    assert (produce.log.parent / "fs" / "tmp/o/p.txt").exists()
 
 
 def test_loop_output_parameters_aggregate_as_json(tmp_path: Path) -> None:
@@ -611,3 +614,66 @@ spec:
     assert write.result == "/mnt/work/data/x.txt"
     assert result.node("read").result == "hello"
     assert (tmp_path / "volumes" / "shared" / "data" / "x.txt").read_text() == "hello"
+
+
+def test_a_failed_steps_termination_message_is_its_node_message(tmp_path: Path) -> None:
+    """As on Kubernetes + Argo: what a container writes to its termination-message file ends
+    up in the node's message, and the workflow's message repeats it."""
+    result = run(wf("""
+        - name: main
+          dag:
+            tasks: [{name: check, template: check}]
+        - name: check
+          script:
+            command: [python]
+            source: |
+              import os, sys
+              with open(os.environ["SUBLIMATE_TERMINATION_LOG"], "w") as f:
+                  f.write("batch 4096 is larger than\\nthe 1438 examples")
+              sys.exit(2)
+        """), tmp_path)
+    node = result.node("check")
+    assert node.phase == "Failed" and node.exit_code == 2
+    assert node.message == "Error (exit code 2): batch 4096 is larger than the 1438 examples"
+    assert node.message in result.message
+    silent = run(wf("""
+        - name: main
+          script: {command: [sh], source: "exit 3"}
+        """), tmp_path)
+    assert silent.node(silent.name).message == "Error (exit code 3)"
+
+
+def test_workflow_outputs_on_a_volume_are_linked_from_the_run_folder(tmp_path: Path) -> None:
+    result = run(wf("""
+        - name: main
+          dag:
+            tasks: [{name: write, template: write}]
+          outputs:
+            parameters:
+            - name: where
+              globalName: where
+              valueFrom: {parameter: "{{tasks.write.outputs.parameters.dir}}"}
+            - name: scratch
+              globalName: scratch
+              valueFrom: {parameter: "{{tasks.write.outputs.parameters.scratch}}"}
+        - name: write
+          script:
+            command: [sh]
+            source: |
+              mkdir -p /data/out /tmp/s && echo 1 > /data/out/model.pt
+              echo /data/out > /tmp/dir && echo /tmp/s > /tmp/scratch
+            volumeMounts: [{name: data, mountPath: /data}]
+          volumes: [{name: data, persistentVolumeClaim: {claimName: vol}}]
+          outputs:
+            parameters:
+            - {name: dir, valueFrom: {path: /tmp/dir}}
+            - {name: scratch, valueFrom: {path: /tmp/scratch}}
+        """), tmp_path)
+    assert result.phase == "Succeeded", result.message
+    assert result.outputs["parameters"] == {"where": "/data/out", "scratch": "/tmp/s"}
+    link = result.run_dir / "outputs" / "where"
+    assert result.links == {"where": link}
+    assert link.resolve() == (tmp_path / "volumes" / "vol" / "out").resolve()
+    assert (link / "model.pt").read_text() == "1\n"
+    # a path private to one pod (not on a volume) is not linked
+    assert not (result.run_dir / "outputs" / "scratch").exists()

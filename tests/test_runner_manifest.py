@@ -68,7 +68,8 @@ def test_resolve_parameters_defaults_and_overrides() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"required": "x", "nodez": "1"}, "unknown parameter 'nodez' (known parameters: nodes,"),
+        ({"required": "x", "nodez": "1"},
+         "unknown parameter 'nodez' (did you mean 'nodes'? known parameters: nodes,"),
         ({"required": "x", "mode": "medium"}, "parameter 'mode': 'medium' is not one of fast,"),
         ({"required": "x", "nodes": "abc"}, "parameter 'nodes': 'abc' is not an integer"),
         ({"required": "x", "nodes": "9"}, "parameter 'nodes': 9 is above the maximum 8"),

@@ -72,7 +72,9 @@ def format_table(result: RunResult) -> str:
             continue
         label = "  " * depths[node.id] + node.display_name
         duration = "-" if node.duration_s is None else f"{node.duration_s:.1f}s"
-        outputs = ", ".join(f"{k}={_truncate(v)}" for k, v in node.parameters.items())
+        # Paths are what a user copies from here: never shortened.
+        outputs = ", ".join(f"{k}={v if v.startswith('/') and ' ' not in v else _truncate(v)}"
+                            for k, v in node.parameters.items())
         if not outputs and node.phase in ("Failed", "Error", "Omitted") and node.message:
             outputs = _truncate(node.message, 60)
         rows.append((label, node.phase, duration, outputs))

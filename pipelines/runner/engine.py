@@ -63,6 +63,13 @@ def _loop_index(node: NodeResult) -> int:
     return int(index) if index.isdigit() else 0
 
 
+def _node_folder(node: NodeResult) -> str:
+    """``nodes/<display name>-<id hash>``: readable in a listing, unique like the node id."""
+    readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in node.display_name)
+    readable = "-".join(part for part in readable.split("-") if part) or "node"
+    return f"{readable}-{node.id.rsplit('-', 1)[-1]}"
+
+
 def _fnv32a(text: str) -> int:
     value = 0x811C9DC5
     for byte in text.encode():
@@ -123,6 +130,10 @@ class _Run:
         for key, value in params.items():
             self.globals[f"workflow.parameters.{key}"] = value
         self.volumes: dict[str, Path] = {}
+        # Container path -> local folder of every volume a step mounted that outlives its pod,
+        # so that workflow outputs naming such paths can be linked from the run folder.
+        self.shared_mounts = PathMap(self.run_dir / "fs")
+        self.links: dict[str, Path] = {}
         for claim in self.spec.get("volumeClaimTemplates") or []:
             name = claim["metadata"]["name"]
             self.volumes[name] = self.run_dir / "volumes" / name
@@ -155,6 +166,7 @@ class _Run:
             nodes=list(self.nodes.values()),
             parameters=dict(self.params),
             outputs={k: dict(v) for k, v in self.outputs.items()},
+            links=dict(self.links),
         )
 
     def _write_status(self) -> None:
@@ -302,9 +314,27 @@ class _Run:
             self.phase = phase
             self.message = message
             self.finished_at = now()
+            self._link_outputs()
             self._write_status()
         self._emit(RunEvent("workflow", self.name, self.finished_at, phase=phase,
                             message=message))
+
+    def _link_outputs(self) -> None:
+        """``outputs/<name>`` in the run folder for each workflow output parameter that names a
+        path on a volume: the one place a user is pointed to reaches the results on it."""
+        folder = self.run_dir / "outputs"
+        for name, value in (self.outputs.get("parameters") or {}).items():
+            if not value.startswith("/") or not self.shared_mounts.covers(value):
+                continue
+            target = self.shared_mounts.local(value)
+            if not target.exists() or "/" in name:
+                continue
+            folder.mkdir(exist_ok=True)
+            link = folder / name
+            with contextlib.suppress(OSError):
+                link.unlink(missing_ok=True)
+                link.symlink_to(target)
+                self.links[name] = link
 
     # ----------------------------------------------------------------------- templates
 
@@ -441,7 +471,7 @@ class _Run:
         tmpl = substitute({k: v for k, v in template.items()
                            if k != "name" and k not in CLUSTER_ONLY_FIELDS}, local, where)
         body = tmpl[body_key]
-        node_dir = self.run_dir / "nodes" / node.id
+        node_dir = self.run_dir / "nodes" / _node_folder(node)
         node_dir.mkdir(parents=True, exist_ok=True)
         paths = self._path_map(tmpl, body, node_dir)
         outputs = tmpl.get("outputs") or {}
@@ -473,6 +503,11 @@ class _Run:
             env[item["name"]] = paths.rewrite(as_text(item.get("value", "")))
         env["SUBLIMATE_LOCAL_RUN"] = "1"
         env["SUBLIMATE_RUN_DIR"] = str(self.run_dir)
+        # The container's termination-message file (Kubernetes: /dev/termination-log); what a
+        # failed step writes there becomes the node's message, as on Argo.
+        termination_log = node_dir / "termination-log"
+        termination_log.unlink(missing_ok=True)
+        env["SUBLIMATE_TERMINATION_LOG"] = str(termination_log)
         node.log = node_dir / "main.log"
 
         def on_line(line: str) -> None:
@@ -502,6 +537,10 @@ class _Run:
             phase, message = "Failed", scope.stop_reason() or "stopped"
         elif code != 0:
             phase, message = "Failed", f"Error (exit code {code})"
+            with contextlib.suppress(OSError):
+                reason = " ".join(termination_log.read_text(errors="replace").split())
+                if reason:  # Argo: "<reason> (exit code N): <termination message>"
+                    message = f"{message}: {paths.restore(reason)}"
         else:
             phase, message = "Succeeded", ""
         problem = self._collect_outputs(outputs, paths, node)
@@ -523,6 +562,9 @@ class _Run:
                 folder = folder / mount["subPath"]
             folder.mkdir(parents=True, exist_ok=True)
             paths.mount(mount["mountPath"], folder)
+            if not folder.is_relative_to(node_dir):  # outlives the pod: outputs may point here
+                with self.lock:
+                    self.shared_mounts.mount(mount["mountPath"], folder)
         outputs = tmpl.get("outputs") or {}
         declared = [(p.get("valueFrom") or {}).get("path") for p in outputs.get("parameters") or []]
         declared += [a.get("path") for a in outputs.get("artifacts") or []]

@@ -104,6 +104,8 @@ class RunResult:
     nodes: list[NodeResult]
     parameters: dict[str, str]
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # outputs/<name> links in the run folder to the folders that output parameters name
+    links: dict[str, Path] = field(default_factory=dict)
 
     def node(self, display_name: str) -> NodeResult:
         """The first node whose display name (or full name) matches; handy in tests/CLI."""
@@ -126,5 +128,6 @@ class RunResult:
             "run_dir": str(self.run_dir),
             "parameters": dict(self.parameters),
             "outputs": {k: dict(v) for k, v in self.outputs.items()},
+            "links": {name: str(path) for name, path in self.links.items()},
             "nodes": [node.to_json() for node in self.nodes],
         }

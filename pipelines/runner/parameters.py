@@ -17,9 +17,13 @@ def resolve_parameters(workflow: dict, overrides: dict[str, str]) -> dict[str, s
     by_name = {p["name"]: p for p in declared if isinstance(p, dict) and "name" in p}
     unknown = [name for name in overrides if name not in by_name]
     if unknown:
+        import difflib  # only on this error path
+
+        close = difflib.get_close_matches(unknown[0], list(by_name), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         known = ", ".join(by_name) or "none"
         raise ParameterError(
-            f"unknown parameter {unknown[0]!r} (known parameters: {known})"
+            f"unknown parameter {unknown[0]!r} ({hint}known parameters: {known})"
         )
     types = _type_annotation(workflow)
     resolved: dict[str, str] = {}

@@ -35,6 +35,10 @@ class PathMap:
         self.entries[path] = self.fs_root / path.lstrip("/")
         self._pattern = None
 
+    def covers(self, container_path: str) -> bool:
+        """Whether a container path lies under one of the mapped paths."""
+        return self._mounted(_normalise(container_path)) is not None
+
     def _mounted(self, path: str) -> str | None:
         for prefix in sorted(self.entries, key=len, reverse=True):
             if path == prefix or path.startswith(prefix.rstrip("/") + "/"):

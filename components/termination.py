@@ -1,0 +1,49 @@
+"""One-line failures of a step: the message a user sees, on the step's log and as its node message.
+
+Kubernetes keeps what a container writes to its termination-message file (``/dev/termination-log``
+by default) in the pod's status, and Argo shows it as the node's message, e.g. ``Error (exit code
+2): global-batch-size 4096 is larger than ...``. The local runner gives every step its own file
+in ``$SUBLIMATE_TERMINATION_LOG`` and reads it back the same way, so a step that ends with
+:func:`fail` tells the user what to fix in one line on a cluster and on a laptop alike.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Kubernetes' default terminationMessagePath; the local runner points the variable elsewhere.
+KUBERNETES_PATH = "/dev/termination-log"
+ENV_VAR = "SUBLIMATE_TERMINATION_LOG"
+# Exit status of a step refused for bad input (the same as the CLI's usage errors).
+EXIT_BAD_INPUT = 2
+# Kubernetes truncates termination messages at 4096 bytes.
+MAX_BYTES = 4096
+
+
+def termination_path() -> str | None:
+    path = os.environ.get(ENV_VAR)
+    if path:
+        return path
+    return KUBERNETES_PATH if os.path.exists(KUBERNETES_PATH) else None
+
+
+def write_message(message: str) -> None:
+    """Record ``message`` as this container's termination message (best effort, never raises)."""
+    path = termination_path()
+    if path is None:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(message.encode("utf-8")[:MAX_BYTES].decode("utf-8", "ignore"))
+    except OSError:
+        pass  # a read-only /dev or a missing folder must not hide the real error
+
+
+def fail(step: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
+    """Print ``<step>: error: <message>`` on stderr, keep it as the termination message, and
+    return the exit status for ``main`` to return."""
+    message = " ".join(message.split())  # one line, whatever the exception text held
+    print(f"{step}: error: {message}", file=sys.stderr, flush=True)
+    write_message(message)
+    return code

