@@ -10,7 +10,14 @@ component's abstraction must cost < 5%: ratio >= 0.95), the cost of monitoring (
 metrics on against sync with ``SUBLIMATE_METRICS=off``: within 3%), collective or push/pull
 operations per epoch, and time-to-target accuracy from a second, evaluated run of each paradigm.
 
+Last, the cost of per-epoch evaluation (on by default in the pipeline): sync on the pipeline's
+default settings (2 nodes, global batch 64, 20 epochs, MLP 128) with ``--eval-every-epoch true``
+against ``false``, ``--eval-repeat`` times interleaved. It compares the training loop's time
+(rank 0's ``train_seconds``, plus its ``evaluation_seconds`` while its peers wait) and the whole
+train step's wall time, with medians and spread; ``--eval-cost-only`` runs just this part.
+
 Usage: python benchmarks/paradigms.py [--epochs 30] [--hidden 512] [--repeat 3] [--target 0.95]
+       python benchmarks/paradigms.py --eval-cost-only [--eval-repeat 5]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sublimate.components.datasets import build_builtin
@@ -42,16 +50,48 @@ def baseline(data_dir: Path, args: argparse.Namespace) -> float:
 
 
 def component(algorithm: str, data_dir: Path, run_dir: Path, args: argparse.Namespace,
-              evaluate: bool = False, epochs: int | None = None, metrics: bool = True) -> dict:
+              evaluate: bool = False, epochs: int | None = None, metrics: bool = True,
+              extra: tuple[str, ...] = ("--checkpoint-every", "0")) -> dict:
     command = [sys.executable, "-m", "sublimate.components.train", "--algorithm", algorithm,
                "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--nodes", "2",
                "--epochs", str(epochs or args.epochs), "--global-batch-size", str(args.batch),
-               "--hidden", str(args.hidden), "--checkpoint-every", "0",
-               "--scheduler", "local_cwd"]
+               "--hidden", str(args.hidden), *extra, "--scheduler", "local_cwd",
+               "--eval-every-epoch", "true" if evaluate else "false"]
     env = ENV if metrics else {**ENV, "SUBLIMATE_METRICS": "off"}
-    subprocess.run(command + (["--eval-every-epoch"] if evaluate else []), env=env,
-                   capture_output=True, text=True, check=True)
-    return json.loads((run_dir / "train-summary.json").read_text())
+    started = time.perf_counter()
+    subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    return {**summary, "step_wall_seconds": time.perf_counter() - started}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.3f} s ({min(values):.3f}-{max(values):.3f})"
+
+
+def evaluation_cost(data_dir: Path, folder: Path, repeat: int) -> None:
+    """Sync on the pipeline's defaults, evaluating after every epoch or not."""
+    defaults = argparse.Namespace(epochs=20, batch=64, hidden=128)
+    loop: dict[bool, list[float]] = {True: [], False: []}
+    wall: dict[bool, list[float]] = {True: [], False: []}
+    evaluating: list[float] = []  # rank 0's seconds in evaluation, all epochs together
+    for attempt in range(repeat):  # interleaved, so drift hits both alike
+        for evaluate in (False, True):
+            summary = component("sync", data_dir, folder / f"eval-{evaluate}-{attempt}",
+                                defaults, evaluate=evaluate, extra=())  # default checkpoints
+            loop[evaluate].append(summary["train_seconds"] + summary["evaluation_seconds"])
+            wall[evaluate].append(summary["step_wall_seconds"])
+            if evaluate:
+                evaluating.append(summary["evaluation_seconds"])
+    print(f"per-epoch evaluation, sync on the pipeline's defaults (2 nodes, batch 64, 20 epochs, "
+          f"MLP 128), median (min-max) of {repeat}")
+    print(f"  training loop, eval off   {_spread(loop[False])}")
+    print(f"  training loop, eval on    {_spread(loop[True])}   (rank 0's train + evaluation)")
+    print(f"  evaluation itself         {_spread(evaluating)}   (20 evaluations of 359 examples)")
+    print(f"  train step wall, eval off {_spread(wall[False])}")
+    print(f"  train step wall, eval on  {_spread(wall[True])}")
+    print(f"  eval on / off: training loop "
+          f"{statistics.median(loop[True]) / statistics.median(loop[False]):.3f} x, "
+          f"train step {statistics.median(wall[True]) / statistics.median(wall[False]):.3f} x")
 
 
 def time_to_target(curve: list[list[float]], target: float) -> str:
@@ -68,7 +108,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--eval-repeat", type=int, default=5)
+    parser.add_argument("--eval-cost-only", action="store_true",
+                        help="measure only the cost of per-epoch evaluation")
     args = parser.parse_args()
+    if not args.eval_cost_only:
+        compare_paradigms(args)
+    with tempfile.TemporaryDirectory() as folder:
+        data_dir = build_builtin("digits", Path(folder) / "digits")
+        evaluation_cost(data_dir, Path(folder), args.eval_repeat)
+
+
+def compare_paradigms(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")
         throughput: dict[str, list[float]] = {

@@ -15,13 +15,17 @@ plain processes in a fixed RPC group, so a crashed trainer fails the app (torchr
 to the collective paradigms).
 """
 
+# The start mark below must precede the imports it measures:
+# ruff: noqa: E402
 from __future__ import annotations
+
+import time
+
+STARTED = time.time()  # this module's code began: the start-up report's end of "interpreter"
 
 import argparse
 import os
-import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,9 @@ from torch import nn
 
 from sublimate.components import checkpoint
 from sublimate.components import metrics as monitoring
-from sublimate.components.paradigm import Paradigm
+from sublimate.components.paradigm import Paradigm, data_problem
+from sublimate.components.settings import SettingError, check
+from sublimate.components.termination import fail
 
 PS_NAME = "ps"
 SERVER_CHECKPOINT = "checkpoints/parameter-server.pt"
@@ -57,6 +63,7 @@ class ParameterServer:
         self.staleness_max = 0
         self.staleness_histogram: dict[int, int] = {}
         self.waits = 0
+        self.first_update_at: float | None = None  # wall clock, for the start-up report
         self.condition = threading.Condition()
         # each trainer's last per-epoch report (loss, time split), for the live line
         self.trainer_reports: dict[int, dict[str, float]] = {}
@@ -89,6 +96,8 @@ class ParameterServer:
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate
             self.optimizer.step()
+            if self.first_update_at is None:
+                self.first_update_at = time.time()
             self.version += 1
             self.clocks[trainer] += 1
             self.condition.notify_all()
@@ -197,13 +206,20 @@ def update_learning_rate(args: argparse.Namespace, local_batch: int) -> float:
     return args.learning_rate
 
 
-def run_server(args: argparse.Namespace) -> dict[str, Any]:
+def run_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> dict[str, Any]:
     global _SERVER
     from torch.distributed import rpc
 
-    from sublimate.components.worker import MODEL_NAME, test_accuracy
+    from sublimate.components.models import build_model, model_spec
+    from sublimate.components.worker import MODEL_NAME, Evaluation
 
     model, optimizer, metadata, train_data, steps_per_epoch = _setup(args)
+    test_set, probe = None, None
+    if args.eval_every_epoch:  # read once, and one model to evaluate snapshots in
+        test_set = Evaluation.read(args.data_dir, torch.device("cpu"))
+        probe = build_model(*model_spec(args.model, int(train_data.x[0].size),
+                                        metadata["num_classes"], args.hidden))
+    startup.mark("data")
     server = ParameterServer(model, optimizer, args.num_trainers, args.staleness_bound)
     saved = checkpoint.load(args.run_dir / SERVER_CHECKPOINT)
     if saved is not None:
@@ -212,13 +228,17 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
     first_version = server.version
     _SERVER = server
     metrics, epoch_log, staleness_gauge = _server_monitoring(args)
-    _init_rpc(args, PS_NAME, 0)
+    startup.mark("setup")
+    _init_rpc(args, PS_NAME, 0)  # returns once every trainer has joined
+    startup.mark("process_group")
+    launch_to_first_step: float | None = None
     total_updates = steps_per_epoch * args.epochs * args.num_trainers
     updates_per_epoch = steps_per_epoch * args.num_trainers
     local_batch = args.global_batch_size // args.num_trainers
     observed_version, epoch_started, epoch_version = server.version, time.perf_counter(), \
         server.version
     started, curve, next_report = time.perf_counter(), [], first_version + updates_per_epoch
+    evaluation_seconds = 0.0
     next_checkpoint = first_version + args.checkpoint_every if args.checkpoint_every else None
     while True:
         wake_at = min(next_report, next_checkpoint or next_report)
@@ -227,6 +247,11 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
                 lambda wake_at=wake_at: len(server.finished) == args.num_trainers
                 or server.version >= wake_at, timeout=1.0)
             done = len(server.finished) == args.num_trainers
+        if launch_to_first_step is None and server.first_update_at is not None:
+            startup.mark("first_step", at=server.first_update_at)
+            launch_to_first_step = startup.total()
+            if metrics is not None:
+                metrics.observe_startup(launch_to_first_step, startup.phases())
         if metrics is not None and server.version > observed_version:
             updates = server.version - observed_version
             metrics.observe_steps(updates, updates * local_batch, 0.0, 0.0, 0.0,
@@ -253,13 +278,12 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
                                                 for p in monitoring.PHASES))
                 message += f" | {monitoring.format_split(split)}"
             accuracy = None
-            if args.eval_every_epoch:
-                with server.condition:
-                    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+            if test_set is not None and probe is not None:
                 paused = time.perf_counter()
-                probe = _setup(args)[0]
-                probe.load_state_dict(snapshot)
-                accuracy = test_accuracy(probe, args.data_dir, torch.device("cpu"))
+                with server.condition:  # a consistent snapshot; trainers wait only for the copy
+                    probe.load_state_dict(model.state_dict())
+                accuracy = test_set.accuracy(probe)
+                evaluation_seconds += time.perf_counter() - paused
                 started += time.perf_counter() - paused  # evaluation is not training time
                 curve.append([round(time.perf_counter() - started, 4), server.version,
                               round(accuracy, 4)])
@@ -284,36 +308,38 @@ def run_server(args: argparse.Namespace) -> dict[str, Any]:
         "push_pull_ops_per_epoch": updates_per_epoch,
         "communication_ops_per_epoch": updates_per_epoch,
         "resumed_from_update": first_version, "accuracy_curve": curve,
+        "evaluation_seconds": round(evaluation_seconds, 4),
         "steps": server.version // args.num_trainers,
+        # The first update applied is async SGD's first step (None: this launch applied none).
+        "launch_to_first_step_seconds": launch_to_first_step,
+        "startup": startup.phases() if launch_to_first_step is not None else {},
         **server.statistics(),
     }
-    from sublimate.components.models import model_spec
-
     architecture, config = model_spec(args.model, int(train_data.x[0].size),
                                       metadata["num_classes"], args.hidden)
     checkpoint.save({"architecture": architecture, "config": config,
         "state_dict": model.state_dict(), "algorithm": "async",
         "steps": summary["steps"], "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
-    checkpoint.write_json(summary, args.run_dir / "train-summary.json")
+    checkpoint.write_json(summary, args.run_dir / "train-summary.json", sort_keys=False)
     return summary
 
 
-def run_trainer(args: argparse.Namespace) -> None:
+def run_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) -> None:
     from torch.distributed import rpc
 
     model, _, _, data, steps_per_epoch = _setup(args)
-    if args.global_batch_size % args.num_trainers:
-        raise ValueError(f"global-batch-size {args.global_batch_size} is not divisible by the "
-                         f"{args.num_trainers} trainers")
-    local_batch = args.global_batch_size // args.num_trainers
+    local_batch = args.global_batch_size // args.num_trainers  # main() checked it divides
     features = torch.from_numpy(data.x).reshape(len(data.y), -1)
     labels = torch.from_numpy(data.y)
+    startup.mark("data")
     _init_rpc(args, f"trainer{args.trainer_id}", args.trainer_id + 1)
     parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(args.trainer_id,))
+    startup.mark("process_group")
     lr = update_learning_rate(args, local_batch)
     loss_fn = nn.CrossEntropyLoss()
     total_steps = steps_per_epoch * args.epochs
     metrics, epoch_log = _trainer_monitoring(args)
+    pending_startup = startup if step < total_steps else None
     times, perf_counter = monitoring.StepTimes(), time.perf_counter
     epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
     order, order_epoch = None, -1
@@ -339,6 +365,11 @@ def run_trainer(args: argparse.Namespace) -> None:
         parameters, version = rpc.rpc_sync(  # the push/pull round trip is the communication
             PS_NAME, _remote_push_pull, args=(args.trainer_id, gradients, version, lr))
         step += 1
+        if pending_startup is not None:  # this trainer's first update is applied
+            pending_startup.mark("first_step")
+            if metrics is not None:
+                metrics.observe_startup(pending_startup.total(), pending_startup.phases())
+            pending_startup = None
         epoch_steps += 1
         times.comm += perf_counter() - computed
         times.data += loaded - started
@@ -437,9 +468,11 @@ def _record_trainer_epoch(epoch_log: Any, metrics: Any, epoch: int, step: int, l
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sublimate.components.worker import add_metrics_arguments, add_training_arguments
+    from sublimate.components.paradigm import add_training_arguments
+    from sublimate.components.termination import OneLineParser
+    from sublimate.components.worker import add_metrics_arguments
 
-    parser = argparse.ArgumentParser(prog="sublimate-async", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="train", description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=["ps", "trainer"])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
@@ -447,28 +480,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trainer-id", type=int, default=0)
     parser.add_argument("--rpc-endpoint", required=True, help="host:port of the ps process")
     parser.add_argument("--rpc-timeout", type=float, default=300.0)
-    parser.add_argument("--staleness-bound", type=int, default=0,
-                        help="max pushes a trainer may run ahead of the slowest (0: unbounded)")
     add_metrics_arguments(parser)
-    add_training_arguments(parser)
+    add_training_arguments(parser, ("async",))
     return parser.parse_args(argv)
 
 
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot train, in one line (None if they can); the launcher refuses
+    the same before it starts any process, with the same words."""
+    try:  # one trainer per node, in the launcher's terms
+        check({**vars(args), "algorithm": "async", "nodes": args.num_trainers,
+               "procs_per_node": 1})
+    except SettingError as error:
+        return str(error)
+    # Only the server evaluates, so only it needs the test split.
+    return data_problem(args.data_dir, args.global_batch_size,
+                        args.eval_every_epoch and args.role == "ps")
+
+
 def main(argv: list[str] | None = None) -> int:
+    # TorchX starts these processes itself (no torchrun agent): "scheduler" is that phase.
+    startup = monitoring.StartupClock(STARTED, spawned_by="scheduler")
+    startup.mark("imports")
     args = parse_args(argv)
+    problem = refusal(args)
+    if problem is not None:
+        return fail("train", problem)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # torch's RPC init warns about its own internal use of a deprecated API: noise in the live view
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     if args.role == "ps":
-        summary = run_server(args)
+        summary = run_server(args, startup)
         print(f"training finished: {summary['updates_applied']} updates in "
               f"{summary['train_seconds']:.1f}s, {summary['samples_per_second']:.0f} samples/s, "
               f"staleness mean {summary['staleness_mean']}, model at "
               f"{args.run_dir / 'model.pt'}", flush=True)
     else:
-        run_trainer(args)
+        run_trainer(args, startup)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sublimate.components.worker import exit_now
+
+    exit_now(main())  # without the interpreter's teardown, which holds up the step's end

@@ -15,6 +15,7 @@ periodic model averaging.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sublimate.components.paradigm import (
+    ParadigmConfig,
     PeriodicAveraging,
     auto_or,
     flat_parameters,
@@ -33,11 +35,11 @@ class BlockMomentumSGD(PeriodicAveraging):
     name = "bmuf"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 hyperparameters: dict[str, Any]) -> None:
-        super().__init__(model, optimizer, hyperparameters)
-        self.eta = auto_or(hyperparameters.get("block_momentum"), 1.0 - 1.0 / dist.get_world_size())
-        self.zeta = float(hyperparameters.get("block_lr", 1.0))
-        self.nesterov = bool(hyperparameters.get("nesterov", True))
+                 config: ParadigmConfig | Mapping[str, Any]) -> None:
+        super().__init__(model, optimizer, config)
+        self.eta = auto_or(self.config.block_momentum, 1.0 - 1.0 / dist.get_world_size())
+        self.zeta = self.config.block_lr
+        self.nesterov = self.config.nesterov
         start = flat_parameters(model)
         self.global_model = start.clone()
         self.block_start = start

@@ -40,8 +40,9 @@ def load(path: Path) -> dict[str, Any] | None:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def write_json(data: dict[str, Any], path: Path) -> None:
-    encoded = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+def write_json(data: dict[str, Any], path: Path, sort_keys: bool = True) -> None:
+    """``sort_keys=False`` keeps the dicts' own order (e.g. start-up phases in time order)."""
+    encoded = (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode()
     _replace_atomically(path, lambda stream: stream.write(encoded))
 
 

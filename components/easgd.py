@@ -14,6 +14,7 @@ no parameter server is needed. The default ``alpha = 0.9 / N`` is the paper's ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sublimate.components.paradigm import (
+    ParadigmConfig,
     PeriodicAveraging,
     auto_or,
     flat_parameters,
@@ -32,9 +34,9 @@ class ElasticAveragingSGD(PeriodicAveraging):
     name = "easgd"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 hyperparameters: dict[str, Any]) -> None:
-        super().__init__(model, optimizer, hyperparameters)
-        self.alpha = auto_or(hyperparameters.get("moving_rate"), 0.9 / dist.get_world_size())
+                 config: ParadigmConfig | Mapping[str, Any]) -> None:
+        super().__init__(model, optimizer, config)
+        self.alpha = auto_or(self.config.moving_rate, 0.9 / dist.get_world_size())
         self.center = flat_parameters(model)
 
     def synchronize(self) -> None:

@@ -26,18 +26,27 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import Metric
-from prometheus_client.process_collector import ProcessCollector
+# prometheus-client is imported where it is used: the train launcher imports this module for
+# its constants and start-up clock, and every import before the job starts delays it.
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 DEFAULT_PORT = 9440
 ENDPOINTS_FILE = "metrics-endpoints.json"
 PHASES = ("data", "compute", "comm")  # how one step's wall time is split
+# Wall-clock times (time.time()) the train launcher hands its workers, so that a worker can say
+# where the time between the step's start and its first optimizer step went.
+LAUNCH_TIME_ENV = "SUBLIMATE_LAUNCH_TIME"  # the launcher process started
+SUBMIT_TIME_ENV = "SUBLIMATE_SUBMIT_TIME"  # the launcher submitted the TorchX job
+# A torchrun agent that forks its workers hands them its own marks ([[phase, time], ...]).
+AGENT_MARKS_ENV = "SUBLIMATE_AGENT_MARKS"
 
 
 def enabled() -> bool:
@@ -63,10 +72,14 @@ class _LabelledProcessCollector:
     """
 
     def __init__(self, labels: dict[str, str]) -> None:
+        from prometheus_client.process_collector import ProcessCollector
+
         self._inner = ProcessCollector(registry=None)
         self._labels = labels
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import Metric
+
         for family in self._inner.collect():
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
@@ -117,6 +130,8 @@ class WorkerMetrics:
 
     def __init__(self, run: str, rank: str, node: str, role: str = "worker",
                  gpu_index: int | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
         self.labels = {"run": run, "rank": rank, "node": node, "role": role}
         self.registry = CollectorRegistry(auto_describe=True)
         names = list(self.labels)
@@ -165,18 +180,28 @@ class WorkerMetrics:
         if learning_rate is not None:
             self.learning_rate.set(learning_rate)
 
+    def observe_startup(self, total: float, phases: dict[str, float]) -> None:
+        """The launch-to-first-step time and its phases (created here: they exist once known)."""
+        from prometheus_client import Gauge
+
+        names = list(self.labels)
+        Gauge(STARTUP_GAUGE, "seconds from the train step's start to this process's first "
+              "optimizer step", names, registry=self.registry).labels(**self.labels).set(total)
+        phase = Gauge("sublimate_startup_phase_seconds", "launch-to-first-step time by phase",
+                      [*names, "phase"], registry=self.registry)
+        for name, seconds in phases.items():
+            phase.labels(**self.labels, phase=name).set(seconds)
+
     def serve(self, addr: str | None = None, port: int | None = None,
               local_rank: int = 0) -> str:
         """Start the HTTP endpoint; returns ``host:port`` as reachable by a scraper."""
-        from prometheus_client import start_http_server
-
         host = bind_address(addr)
         wanted = base_port(port)
         try:
-            server, _ = start_http_server(wanted + local_rank if wanted else 0, host,
-                                          self.registry)
+            server = _start_http_server(wanted + local_rank if wanted else 0, host,
+                                        self.registry)
         except OSError:  # taken (another simulated node on this host): let the OS choose
-            server, _ = start_http_server(0, host, self.registry)
+            server = _start_http_server(0, host, self.registry)
         self._server = server
         reachable = _reachable_host(host)
         self.address = f"{reachable}:{server.server_port}"
@@ -187,6 +212,36 @@ class WorkerMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+# How often the endpoint's serving thread checks for a shutdown request. prometheus-client's
+# own start_http_server uses the standard library's 0.5 s, which close() then waits out at the
+# end of every training process (the end of the train step); 20 idle wake-ups a second cost
+# nothing measurable.
+SERVER_POLL_SECONDS = 0.05
+
+
+def _start_http_server(port: int, addr: str, registry: CollectorRegistry) -> Any:
+    """prometheus-client's ``start_http_server``, serving with a short shutdown poll."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a scrape is not a line for the training log
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(  # IPv6 addresses bind too
+        addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(sockaddr[0], port, make_wsgi_app(registry), Server,
+                         handler_class=QuietHandler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SERVER_POLL_SECONDS},
+                     name="sublimate-metrics", daemon=True).start()
+    return server
 
 
 def _reachable_host(bound: str) -> str:
@@ -295,7 +350,7 @@ def record_staging(path: Path, *, dataset: str, bytes_transferred: int, files_tr
     path.write_text(json.dumps(figures, indent=2) + "\n")
     gateway = os.environ.get("SUBLIMATE_PUSHGATEWAY")
     if gateway:
-        from prometheus_client import push_to_gateway
+        from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 
         registry = CollectorRegistry()
         for name, value in figures.items():
@@ -364,3 +419,103 @@ def iter_jsonl(path: Path) -> Iterable[dict[str, Any]]:
         with contextlib.suppress(ValueError):  # a line cut short by a crash is skipped
             records.append(json.loads(line))
     return records
+
+
+# --- start-up: from the train step's start to a process's first optimizer step -------------------
+
+STARTUP_GAUGE = "sublimate_launch_to_first_step_seconds"
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process was created (fork or exec), to 10 ms.
+
+    Linux keeps a process's creation time in ``/proc/self/stat`` (field 22, clock ticks since
+    boot); it includes the interpreter's own start-up, which no line of Python can see. Other
+    systems get "now", so the interpreter's share counts in the phase before.
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # the name in (...) may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
+def _env_time(name: str) -> float | None:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _env_marks(name: str) -> list[tuple[str, float]]:
+    try:
+        return [(str(phase), float(at)) for phase, at in json.loads(os.environ[name])]
+    except (KeyError, ValueError, TypeError):
+        return []
+
+
+class StartupClock:
+    """Where the time between the launcher's start and this process's first step went.
+
+    Phases are the gaps between consecutive marks, named by the mark that ends them, so they
+    sum to the total. The first marks come from the environment: the launcher's
+    (:data:`LAUNCH_TIME_ENV`, :data:`SUBMIT_TIME_ENV`) and, for a worker forked by its torchrun
+    agent, the agent's own (:data:`AGENT_MARKS_ENV`: its imports, its rendezvous), then this
+    process's creation time; run without the launcher, the clock starts with the first process
+    there is a time for. Times are wall clock because they cross processes (and, on a cluster,
+    machines whose clocks NTP keeps a few milliseconds apart). After a torchrun restart the
+    figures are the restarted attempt's, still counted from the launcher's start.
+    """
+
+    def __init__(self, started: float, spawned_by: str = "agents") -> None:
+        """``started``: when this process's own code began (before its heavy imports);
+        ``spawned_by``: the name of the phase that ends with this process's creation
+        (torchrun's ``agents``; ``scheduler`` where TorchX starts the process itself; ``fork``
+        after a forking agent's own phases)."""
+        launched, submitted = _env_time(LAUNCH_TIME_ENV), _env_time(SUBMIT_TIME_ENV)
+        agent = _env_marks(AGENT_MARKS_ENV)
+        marks: list[tuple[str, float]] = []
+        if launched is not None and submitted is not None:
+            marks.append(("launcher", submitted))
+        if agent:
+            marks += agent
+            spawned_by = "fork"
+        marks += [(spawned_by, min(process_start_time(), started)), ("interpreter", started)]
+        if launched is not None:
+            self.origin = launched
+        else:  # run by hand: from the first process start known
+            self.origin = marks.pop(0)[1]
+        self.marks = marks
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """End ``phase`` now, or at wall-clock time ``at`` (an event another thread saw)."""
+        self.marks.append((phase, time.time() if at is None else at))
+
+    def total(self) -> float:
+        return round(self._ends()[-1][1] - self.origin, 3) if self.marks else 0.0
+
+    def phases(self) -> dict[str, float]:
+        phases, previous = {}, self.origin
+        for name, at in self._ends():
+            phases[name] = round(at - previous, 3)
+            previous = at
+        return phases
+
+    def _ends(self) -> list[tuple[str, float]]:
+        # Process creation times are whole clock ticks (10 ms), so one can read a little before
+        # the mark preceding it; a phase is never negative, and the phases still sum to total.
+        ends, latest = [], self.origin
+        for name, at in self.marks:
+            latest = max(latest, at)
+            ends.append((name, latest))
+        return ends
+
+
+def format_startup(total: float, phases: dict[str, float]) -> str:
+    """``launch to first step 4.1s (launcher 0.6s, agents 1.9s, ...)``: the train log's line."""
+    parts = ", ".join(f"{name.replace('_', ' ')} {seconds:.1f}s"
+                      for name, seconds in phases.items())
+    return f"launch to first step {total:.1f}s ({parts})"

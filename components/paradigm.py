@@ -11,11 +11,20 @@ launched as its own TorchX app (:mod:`sublimate.components.async_sgd`).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from sublimate.components.settings import (
+    ParadigmConfig,  # re-exported: paradigms take one
+    add_arguments,
+    paradigm_config,
+    worker_settings,
+)
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
     import torch
@@ -30,16 +39,60 @@ PARADIGMS: dict[str, str] = {
 }
 
 
+def add_training_arguments(parser: argparse.ArgumentParser,
+                           paradigms: Iterable[str] = ("sync", "bmuf", "easgd")) -> None:
+    """The settings the launcher passes to these paradigms' training processes, as flags typed
+    and bounded by their one declaration (:mod:`sublimate.components.settings`).
+
+    Torch-free: the launcher parses them too, before it submits the job.
+    """
+    add_arguments(parser, worker_settings(paradigms))
+
+
+def data_problem(data_dir: Path, global_batch_size: int, needs_test: bool = False) -> str | None:
+    """What makes ``data_dir`` unusable with this batch, in one line naming the setting; None
+    when it is fine.
+
+    Only the staged dataset knows its size, so this is known once the train step runs: the
+    launcher asks before it starts any worker and every worker asks again, with this one
+    wording. Every paradigm walks the global batch through one epoch (async trainers each take
+    their slice of it), so a global batch larger than the training split means no step at all.
+    """
+    from sublimate.components.datasets import DatasetError, read_metadata
+
+    try:
+        metadata = read_metadata(data_dir)
+    except DatasetError as error:
+        return f"data-dir: {error}"
+    try:
+        splits = dict(metadata["splits"])
+        examples = int(splits["train"]["examples"])
+    except (KeyError, TypeError, ValueError) as error:
+        found = f"no {error}" if isinstance(error, KeyError) else "unreadable"
+        return (f"data-dir: {data_dir}/metadata.json does not give the train split's example "
+                f"count ({found})")
+    if global_batch_size > examples:
+        return (f"global-batch-size {global_batch_size} is larger than the {examples} training "
+                f"examples of {data_dir}")
+    if needs_test and "test" not in splits:
+        return (f"eval-every-epoch: dataset {data_dir} has no test split to evaluate on "
+                "(set eval-every-epoch to false)")
+    return None
+
+
 class Paradigm:
     """Base class: a paradigm sees the model, the optimizer and the process group."""
 
     name: ClassVar[str]
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 hyperparameters: dict[str, Any]) -> None:
+                 config: ParadigmConfig | Mapping[str, Any]) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.hyperparameters = hyperparameters
+        # Typed and checked against the settings' declaration: `config.sync_period` is an int
+        # of at least 1, `config.nesterov` a bool, whatever the caller passed.
+        self.config = config if isinstance(config, ParadigmConfig) \
+            else paradigm_config(self.name, config)
         # collective operations issued by this worker, for the benchmark's ops-per-epoch figure
         self.communication_ops = 0
 
@@ -80,11 +133,12 @@ class PeriodicAveraging(Paradigm):
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 hyperparameters: dict[str, Any]) -> None:
+                 config: ParadigmConfig | Mapping[str, Any]) -> None:
         import torch.distributed as dist
 
-        super().__init__(model, optimizer, hyperparameters)
-        self.period = int(hyperparameters.get("sync_period", 8))
+        super().__init__(model, optimizer, config)
+        self.period = self.config.sync_period
+        self._result: nn.Module | None = None
         start = flat_parameters(model)
         dist.broadcast(start, src=0)
         load_flat_parameters(model, start)
@@ -101,9 +155,12 @@ class PeriodicAveraging(Paradigm):
         raise NotImplementedError
 
     def result_model(self) -> nn.Module:
-        result = copy.deepcopy(self.model)  # the local model keeps training
-        load_flat_parameters(result, self.consensus())
-        return result
+        # A separate module, since the local model keeps training; made once and refilled, as
+        # evaluation asks for it after every epoch.
+        if self._result is None:
+            self._result = copy.deepcopy(self.model)
+        load_flat_parameters(self._result, self.consensus())
+        return self._result
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:

@@ -9,8 +9,10 @@ in ``$SUBLIMATE_TERMINATION_LOG`` and reads it back the same way, so a step that
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from typing import NoReturn
 
 # Kubernetes' default terminationMessagePath; the local runner points the variable elsewhere.
 KUBERNETES_PATH = "/dev/termination-log"
@@ -47,3 +49,12 @@ def fail(step: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
     print(f"{step}: error: {message}", file=sys.stderr, flush=True)
     write_message(message)
     return code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Refuses bad flags in one line (and as the termination message), not with a usage screen:
+    in a workflow the user reads the step's message, not the program's synopsis. ``prog`` names
+    the step the line is reported for."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SystemExit(fail(self.prog, message))

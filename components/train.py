@@ -11,6 +11,7 @@ failing worker's error when any worker fails. Stopping the step cancels the job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -23,15 +24,36 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sublimate.components.paradigm import PARADIGMS
+# Only light imports here: everything before the job's submission is start-up time the user
+# waits through, and torch alone takes about a second to import (the workers need it, the
+# launcher does not).
+from sublimate.components import metrics
+from sublimate.components import settings as declared
+from sublimate.components.paradigm import data_problem
 from sublimate.components.runtime import DEFAULT_IMAGE
+from sublimate.components.settings import (
+    SettingError,
+    add_arguments,
+    check,
+    to_flags,
+    worker_settings,
+)
+from sublimate.components.termination import OneLineParser, fail
 
 if TYPE_CHECKING:
     from torchx import specs
 
+STEP = "train"
 WORKER_MODULE = "sublimate.components.worker"
+WORKER_AGENT = "agent"  # worker.py's first argument that makes it a torchrun agent (worker.AGENT)
 ASYNC_MODULE = "sublimate.components.async_sgd"
 RANK0_HOST = "${TORCHX_RANK0_HOST:=localhost}"  # set by TorchX schedulers on multi-node jobs
+# How often torchrun's agent checks its workers (torchrun's own default, made explicit: it is
+# also how soon a finished or failed worker is noticed).
+MONITOR_INTERVAL = 0.1
+# How often the launcher asks the scheduler whether the job ended: a local process table is
+# cheap to poll, a Kubernetes API server is not.
+POLL_SECONDS = {"local_cwd": 0.05, "kubernetes": 0.25}
 
 
 def _worker_env(gpu: int, env: dict[str, str] | None) -> dict[str, str]:
@@ -47,9 +69,7 @@ def _worker_env(gpu: int, env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _metrics_port() -> int:
-    from sublimate.components.metrics import DEFAULT_PORT
-
-    return DEFAULT_PORT  # declared on the role so the pods expose the workers' endpoints
+    return metrics.DEFAULT_PORT  # declared on the role so the pods expose the workers' endpoints
 
 
 def _shell(command: list[str]) -> list[str]:
@@ -78,6 +98,7 @@ def trainer(
     mounts: list[str] | None = None,
     env: dict[str, str] | None = None,
     name: str = "sublimate-train",
+    fork_workers: bool | None = None,
 ) -> specs.AppDef:
     """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
@@ -95,21 +116,30 @@ def trainer(
         mounts: TorchX mounts, e.g. ``type=volume,src=<claim>,dst=/mnt/sublimate``
         env: extra environment variables for every worker
         name: the job's name
+        fork_workers: fork the workers from the torchrun agent, which has already imported
+            torch, instead of starting a fresh interpreter for each (default: on CPU nodes,
+            where it saves a second of start-up per worker; CUDA and fork do not mix)
     """
     from torchx import specs
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
-    command = [
-        python, "-m", "torch.distributed.run",
+    torchrun_flags = [
         "--nnodes", str(nodes),
         "--nproc-per-node", str(procs_per_node),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{RANK0_HOST}:{rdzv_port}",
         "--rdzv-id", specs.macros.app_id,
         "--max-restarts", str(max_restarts),
-        "-m", WORKER_MODULE, *worker_args,
+        "--monitor-interval", str(MONITOR_INTERVAL),
     ]
+    if fork_workers if fork_workers is not None else not gpu:
+        # The worker module runs torchrun itself (worker.agent) and forks each worker.
+        command = [python, "-m", WORKER_MODULE, WORKER_AGENT, *torchrun_flags, "--",
+                   *worker_args]
+    else:
+        command = [python, "-m", "torch.distributed.run", *torchrun_flags,
+                   "-m", WORKER_MODULE, *worker_args]
     return specs.AppDef(name=name, roles=[specs.Role(
         name="worker", image=image, entrypoint="bash", args=_shell(command),
         num_replicas=nodes, resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
@@ -209,48 +239,18 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
-def _training_parser() -> argparse.ArgumentParser:
-    from sublimate.components.worker import add_training_arguments
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_training_arguments(parser)
-    return parser
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="train", description=__doc__.splitlines()[0],
-                                     parents=[_training_parser()])
-    parser.add_argument("--algorithm", choices=sorted(PARADIGMS), default="sync")
+    parser = OneLineParser(prog=STEP, description=__doc__.splitlines()[0])
+    # Every setting of the step, typed and bounded by its one declaration; the ones the workers
+    # read are passed on to them (training_flags).
+    add_arguments(parser, declared.SETTINGS)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path,
                         help="folder for checkpoints, logs and the model (or use --runs-root)")
     parser.add_argument("--runs-root", type=Path, help="folder holding one folder per run")
-    parser.add_argument("--run-id", default="",
-                        help="run folder name under --runs-root; reusing one resumes that run "
-                             "from its last checkpoint (default: --workflow-name)")
     parser.add_argument("--workflow-name", default="", help="the Argo workflow's name")
     parser.add_argument("--run-dir-output", type=Path,
                         help="file to write the run folder's path to (an Argo output)")
-    parser.add_argument("--nodes", type=_positive, default=2)
-    parser.add_argument("--procs-per-node", type=_positive, default=1)
-    parser.add_argument("--max-restarts", type=int, default=0)
-    parser.add_argument("--staleness-bound", type=int, default=0,
-                        help="async: max pushes a trainer may run ahead (0: unbounded)")
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    parser.add_argument("--scheduler", choices=["auto", "local_cwd", "kubernetes"],
-                        default="auto")
-    parser.add_argument("--image", default=DEFAULT_IMAGE)
-    parser.add_argument("--cpu-per-node", type=_positive, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=0)
-    parser.add_argument("--memory-mb-per-node", type=_positive, default=2048)
-    parser.add_argument("--queue", default="default", help="Volcano queue (kubernetes only)")
     parser.add_argument("--mount", action="append", default=[],
                         help="TorchX mount for the workers (kubernetes only)")
     parser.add_argument("--model-path-output", type=Path,
@@ -266,12 +266,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"run-id '{run_id}' must be lowercase letters, digits and '-' "
                          "(it names a folder on the shared volume)")
         args.run_dir = args.runs_root / run_id
-    workers = args.nodes * args.procs_per_node
-    if args.global_batch_size % (workers * args.accumulation_steps):
-        parser.error(f"global-batch-size {args.global_batch_size} is not divisible by "
-                     f"nodes x procs-per-node = {workers}"
-                     + (f" x accumulation-steps {args.accumulation_steps}"
-                        if args.accumulation_steps > 1 else ""))
+    try:  # the rules `sublimate run` and `submit` checked before any step, in the same words
+        check(vars(args))
+    except SettingError as error:
+        parser.error(str(error))
     return args
 
 
@@ -283,16 +281,8 @@ def choose_scheduler(requested: str) -> str:
 
 
 def training_flags(args: argparse.Namespace) -> list[str]:
-    """The shared hyper-parameters of ``args`` as command-line flags for the workers."""
-    flags = []
-    for action in _training_parser()._actions:
-        value = getattr(args, action.dest)
-        if isinstance(action, argparse._StoreTrueAction):
-            flags += [action.option_strings[0]] if value else []
-        elif value is not None:
-            flags += [action.option_strings[0], str(value).lower() if isinstance(value, bool)
-                      else str(value)]
-    return flags
+    """The settings the workers of ``args.algorithm`` read, as their command-line flags."""
+    return to_flags(vars(args), worker_settings([args.algorithm]))
 
 
 def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
@@ -301,19 +291,24 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
         "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
         "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
         "mounts": None if local else args.mount, "name": f"sublimate-{args.algorithm}",
-        # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
-        # machine they stay on loopback.
-        "env": None if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"},
+        "env": {
+            # The workers time their start-up from this launcher's start (train-summary.json).
+            **({metrics.LAUNCH_TIME_ENV: f"{args.launch_time:.3f}"}
+               if getattr(args, "launch_time", None) else {}),
+            # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
+            # machine they stay on loopback.
+            **({} if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"}),
+        },
     }
     # Simulated nodes share one host, so each local job needs its own rendezvous port.
     port = _free_port() if local else 29500
     paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
     if args.algorithm == "async":
         return parameter_server(
-            *paths, "--staleness-bound", str(args.staleness_bound), *training_flags(args),
+            *paths, *training_flags(args),
             trainers=args.nodes * args.procs_per_node, rpc_port=port, **common)
     return trainer(
-        "--algorithm", args.algorithm, *paths, "--backend", args.backend, *training_flags(args),
+        "--algorithm", args.algorithm, *paths, *training_flags(args),
         nodes=args.nodes, procs_per_node=args.procs_per_node, rdzv_port=port,
         max_restarts=args.max_restarts, **common)
 
@@ -391,6 +386,8 @@ def launch(args: argparse.Namespace) -> int:
             print(runner.dryrun(app, scheduler, cfg=cfg))
             return 0
         started = time.perf_counter()
+        for role in app.roles:  # the end of the launcher's own share of the start-up
+            role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
         handle = runner.run(app, scheduler, cfg=cfg)
         print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} procs, "
               f"algorithm {args.algorithm})", flush=True)
@@ -398,12 +395,13 @@ def launch(args: argparse.Namespace) -> int:
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         streams = follow_logs(runner, handle, app, scheduler)
         status = None
+        poll = POLL_SECONDS.get(scheduler, 0.25)
         try:
             while not stop.is_set():
                 status = runner.status(handle)
                 if status is None or status.is_terminal():
                     break
-                time.sleep(0.25)
+                stop.wait(poll)  # a SIGTERM ends the wait at once
         except KeyboardInterrupt:
             stop.set()
         finally:
@@ -425,6 +423,9 @@ def launch(args: argparse.Namespace) -> int:
                               f"{replica.state.name}",
                               file=sys.stderr)
             return 1
+    startup = _startup_line(args.run_dir)
+    if startup:
+        print(f"train: {startup}", flush=True)
     print(f"train: finished in {time.perf_counter() - started:.1f}s; model at "
           f"{args.run_dir / 'model.pt'}", flush=True)
     for output, value in ((args.model_path_output, args.run_dir / "model.pt"),
@@ -435,15 +436,27 @@ def launch(args: argparse.Namespace) -> int:
     return 0
 
 
-# Workflow inputs of the train step, each passed to the launcher as the flag of the same name.
-TEMPLATE_INPUTS = (
-    "algorithm", "data-dir", "run-id", "workflow-name", "nodes", "procs-per-node", "epochs",
-    "global-batch-size", "learning-rate", "momentum", "weight-decay", "seed", "checkpoint-every",
-    "max-restarts", "model", "lr-scaling", "reference-batch-size", "warmup-epochs",
-    "accumulation-steps", "sync-period", "block-momentum", "block-lr", "nesterov", "moving-rate",
-    "staleness-bound", "backend", "scheduler", "cpu-per-node", "gpus-per-node",
-    "memory-mb-per-node", "queue", "image",
-)
+def _startup_line(run_dir: Path) -> str | None:
+    """The workers' launch-to-first-step figures from the run's summary, as one log line."""
+    try:
+        summary = json.loads((run_dir / "train-summary.json").read_text())
+        total, phases = summary["launch_to_first_step_seconds"], summary["startup"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return metrics.format_startup(total, phases) if total is not None else None
+
+
+def template_inputs() -> dict[str, str | None]:
+    """The train step's workflow inputs and their defaults, each passed to the launcher as the
+    flag of the same name: where the data and the run live (no default), then every setting a
+    pipeline sets, from its one declaration. A setting's input defaults to its declared default,
+    so a pipeline that sets only some of them still passes Argo's argument check."""
+    return {"data-dir": None, "workflow-name": None,
+            **{setting.name: setting.default_text() for setting in declared.SETTINGS
+               if setting.in_pipeline}}
+
+
+TEMPLATE_INPUTS = tuple(template_inputs())
 
 
 def template(name: str = "train", **step_options: object):
@@ -451,6 +464,8 @@ def template(name: str = "train", **step_options: object):
 
     Outputs ``run-dir`` (the run's folder on the shared volume) and ``model-path``.
     """
+    from hera.workflows import Parameter
+
     from sublimate.components.runtime import (
         DEFAULT_CLAIM,
         RUNS_PATH,
@@ -459,30 +474,39 @@ def template(name: str = "train", **step_options: object):
     )
 
     claim = step_options.get("claim_name", DEFAULT_CLAIM)
-    return python_step(
+    inputs = template_inputs()
+    step = python_step(
         name, "sublimate.components.train",
-        inputs={parameter: f"--{parameter}" for parameter in TEMPLATE_INPUTS},
+        inputs={parameter: f"--{parameter}" for parameter in inputs},
         outputs={"run-dir": "--run-dir-output", "model-path": "--model-path-output"},
         extra_args=["--runs-root", RUNS_PATH,
                     "--mount", f"type=volume,src={claim},dst={SHARED_VOLUME_PATH}"],
         **step_options,  # type: ignore[arg-type]
     )
+    # Inputs added after the first release default to the launcher's own default, so that a
+    # pipeline written against the earlier inputs still passes Argo's argument check.
+    step.inputs = [p if inputs[p.name] is None else Parameter(name=p.name, default=inputs[p.name])
+                   for p in step.inputs]
+    return step
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The launcher's process start (interpreter included): where the step's start-up begins.
+    launch_time = metrics.process_start_time()
     args = parse_args(argv)
-    from sublimate.components.datasets import DatasetError, read_metadata
-    from sublimate.components.models import resolve
+    args.launch_time = launch_time
+    # Refused here, in one line, before any worker starts: otherwise every worker fails with
+    # its own traceback and torchrun's failure report around it.
+    problem = data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
+    if problem is not None:
+        return fail(STEP, problem)
+    if args.model != "mlp":  # the built-in needs no check (nor the torch import resolve costs)
+        from sublimate.components.models import resolve
 
-    try:
-        read_metadata(args.data_dir)
-        resolve(args.model)  # a typo in the entry point fails here, not in every worker
-    except DatasetError as error:
-        print(f"train: error: --data-dir: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:
-        print(f"train: error: --model: {error}", file=sys.stderr)
-        return 2
+        try:
+            resolve(args.model)  # a typo in the entry point fails here, not in every worker
+        except ValueError as error:
+            return fail(STEP, str(error))  # it names the model: "model 'x:y': ..."
     return launch(args)
 
 

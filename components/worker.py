@@ -7,16 +7,30 @@ contiguous slice of each global batch, so N workers with batch b see exactly wha
 batch N*b would, and a resumed run continues the same sequence from its step count.
 """
 
+# The start mark below must precede the imports it measures:
+# ruff: noqa: E402
 from __future__ import annotations
+
+import time
+
+# When this module's code began: the start-up report splits the interpreter's start from the
+# imports (torch's dominates). In a worker forked by the agent (see :func:`agent`), the module
+# runs again in the child, so this is the child's start.
+STARTED = time.time()
 
 import argparse
 import contextlib
+import importlib
+import json
+import logging
+import multiprocessing
 import os
 import signal
+import socket
 import sys
-import time
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -25,67 +39,52 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from sublimate.components import checkpoint
 from sublimate.components import metrics as monitoring
-from sublimate.components.datasets import read_metadata, read_split
+from sublimate.components.datasets import Split, read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
-from sublimate.components.paradigm import Paradigm, paradigm_class
+from sublimate.components.paradigm import (
+    Paradigm,
+    add_training_arguments,
+    data_problem,
+    paradigm_class,
+)
+from sublimate.components.settings import SettingError, check, paradigm_config
+from sublimate.components.termination import OneLineParser, fail
 
 MODEL_NAME = "model.pt"
 COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
 # Steps between hand-overs of the step timings to Prometheus: the loop itself only adds floats.
 METRICS_FLUSH_STEPS = 16
-
-
-def _auto_float(value: str) -> float | None:
-    return None if value == "auto" else float(value)
-
-
-def _boolean(value: str) -> bool:
-    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
-    return value.lower() in ("true", "1", "yes")
-
-
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """Hyper-parameters shared by every paradigm's worker (and passed through by the launcher)."""
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--global-batch-size", type=int, default=64)
-    parser.add_argument("--learning-rate", type=float, default=0.1,
-                        help="learning rate at the reference batch size")
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--weight-decay", type=float, default=1e-4)
-    parser.add_argument("--model", default="mlp",
-                        help="mlp, or module:function(num_features, num_classes) -> nn.Module")
-    parser.add_argument("--hidden", type=int, default=128, help="width of the built-in mlp")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint-every", type=int, default=100,
-                        help="steps between checkpoints (0: only at the end)")
-    parser.add_argument("--lr-scaling", choices=["none", "linear"], default="linear",
-                        help="scale the learning rate with global-batch-size / reference-batch")
-    parser.add_argument("--reference-batch-size", type=int, default=64)
-    parser.add_argument("--warmup-epochs", type=float, default=0.0,
-                        help="epochs of gradual warmup from the reference learning rate")
-    parser.add_argument("--accumulation-steps", type=int, default=1)
-    parser.add_argument("--sync-period", type=int, default=8,
-                        help="local steps between synchronisations (bmuf, easgd)")
-    parser.add_argument("--block-momentum", type=_auto_float, default=None,
-                        help="BMUF block momentum eta (auto: 1 - 1/N)")
-    parser.add_argument("--block-lr", type=float, default=1.0, help="BMUF block learning rate")
-    parser.add_argument("--nesterov", type=_boolean, default=True,
-                        help="BMUF Nesterov-style look-ahead")
-    parser.add_argument("--moving-rate", type=_auto_float, default=None,
-                        help="EASGD moving rate alpha (auto: 0.9 / N)")
-    parser.add_argument("--eval-every-epoch", action="store_true",
-                        help="evaluate on the test split after every epoch (for benchmarks)")
+# The first argument that makes this module a torchrun agent rather than a worker (see agent()).
+AGENT = "agent"
+STEP = "train"  # the step a refused input is reported for (train: error: ...)
+# What a worker imports after this module's own imports, on its way to the first step: DDP's
+# constructor imports torch._dynamo (over a second of CPU), monitoring imports TensorBoard.
+# They are imported in the background while the process waits for the other nodes (_preload).
+PRELOAD = (
+    "torch._dynamo", "torch.nn.parallel", "torch.distributed.algorithms.ddp_comm_hooks",
+    "torch.utils.tensorboard", "sublimate.components.tensorboard_log",
+    "sublimate.components.sync_sgd", "sublimate.components.bmuf", "sublimate.components.easgd",
+    "prometheus_client", "prometheus_client.exposition", "prometheus_client.process_collector",
+)
+# What torchrun's agent imports on its way to forking the workers (rendezvous backend, agent,
+# multiprocessing's fork support), imported before the preload starts so that only one thread
+# imports at a time: two threads importing overlapping modules can deadlock on module locks.
+AGENT_IMPORTS = (
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
+    "multiprocessing.popen_fork", "multiprocessing.queues", "encodings.idna",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sublimate-worker", description=__doc__.splitlines()[0])
+    # Refusals read like the launcher's (same step name, same words): see OneLineParser.
+    parser = OneLineParser(prog=STEP, description=__doc__.splitlines()[0])
     parser.add_argument("--algorithm", choices=COLLECTIVE_PARADIGMS, default="sync")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     add_metrics_arguments(parser)
-    add_training_arguments(parser)
+    add_training_arguments(parser, COLLECTIVE_PARADIGMS)
     return parser.parse_args(argv)
 
 
@@ -183,14 +182,32 @@ def _kill_self(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_accuracy(model: nn.Module, data_dir: Path, device: torch.device) -> float:
-    data = read_split(data_dir, "test")
-    model.eval()
-    with torch.inference_mode():
-        logits = model(torch.from_numpy(data.x).reshape(len(data.y), -1).to(device))
-        accuracy = (logits.argmax(1).cpu() == torch.from_numpy(data.y)).float().mean().item()
-    model.train()
-    return accuracy
+class Evaluation:
+    """The test split, read once and kept on the device, for an accuracy after every epoch.
+
+    Evaluating is then a few forward passes in inference mode, in batches so that a large test
+    split never needs one huge activation tensor; no files are read per epoch.
+    """
+
+    def __init__(self, data: Split, device: torch.device, batch_size: int = 8192) -> None:
+        self.features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
+        self.labels = torch.from_numpy(data.y).to(device)
+        self.batch_size = batch_size
+
+    @classmethod
+    def read(cls, data_dir: Path, device: torch.device) -> Evaluation:
+        return cls(read_split(data_dir, "test"), device)
+
+    def accuracy(self, model: nn.Module) -> float:
+        training = model.training
+        model.eval()  # dropout and batch-norm statistics as at test time
+        correct = torch.zeros((), dtype=torch.int64, device=self.labels.device)
+        with torch.inference_mode():
+            for start in range(0, len(self.labels), self.batch_size):
+                logits = model(self.features[start:start + self.batch_size])
+                correct += (logits.argmax(1) == self.labels[start:start + self.batch_size]).sum()
+        model.train(training)
+        return correct.item() / max(len(self.labels), 1)
 
 
 class Checkpointer:
@@ -223,26 +240,36 @@ class Checkpointer:
         return state["step"], state["train_seconds"]
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
+def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = None,
+          ) -> dict[str, Any]:
+    """Train to the end (resuming from the run's last checkpoint) and return the summary.
+
+    ``startup`` is marked as each start-up phase ends (the first step is the last phase).
+    """
+    startup = startup or monitoring.StartupClock(time.time())
     device, backend = _device_and_backend(args.backend)
+    # DDP's import of torch._dynamo (over a second) loads while this process waits for its
+    # peers; the main thread imports nothing meanwhile. A forked worker has it already.
+    preloading = _preload()
+    _wait_for_store()
     dist.init_process_group(backend=backend)
+    if preloading is not None:
+        preloading.join()
     rank, world = dist.get_rank(), dist.get_world_size()
-    micro_batches = world * args.accumulation_steps
-    if args.global_batch_size % micro_batches:
-        raise ValueError(f"global-batch-size {args.global_batch_size} is not divisible by "
-                         f"{world} workers x {args.accumulation_steps} accumulation steps")
-    micro_batch = args.global_batch_size // micro_batches
+    startup.mark("process_group")
+    micro_batch = args.global_batch_size // (world * args.accumulation_steps)
     local_batch = micro_batch * args.accumulation_steps
 
     metadata = read_metadata(args.data_dir)
     data = read_split(args.data_dir, "train")
     features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
     labels = torch.from_numpy(data.y).to(device)
-    steps_per_epoch = len(labels) // args.global_batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"global-batch-size {args.global_batch_size} exceeds the "
-                         f"{len(labels)} training examples")
+    # Only rank 0 evaluates; it reads the test split once, here, not after every epoch.
+    test_set = Evaluation.read(args.data_dir, device) if args.eval_every_epoch and rank == 0 \
+        else None
+    steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
     total_steps = steps_per_epoch * args.epochs
+    startup.mark("data")
 
     torch.manual_seed(args.seed)
     architecture, model_config = model_spec(args.model, features.shape[1],
@@ -250,14 +277,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model = build_model(architecture, model_config).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
-    paradigm = paradigm_class(args.algorithm)(model, optimizer, vars(args))
+    paradigm = paradigm_class(args.algorithm)(model, optimizer,
+                                              paradigm_config(args.algorithm, vars(args)))
     checkpointer = Checkpointer(args, rank, world)
     step, train_seconds = checkpointer.restore(model, optimizer, paradigm)
     if step:
         _log(rank, f"resumed from checkpoint at step {step}/{total_steps}")
     training_model = paradigm.training_model()
     loss_fn = nn.CrossEntropyLoss()
-    first_step, curve = step, []
+    first_step, curve, evaluation_seconds = step, [], 0.0
     fail_at = fault_injection_step(rank)
     accumulate = args.accumulation_steps > 1
     lr = None
@@ -267,6 +295,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         time_ddp_allreduce(training_model, comm_clock)
     times = monitoring.StepTimes()
     perf_counter = time.perf_counter
+    startup.mark("setup")
+    # Cleared once the first step is reported: the step loop's one extra check is a None test.
+    pending_startup: monitoring.StartupClock | None = startup if step < total_steps else None
+    launch_to_first_step: float | None = None
 
     while step < total_steps:
         epoch, position = divmod(step, steps_per_epoch)
@@ -304,6 +336,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             computed = perf_counter()
+            if pending_startup is not None:
+                launch_to_first_step = _first_step_done(pending_startup, metrics)
+                pending_startup = None
             paradigm.after_step(step)  # bmuf/easgd collectives happen here
             times.comm += perf_counter() - computed
             times.data += loaded - started
@@ -335,14 +370,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                    f"loss {mean_values[0]:.4f} lr {lr:.4g} "
                    f"samples/s {samples_per_second:.0f} | {monitoring.format_split(split)}")
         accuracy = None
-        if args.eval_every_epoch and rank == 0:
-            accuracy = test_accuracy(paradigm.result_model(), args.data_dir, device)
+        if test_set is not None:  # outside the epoch's clock: evaluation is not training time
+            evaluation_started = perf_counter()
+            accuracy = test_set.accuracy(paradigm.result_model())
+            evaluation_seconds += perf_counter() - evaluation_started
             curve.append([round(train_seconds, 4), step, round(accuracy, 4)])
             message += f" test-accuracy {accuracy:.4f}"
         _log(rank, message)
         _record_epoch(epoch_log, metrics, epoch + 1, step, lr, local_values, mean_values,
                       samples_per_second, epoch_steps * local_batch / max(epoch_seconds, 1e-9),
-                      epoch_seconds, accuracy)
+                      epoch_seconds, accuracy,
+                      launch_to_first_step if epoch == first_step // steps_per_epoch else None)
 
     checkpointer.save(step, model, optimizer, paradigm, train_seconds)
     ops = torch.tensor([paradigm.communication_ops], dtype=torch.float64)
@@ -358,19 +396,34 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "communication_ops_per_epoch": round(ops.item() / world / args.epochs, 2),
         "resumed_from_step": first_step,
         "accuracy_curve": curve,
+        # rank 0's time in per-epoch evaluation, on top of train_seconds (its peers wait)
+        "evaluation_seconds": round(evaluation_seconds, 4),
+        # None when this launch took no step (the run had already finished).
+        "launch_to_first_step_seconds": launch_to_first_step,
+        "startup": startup.phases() if launch_to_first_step is not None else {},
     }
     if rank == 0:
         checkpoint.save({"architecture": architecture, "config": model_config,
                          "state_dict": paradigm.result_model().state_dict(),
                          "algorithm": args.algorithm, "steps": step,
                          "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
-        checkpoint.write_json(summary, args.run_dir / "train-summary.json")
+        checkpoint.write_json(summary, args.run_dir / "train-summary.json", sort_keys=False)
     dist.barrier()
     dist.destroy_process_group()
     epoch_log.close()
     if metrics is not None:
         metrics.close()
     return summary
+
+
+def _first_step_done(startup: monitoring.StartupClock,
+                     metrics: monitoring.WorkerMetrics | None) -> float:
+    """Close the start-up clock at the first step; publish it; return launch-to-first-step."""
+    startup.mark("first_step")
+    total = startup.total()
+    if metrics is not None:
+        metrics.observe_startup(total, startup.phases())
+    return total
 
 
 def _start_monitoring(args: argparse.Namespace, rank: int, device: torch.device,
@@ -391,7 +444,8 @@ def _start_monitoring(args: argparse.Namespace, rank: int, device: torch.device,
 def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoch: int,
                   step: int, lr: float, local: list[float], mean: list[float],
                   samples_per_second: float, local_samples_per_second: float,
-                  seconds: float, accuracy: float | None) -> None:
+                  seconds: float, accuracy: float | None,
+                  launch_to_first_step: float | None = None) -> None:
     """The epoch's JSONL record, TensorBoard scalars and Prometheus gauges."""
     local_split = monitoring.time_split(*local[1:])
     mean_split = monitoring.time_split(*mean[1:])
@@ -404,6 +458,8 @@ def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoc
                  for phase, value in zip(monitoring.PHASES, local[1:], strict=True)}}
     if accuracy is not None:
         record["test_accuracy"] = round(accuracy, 4)
+    if launch_to_first_step is not None:  # in the record of the epoch that took the first step
+        record["launch_to_first_step_seconds"] = launch_to_first_step
     scalars = {"train/loss": local[0], "train/samples_per_second": local_samples_per_second,
                "train/learning_rate": lr,
                **{f"time/{phase}_fraction": value for phase, value in local_split.items()}}
@@ -417,15 +473,137 @@ def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoc
         metrics.observe_epoch(epoch, mean[0], lr)
 
 
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot train, in one line (None if they can).
+
+    The launcher asks the same before it starts any worker (:func:`paradigm.data_problem`
+    words both); this is for a worker run by hand, which should not need a traceback to say
+    that its batch does not fit its dataset.
+    """
+    # torchrun's layout, in the launcher's terms, so that the rules word it the same way.
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    layout = {"nodes": max(int(os.environ.get("WORLD_SIZE", "1")) // procs, 1),
+              "procs_per_node": procs}
+    try:
+        check({**vars(args), **layout})
+    except SettingError as error:
+        return str(error)
+    return data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
+
+
+def _wait_for_store(timeout: float = 60.0) -> None:
+    """Wait until rank 0's process-group store listens, probing every 10 ms.
+
+    Rank 0 starts the store that init_process_group meets at; torch's client retries a refused
+    connection only after half a second, so a worker that arrives a few milliseconds before
+    rank 0 would lose that half second at every start. A probe that finds nothing within
+    ``timeout`` leaves the matter (and the error) to init_process_group.
+    """
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port or os.environ.get("RANK", "0") == "0":
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.01)
+
+
+def _preload() -> threading.Thread | None:
+    """Import :data:`PRELOAD` in a background thread; None when they are all loaded already.
+
+    The process meanwhile waits for its peers (the agent in its rendezvous, a worker in
+    init_process_group), so the imports cost little wall time. The caller must not import
+    anything itself until it joins the thread: two threads importing overlapping modules can
+    deadlock on Python's module locks.
+    """
+    if all(name in sys.modules for name in PRELOAD):
+        return None
+
+    def load() -> None:
+        for name in PRELOAD:
+            # e.g. no tensorboard: the worker meets (and handles) that itself
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name="sublimate-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown, once all output is flushed.
+
+    Tearing down an interpreter that holds torch (and torch._dynamo) takes 0.3-0.6 s, which
+    would delay the end of the train step; everything this process wrote is on disk by now.
+    multiprocessing ends its children the same way.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @record  # puts the worker's traceback into torchrun's failure summary
 def main(argv: list[str] | None = None) -> int:
+    startup = monitoring.StartupClock(STARTED)
+    startup.mark("imports")
     args = parse_args(argv)
-    summary = train(args)
+    problem = refusal(args)
+    if problem is not None:
+        return fail(STEP, problem)
+    summary = train(args, startup)
     _log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
          f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")
     return 0
 
 
+def agent(argv: list[str]) -> None:
+    """``torchrun`` whose workers are forked from this agent instead of started afresh.
+
+    ``argv`` is torchrun's flags, ``--``, then the worker's arguments. The agent has imported
+    torch (torchrun needs it) and this module's other imports before its rendezvous, so a
+    forked worker starts with them in memory instead of paying the interpreter's start and
+    torch's import again (about a second of CPU per worker, at every start and restart). The
+    launcher uses this on CPU nodes only: CUDA must never be initialised before a fork, and on
+    GPU nodes a fresh interpreter per worker is the safe default. torchrun's ``--run-path``
+    re-executes this file as ``__main__`` in each child, which then runs :func:`main`.
+    """
+    from torch.distributed import run as torchrun
+
+    # This agent's start-up, for its workers' report (metrics.StartupClock): TorchX started it,
+    # it imported torch and torchrun, then it meets the other nodes and forks.
+    marks = [("scheduler", monitoring.process_start_time())]
+    for name in AGENT_IMPORTS:
+        with contextlib.suppress(ImportError):  # moved in another torch: imported when needed
+            importlib.import_module(name)
+    marks.append(("agent_imports", time.time()))
+    # The workers' remaining imports load while the agent waits for the other nodes; a fork
+    # must not happen while another thread imports (the child would inherit held locks), so
+    # every fork waits for the preload to end.
+    preloading = _preload()
+
+    def before_fork() -> None:  # torchrun forks its workers right after the rendezvous
+        rendezvous = time.time()
+        if preloading is not None:
+            preloading.join()
+        os.environ[monitoring.AGENT_MARKS_ENV] = json.dumps(
+            [*marks, ("agent_rendezvous", rendezvous), ("preload", time.time())])
+
+    os.register_at_fork(before=before_fork)
+    split = argv.index("--")
+    torchrun.main([*argv[:split], "--start-method", "fork", "--run-path",
+                   str(Path(__file__).resolve()), *argv[split + 1:]])
+    exit_now(0)  # a failure raised above, with torchrun's report
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == [AGENT]:
+        agent(sys.argv[2:])
+    code = main()
+    if multiprocessing.parent_process() is None:  # a process of its own, not a forked worker
+        exit_now(code)
+    sys.exit(code)  # a forked worker returns to torchrun's wrapper, which reports and exits

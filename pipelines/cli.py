@@ -80,6 +80,23 @@ def load_workflow(target: str) -> dict[str, Any]:
         raise UsageError(f"{target}: {error}") from error
 
 
+def check_settings(workflow: dict[str, Any], parameters: dict[str, str]) -> None:
+    """For a sublimate pipeline: its parameters as the runner resolves them, then its
+    cross-setting rules, so a bad combination is refused in one line before any step runs or a
+    run folder exists. Other manifests are checked by the runner itself."""
+    from sublimate.components.settings import SettingError
+    from sublimate.pipelines.render import parameter_check
+    from sublimate.pipelines.runner import ParameterError, resolve_parameters
+
+    check = parameter_check(workflow)
+    if check is None:
+        return
+    try:
+        check(resolve_parameters(workflow, parameters))
+    except (ParameterError, SettingError) as error:
+        raise UsageError(str(error)) from error
+
+
 def command_run(args: argparse.Namespace) -> int:
     from sublimate.pipelines.lint import semantic_problems
     from sublimate.pipelines.runner import (
@@ -96,6 +113,9 @@ def command_run(args: argparse.Namespace) -> int:
     workflow = load_workflow(args.target)
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
+    check_settings(workflow, parameters)
+    if args.dry_run:
+        return dry_run(workflow, parameters, args.home)
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
@@ -116,6 +136,20 @@ def command_run(args: argparse.Namespace) -> int:
     if result.phase != "Succeeded":
         report_failures(result)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) -> int:
+    """``run --dry-run``: what would start first and what decides the rest; runs nothing and
+    creates no run folder."""
+    from sublimate.pipelines.runner import ManifestError, ParameterError
+    from sublimate.pipelines.runner.preview import format_preview, preview_workflow
+
+    try:
+        preview = preview_workflow(workflow, parameters, home)
+    except (ManifestError, ParameterError) as error:
+        raise UsageError(str(error)) from error
+    print(format_preview(preview))
+    return 0
 
 
 def format_results(result: Any, seconds: float) -> str:
@@ -195,7 +229,6 @@ def _connection(args: argparse.Namespace) -> Any:
 def command_submit(args: argparse.Namespace) -> int:
     from sublimate.pipelines import argo_server
     from sublimate.pipelines.render import PIPELINES, render_dict
-    from sublimate.pipelines.runner import ParameterError, resolve_parameters
 
     if args.pipeline not in PIPELINES:
         raise UsageError(f"unknown pipeline '{args.pipeline}' (known: "
@@ -203,10 +236,8 @@ def command_submit(args: argparse.Namespace) -> int:
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
     template = render_dict(args.pipeline)
-    try:  # the same checks as a local run, before anything goes over the network
-        resolve_parameters(template, parameters)
-    except ParameterError as error:
-        raise UsageError(str(error)) from error
+    # the same checks as a local run, before anything goes over the network
+    check_settings(template, parameters)
     conn = _connection(args)
     name = argo_server.submit(conn, template["metadata"]["name"], parameters)
     print(f"submitted {name} in namespace {conn.namespace}: "
@@ -274,11 +305,11 @@ class _RunHelp(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
         from sublimate.pipelines.parameters import describe_parameters
-        from sublimate.pipelines.train import PARAMETERS
+        from sublimate.pipelines.train import pipeline_parameters
 
         parser.print_help()
         print(f"\nparameters of the '{DEFAULT_PIPELINE}' pipeline (-p NAME=VALUE):")
-        print(describe_parameters(PARAMETERS))
+        print(describe_parameters(pipeline_parameters()))
         parser.exit()
 
 
@@ -317,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--parallelism", type=int, help="most nodes running at once")
     run.add_argument("--quiet", "-q", action="store_true",
                      help="show node phases only, not the steps' logs")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print what would start first (commands, env, mounts, deadlines) and "
+                          "what decides the rest; start nothing, create no run folder")
     run.set_defaults(handler=command_run)
 
     render = commands.add_parser("render", help="write the pipelines' Argo manifests")

@@ -12,10 +12,14 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from sublimate.pipelines.argo_terms import TYPES_ANNOTATION
+
 if TYPE_CHECKING:
     from hera.workflows import Parameter
 
-TYPES_ANNOTATION = "sublimate.dev/parameter-types"
+    from sublimate.components.settings import Setting
+
+__all__ = ["TYPES_ANNOTATION", "PipelineParameter", "describe_parameters", "type_annotation"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,19 @@ class PipelineParameter:
     minimum: float | None = None
     maximum: float | None = None
     pattern: str | None = None  # a regular expression the whole value must match
+
+    @classmethod
+    def from_setting(cls, setting: Setting) -> PipelineParameter:
+        """The pipeline parameter of a train-step setting (its one declaration)."""
+        constraints = setting.constraints()
+        boolean = setting.kind == "boolean"
+        return cls(setting.name, setting.default_text(), setting.description,
+                   type=constraints["type"],  # type: ignore[arg-type]
+                   # booleans are a true/false drop-down in the Argo UI
+                   enum=("true", "false") if boolean else setting.choices,
+                   minimum=setting.minimum if "minimum" in constraints else None,
+                   maximum=setting.maximum if "maximum" in constraints else None,
+                   pattern=constraints.get("pattern"))  # type: ignore[arg-type]
 
     def to_hera(self) -> Parameter:
         from hera.workflows import Parameter

@@ -10,7 +10,9 @@ accuracy), ``metrics/<label>.jsonl`` (one record per epoch from every training p
     loss.png  accuracy.png  throughput.png  time-split.png
 
 The evaluate step writes it at the end of every pipeline run; ``sublimate report RUN [RUN...]``
-prints and regenerates it, and with several runs draws them in one comparison plot.
+prints and regenerates it, and with several runs draws them in one comparison plot, each run
+labelled by what differs between them. A RUN is the results folder on the volume, the run folder
+``sublimate run`` printed (its ``outputs/results`` link leads to the results), or either name.
 matplotlib is imported lazily (Agg backend) and is optional: without it only the JSON is written.
 """
 
@@ -20,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,16 @@ REPORT_DIR = "report"
 PLOTS = ("loss", "accuracy", "throughput", "time-split")
 # Where run ids live: the shared volume of the local runner.
 RUNS_UNDER = Path("volumes") / "sublimate-data" / "runs"
+
+
+# Copied from train-summary.json into the report when present. The launch figures are the
+# wall time from `sublimate run` starting the train step to the first optimizer step, and
+# its phases (``startup``: phase -> seconds); on a small run they can exceed the training.
+SUMMARY_KEYS = (
+    "algorithm", "backend", "world_size", "epochs", "steps", "global_batch_size",
+    "learning_rate", "final_learning_rate", "train_seconds", "samples_per_second",
+    "communication_ops_per_epoch", "resumed_from_step", "launch_to_first_step_seconds",
+    "startup")
 
 
 class ReportError(Exception):
@@ -61,15 +73,69 @@ def home() -> Path:
     return Path(os.environ.get("SUBLIMATE_HOME") or Path.home() / ".sublimate")
 
 
+def _holds_results(folder: Path) -> bool:
+    """A run's results folder on the shared volume: what the train step writes first and last."""
+    return (folder / "train-summary.json").is_file() or (folder / "metrics").is_dir()
+
+
+def _is_runner_folder(folder: Path) -> bool:
+    """A run folder of the local runner (``$SUBLIMATE_HOME/runs/<workflow-name>``)."""
+    return (folder / "status.json").is_file() or (folder / "outputs").is_dir()
+
+
+def _results_of_runner_folder(folder: Path) -> Path:
+    """The results a ``sublimate run`` folder points to.
+
+    The runner links every workflow output that names a folder on a volume as
+    ``outputs/<name>``; the train pipeline's is ``outputs/results``, tried first. A run that
+    failed before its outputs were set has no link, so the run id in ``status.json`` (the
+    workflow name unless ``-p run-id`` changed it) is looked up on the volume beside it.
+    """
+    outputs = folder / "outputs"
+    links = sorted(outputs.iterdir(), key=lambda p: (p.name != "results", p.name)) \
+        if outputs.is_dir() else []
+    for link in links:
+        if link.is_dir() and _holds_results(link):
+            return link.resolve()
+    status = _read_json(folder / "status.json") or {}
+    run_id = (status.get("parameters") or {}).get("run-id") or status.get("name") or folder.name
+    # the runner folder is <home>/runs/<workflow>: its volume is in the same home
+    candidate = folder.parent.parent / RUNS_UNDER / str(run_id)
+    if "/" not in str(run_id) and _holds_results(candidate):
+        return candidate.resolve()
+    linked = ", ".join(f"outputs/{link.name}" for link in links) or "no outputs/ links"
+    raise ReportError(f"{folder}: a `sublimate run` folder, but no training results found: "
+                      f"looked in {linked} and in {candidate} for train-summary.json or "
+                      "metrics/ (has this run trained yet?)")
+
+
 def resolve_run(reference: str, sublimate_home: Path | None = None) -> Path:
-    """A run folder path, or a run id under ``$SUBLIMATE_HOME/volumes/sublimate-data/runs``."""
+    """The results folder of a run, from whatever a user has at hand.
+
+    ``reference`` is one of: the results folder on the volume
+    (``$SUBLIMATE_HOME/volumes/sublimate-data/runs/<run-id>``), the run folder that
+    ``sublimate run`` printed (``$SUBLIMATE_HOME/runs/<workflow-name>``), or either name
+    alone: a run id, looked up on the volume first, then a workflow name.
+    """
+    sublimate_home = sublimate_home or home()
     path = Path(reference).expanduser()
+    if path.is_dir() and _holds_results(path):
+        return path.resolve()  # through a link such as outputs/results: the run id's folder
+    if path.is_dir() and _is_runner_folder(path):
+        return _results_of_runner_folder(path)
+    by_id = sublimate_home / RUNS_UNDER / reference
+    by_workflow = sublimate_home / "runs" / reference
+    if "/" not in reference and reference not in (".", ".."):
+        if by_id.is_dir():
+            return by_id  # may not hold results yet: build_report says so
+        if by_workflow.is_dir():
+            return _results_of_runner_folder(by_workflow)
     if path.is_dir():
-        return path
-    candidate = (sublimate_home or home()) / RUNS_UNDER / reference
-    if "/" not in reference and candidate.is_dir():
-        return candidate
-    raise ReportError(f"run '{reference}': no such run folder (looked for {path} and {candidate})")
+        raise ReportError(f"{path}: not a run folder: it holds no train-summary.json or "
+                          "metrics/ (a run's results on the shared volume) and no status.json "
+                          "or outputs/ (a run folder of `sublimate run`)")
+    raise ReportError(f"run '{reference}': no such run folder (looked for the folder {path}, "
+                      f"the run id {by_id} and the workflow run {by_workflow})")
 
 
 def build_report(run_dir: Path) -> dict[str, Any]:
@@ -101,10 +167,7 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "run": run_dir.name,
         "run_dir": str(run_dir),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        **{key: summary.get(key) for key in (
-            "algorithm", "world_size", "epochs", "steps", "global_batch_size", "train_seconds",
-            "samples_per_second", "communication_ops_per_epoch", "resumed_from_step")
-           if key in summary},
+        **{key: summary.get(key) for key in SUMMARY_KEYS if key in summary},
         "final_loss": losses[-1] if losses else None,
         "test": {key: evaluation[key] for key in ("split", "examples", "loss", "accuracy")
                  if key in evaluation} if evaluation else None,
@@ -120,6 +183,11 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         report["metrics_endpoints"] = {key: value.get("address")
                                        for key, value in endpoints.get("endpoints", {}).items()}
     return report
+
+
+def _duration(seconds: float) -> str:
+    """``1.5s``, or ``16ms`` below a second, where one decimal of a second would read 0.0s."""
+    return f"{seconds:.1f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
 
 
 def format_summary(report: dict[str, Any]) -> str:
@@ -138,6 +206,14 @@ def format_summary(report: dict[str, Any]) -> str:
         figures.append(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f})")
     if figures:
         lines.append("  " + ", ".join(figures))
+    if report.get("launch_to_first_step_seconds") is not None:
+        # longest first: where the wait went (the summary's JSON keeps no chronological order)
+        startup = [(phase, seconds) for phase, seconds in (report.get("startup") or {}).items()
+                   if isinstance(seconds, int | float)]
+        phases = ", ".join(f"{phase} {_duration(seconds)}" for phase, seconds
+                           in sorted(startup, key=lambda item: -item[1]))
+        lines.append(f"  launch to first step {report['launch_to_first_step_seconds']:.1f}s"
+                     + (f" ({phases})" if phases else ""))
     for label, split in report.get("time_split", {}).items():
         lines.append(f"  {label:<10} compute {split['compute'] * 100:3.0f}%  "
                      f"comm {split['comm'] * 100:3.0f}%  data {split['data'] * 100:3.0f}%")
@@ -145,6 +221,60 @@ def format_summary(report: dict[str, Any]) -> str:
         lines.append(f"  staleness mean {report['async']['staleness_mean']}, "
                      f"max {report['async']['staleness_max']}")
     return "\n".join(lines)
+
+
+# --- labels -----------------------------------------------------------------------------------
+
+# What can tell runs apart, in the order a label names it: report key -> how a value reads.
+DESCRIBED_BY: tuple[tuple[str, Callable[[Any], str]], ...] = (
+    ("algorithm", str),
+    ("world_size", lambda value: f"{value} workers"),
+    ("global_batch_size", lambda value: f"batch {value}"),
+    ("epochs", lambda value: f"{value} epochs"),
+    ("learning_rate", lambda value: f"lr {value:g}"),
+    # the rate the run ended at (after linear scaling and warmup): what the worker records
+    ("final_learning_rate", lambda value: f"final lr {value:g}"),
+    ("backend", str),
+)
+
+
+def _describe(key: str, value: Any, show: Callable[[Any], str]) -> str:
+    if value is None:
+        return f"{key.replace('_', ' ')} ?"
+    try:
+        return show(value)
+    except (TypeError, ValueError):  # a summary written by another version
+        return f"{key.replace('_', ' ')} {value}"
+
+
+def run_labels(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """One legend label per run: what differs between them, not their (random) run ids.
+
+    One run is named by its algorithm. Runs that nothing recorded tells apart are named by
+    their run ids, and the run id is added to a label that two runs would otherwise share.
+    """
+    if len(reports) == 1:
+        return [str(reports[0].get("algorithm") or reports[0]["run"])]
+    parts: list[list[str]] = [[] for _ in reports]
+    for key, show in DESCRIBED_BY:
+        values = [report.get(key) for report in reports]
+        if len({json.dumps(value, sort_keys=True) for value in values}) > 1:
+            for part, value in zip(parts, values, strict=True):
+                part.append(_describe(key, value, show))
+    labels = [", ".join(part) for part in parts]
+    return [label if label and labels.count(label) == 1
+            else f"{label} ({report['run']})" if label else str(report["run"])
+            for label, report in zip(labels, reports, strict=True)]
+
+
+def _shared_description(reports: Sequence[dict[str, Any]]) -> str:
+    """What every compared run has in common (for the title)."""
+    shared = []
+    for key, show in DESCRIBED_BY:
+        values = [report.get(key) for report in reports]
+        if values[0] is not None and all(value == values[0] for value in values):
+            shared.append(_describe(key, values[0], show))
+    return ", ".join(shared)
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -158,63 +288,72 @@ def _pyplot() -> Any:
     return plt
 
 
-def _label(report: dict[str, Any], several: bool) -> str:
-    return f"{report['run']} ({report.get('algorithm', '?')})" if several \
-        else report.get("algorithm") or report["run"]
-
-
-def _draw_loss(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
-    for report in reports:
+def _draw_loss(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    for report, label in zip(reports, labels, strict=True):
         points = [(p["epoch"], p["loss"]) for p in report["epochs_log"] if "loss" in p]
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", markersize=3,
-                    label=_label(report, len(reports) > 1))
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
     ax.set(title="training loss", xlabel="epoch", ylabel="cross-entropy")
-    if any(p.get("loss") for r in reports for p in r["epochs_log"]):
+    losses = [p["loss"] for r in reports for p in r["epochs_log"] if "loss" in p]
+    if losses and min(losses) > 0:  # a log axis would drop a zero loss off the plot
         ax.set_yscale("log")
 
 
-def _draw_accuracy(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
-    drawn = False
-    for index, report in enumerate(reports):
+def _padded(values: Sequence[float], fraction: float, minimum: float) -> tuple[float, float]:
+    """Limits that hold every value with room to spare, so no marker is cut by the frame."""
+    low, high = min(values), max(values)
+    pad = max((high - low) * fraction, minimum)
+    return low - pad, high + pad
+
+
+def _draw_accuracy(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    xs: list[float] = []
+    ys: list[float] = []
+    for index, (report, label) in enumerate(zip(reports, labels, strict=True)):
         color = f"C{index}"
         curve = [(p["epoch"], p["test_accuracy"]) for p in report["epochs_log"]
-                 if "test_accuracy" in p]
-        if curve:
+                 if p.get("test_accuracy") is not None]
+        if curve:  # rank 0's (or the ps') evaluation after every epoch
             ax.plot(*zip(*curve, strict=True), color=color, marker="o", markersize=3,
-                    label=_label(report, len(reports) > 1))
-            drawn = True
+                    label=f"{label} (per epoch)")
+            xs += [x for x, _ in curve]
+            ys += [y for _, y in curve]
         test = report.get("test") or {}
-        if "accuracy" in test:  # the evaluate step's figure, at the last epoch
+        if test.get("accuracy") is not None:  # the evaluate step's figure, after the last epoch
             epoch = report.get("epochs") or (report["epochs_log"][-1]["epoch"]
                                              if report["epochs_log"] else 1)
             ax.scatter([epoch], [test["accuracy"]], color=color, marker="*", s=160, zorder=3,
-                       label=f"{_label(report, len(reports) > 1)}: test {test['accuracy']:.4f}")
-            drawn = True
+                       edgecolors="black", linewidths=0.5,
+                       label=f"{label}: final {test['accuracy']:.4f}")
+            xs.append(epoch)
+            ys.append(test["accuracy"])
     ax.set(title="test accuracy", xlabel="epoch", ylabel="accuracy")
-    last = max((report.get("epochs") or 1 for report in reports), default=1)
-    ax.set_xlim(0.5, last + 0.5)  # one point (the final evaluation) still gets a sane axis
-    if drawn:
-        ax.set_ylim(top=1.0)
-    else:
+    if not ys:
+        ax.set_xlim(0.5, max((report.get("epochs") or 1 for report in reports), default=1) + 0.5)
         ax.text(0.5, 0.5, "no accuracy yet\n(run the evaluate step)", ha="center",
                 va="center", transform=ax.transAxes, color="gray")
+        return
+    # From epoch 1 (as the other panels) to half an epoch past the last point, and a vertical
+    # margin of at least two points of accuracy: a lone final figure, or one at exactly 1.0,
+    # is drawn whole, not cut by the frame.
+    ax.set_xlim(min(*xs, 1) - 0.5, max(xs) + 0.5)
+    ax.set_ylim(*_padded(ys, 0.1, 0.02))
 
 
-def _draw_throughput(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
-    for report in reports:
+def _draw_throughput(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    for report, label in zip(reports, labels, strict=True):
         points = [(p["epoch"], p["samples_per_second"]) for p in report["epochs_log"]
                   if "samples_per_second" in p]
         if points:
-            ax.plot(*zip(*points, strict=True), marker="o", markersize=3,
-                    label=_label(report, len(reports) > 1))
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
     ax.set(title="throughput (whole job)", xlabel="epoch", ylabel="samples/s")
     ax.set_ylim(bottom=0)
 
 
-def _draw_time_split(ax: Any, reports: Sequence[dict[str, Any]]) -> None:
-    rows = [(f"{report['run'] + ' ' if len(reports) > 1 else ''}{label}", split)
-            for report in reports for label, split in report.get("time_split", {}).items()]
+def _draw_time_split(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    rows = [(f"{run_label + ' ' if len(reports) > 1 else ''}{label}", split)
+            for report, run_label in zip(reports, labels, strict=True)
+            for label, split in report.get("time_split", {}).items()]
     if not rows:
         ax.text(0.5, 0.5, "no step timings recorded", ha="center", va="center",
                 transform=ax.transAxes, color="gray")
@@ -242,20 +381,40 @@ def _finish(ax: Any, name: str) -> None:
     if name != "time-split":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     if name != "time-split" and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small")  # loc "best": placed where it hides the fewest points
     ax.grid(alpha=0.3)
 
 
-def plot(reports: Sequence[dict[str, Any]], output: Path, title: str) -> Path:
-    """The four panels for one or more runs in one PNG."""
+def draw_panel(name: str, reports: Sequence[dict[str, Any]]) -> Any:
+    """One panel (``loss``, ``accuracy``, ...) as a matplotlib Figure with a single Axes."""
     plt = _pyplot()
+    figure, ax = plt.subplots(figsize=(6.4, 4.2))
+    DRAW[name](ax, reports, run_labels(reports))
+    _finish(ax, name)
+    # fixed margins: tight_layout would double the time spent on these small plots
+    figure.subplots_adjust(left=0.22 if name == "time-split" else 0.13,
+                           right=0.97, bottom=0.13, top=0.91)
+    return figure
+
+
+def draw(reports: Sequence[dict[str, Any]], title: str | None = None) -> Any:
+    """The four panels for one or more runs as a matplotlib Figure (axes in ``PLOTS`` order)."""
+    plt = _pyplot()
+    labels = run_labels(reports)
     rows = max(len(r.get("time_split", {})) for r in reports) * len(reports)
     figure, axes = plt.subplots(2, 2, figsize=(12, 8 + max(0, rows - 6) * 0.3))
     for ax, name in zip(axes.flat, PLOTS, strict=True):
-        DRAW[name](ax, reports)
+        DRAW[name](ax, reports, labels)
         _finish(ax, name)
-    figure.suptitle(title)
+    figure.suptitle(title or _title(reports))
     figure.tight_layout()
+    return figure
+
+
+def plot(reports: Sequence[dict[str, Any]], output: Path, title: str | None = None) -> Path:
+    """The four panels for one or more runs in one PNG."""
+    plt = _pyplot()
+    figure = draw(reports, title)
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=100)
     plt.close(figure)
@@ -276,16 +435,11 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
             report["plots_skipped"] = "matplotlib is not installed"
         else:
             for name in PLOTS:
-                figure, ax = plt.subplots(figsize=(6.4, 4.2))
-                DRAW[name](ax, [report])
-                _finish(ax, name)
-                # fixed margins: tight_layout would double the time spent on these small plots
-                figure.subplots_adjust(left=0.22 if name == "time-split" else 0.13,
-                                       right=0.97, bottom=0.13, top=0.91)
+                figure = draw_panel(name, [report])
                 figure.savefig(folder / f"{name}.png", dpi=100)
                 plt.close(figure)
                 report["plots"][name] = f"{name}.png"
-            plot([report], folder / "overview.png", _title([report]))
+            plot([report], folder / "overview.png")
             report["plots"]["overview"] = "overview.png"
     temporary = folder / ".report.json.tmp"
     temporary.write_text(json.dumps(report, indent=2) + "\n")
@@ -298,13 +452,14 @@ def _title(reports: Sequence[dict[str, Any]]) -> str:
         report = reports[0]
         return (f"{report['run']}: {report.get('algorithm', '?')}, "
                 f"{report.get('world_size', '?')} workers, {report.get('epochs', '?')} epochs")
-    return " vs ".join(str(r.get("algorithm") or r["run"]) for r in reports)
+    shared = _shared_description(reports)
+    return " vs ".join(run_labels(reports)) + (f" ({shared})" if shared else "")
 
 
 def compare(run_dirs: Sequence[Path], output: Path) -> Path:
     """One PNG with every run's loss, accuracy, throughput and time split side by side."""
     reports = [build_report(run_dir) for run_dir in run_dirs]
-    return plot(reports, output, _title(reports))
+    return plot(reports, output)
 
 
 # --- sublimate report -------------------------------------------------------------------------
@@ -316,8 +471,10 @@ def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
         description="Print the summary of one or more runs and (re)generate report/ in each "
                     "run folder; with two or more runs also draw them side by side in one plot.")
     parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="a run folder, or a run id under "
-                             "$SUBLIMATE_HOME/volumes/sublimate-data/runs")
+                        help="the run folder `sublimate run` printed "
+                             "($SUBLIMATE_HOME/runs/<workflow>), the results folder "
+                             "($SUBLIMATE_HOME/volumes/sublimate-data/runs/<run-id>), or the "
+                             "workflow name or run id alone")
     parser.add_argument("--output", "-o", type=Path, default=None,
                         help="where to write the comparison PNG (default: "
                              "$SUBLIMATE_HOME/reports/<run>-vs-<run>.png)")

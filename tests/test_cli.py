@@ -157,6 +157,7 @@ def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     ("algorithm=hogwild", "parameter 'algorithm': 'hogwild' is not one of sync, async"),
     ("run-id=../elsewhere", "parameter 'run-id'"),
     ("learning-rate=fast", "parameter 'learning-rate'"),
+    ("global-batch-size=65", "global-batch-size 65 is not divisible by nodes x procs-per-node = 2"),
 ])
 def test_bad_parameters_fail_before_anything_runs(tmp_path: Path, flag: str,
                                                   message: str) -> None:
@@ -165,6 +166,20 @@ def test_bad_parameters_fail_before_anything_runs(tmp_path: Path, flag: str,
     assert message in completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1, "one clear error"
     assert not (tmp_path / "runs").exists()
+
+
+def test_settings_are_checked_together_before_anything_runs(tmp_path: Path) -> None:
+    for flags, message in [
+        (["algorithm=bmuf", "sync-period=0"], "parameter 'sync-period': 0 is below the minimum 1"),
+        (["nodes=3", "accumulation-steps=2"], "global-batch-size 64 is not divisible by nodes x "
+                                              "procs-per-node x accumulation-steps = 3 x 1 x 2"),
+    ]:
+        completed = run_cli("run", *[f"-p{flag}" for flag in flags], home=tmp_path)
+        assert completed.returncode == 2
+        assert completed.stderr.strip().splitlines() == [f"error: {message}"] or \
+            completed.stderr.startswith(f"error: {message}"), completed.stderr
+        assert len(completed.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "runs").exists()
 
 
 def test_parameter_file_and_flags(tmp_path: Path) -> None:
@@ -278,5 +293,7 @@ def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> No
         "sublimate.components.example_models:small_cnn"
     typo = _run_json(home, "-p", "model=sublimate.components.example_models:tiny_cnn")
     assert typo["phase"] == "Failed"
-    assert "--model: model 'sublimate.components.example_models:tiny_cnn': module " \
-        "'sublimate.components.example_models' has no function 'tiny_cnn'" in typo["_stderr"]
+    message = ("model 'sublimate.components.example_models:tiny_cnn': module "
+               "'sublimate.components.example_models' has no function 'tiny_cnn'")
+    assert f"train: error: {message}" in typo["_stderr"]
+    assert typo["message"].endswith(message)  # the step's one line is the run's final message

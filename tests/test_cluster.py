@@ -210,6 +210,12 @@ def test_bad_parameters_never_reach_the_server(argo: FakeArgoServer,
                                                capsys: pytest.CaptureFixture) -> None:
     assert main(["submit", "-p", "nodes=many", *argo.flags()]) == 2
     assert "parameter 'nodes': 'many' is not an integer" in capsys.readouterr().err
+    # the train step's cross-setting rules, with the same one line as `sublimate run`
+    assert main(["submit", "-p", "global-batch-size=65", *argo.flags()]) == 2
+    assert capsys.readouterr().err == \
+        "error: global-batch-size 65 is not divisible by nodes x procs-per-node = 2\n"
+    assert main(["submit", "-p", "algorithm=bmuf", "-p", "sync-period=0", *argo.flags()]) == 2
+    assert capsys.readouterr().err == "error: parameter 'sync-period': 0 is below the minimum 1\n"
     assert argo.requests == []
 
 

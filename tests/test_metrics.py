@@ -52,6 +52,18 @@ def test_endpoints_never_collide_and_are_recorded(tmp_path: Path) -> None:
         second.close()
 
 
+def test_launch_to_first_step_is_a_gauge_with_its_phases() -> None:
+    metrics = monitoring.WorkerMetrics("run-y", "0", "node0")
+    try:
+        address = metrics.serve("127.0.0.1", port=0)
+        metrics.observe_startup(3.25, {"launcher": 0.25, "agents": 2.0, "first_step": 1.0})
+        values = monitoring.scrape(f"http://{address}/metrics")
+        assert values[f"{monitoring.STARTUP_GAUGE}{{rank=0}}"] == 3.25
+        assert values["sublimate_startup_phase_seconds{phase=agents,rank=0}"] == 2.0
+    finally:
+        metrics.close()
+
+
 def test_time_split_and_live_line_format() -> None:
     split = monitoring.time_split(0.07, 0.71, 0.22)
     assert monitoring.format_split(split) == "compute 71% comm 22% data 7%"

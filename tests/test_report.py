@@ -13,28 +13,39 @@ from sublimate.pipelines.report import (
     ReportError,
     add_report_command,
     build_report,
+    draw,
+    draw_panel,
     resolve_run,
+    run_labels,
     write_report,
 )
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def fake_run(run_dir: Path, algorithm: str = "sync", epochs: int = 3) -> Path:
-    """A run folder as the train and evaluate steps leave it (two ranks)."""
+def fake_run(run_dir: Path, algorithm: str = "sync", epochs: int = 3,
+             accuracies: list[float] | None = None, final_accuracy: float = 0.95,
+             **summary: object) -> Path:
+    """A run folder as the train and evaluate steps leave it (two ranks).
+
+    ``accuracies``: rank 0's per-epoch test accuracy (none recorded by default).
+    """
     (run_dir / "metrics").mkdir(parents=True)
     (run_dir / "train-summary.json").write_text(json.dumps({
         "algorithm": algorithm, "world_size": 2, "epochs": epochs, "steps": 22 * epochs,
         "global_batch_size": 64, "train_seconds": 1.5, "samples_per_second": 3000.0,
-        "accuracy_curve": []}))
+        "final_learning_rate": 0.1, "backend": "gloo", "accuracy_curve": [], **summary}))
     (run_dir / "metrics.json").write_text(json.dumps(
-        {"split": "test", "examples": 359, "loss": 0.2, "accuracy": 0.95}))
+        {"split": "test", "examples": 359, "loss": 0.2, "accuracy": final_accuracy}))
     for rank in (0, 1):
         records = [{"epoch": e, "step": 22 * e, "loss": 2.0 / e, "learning_rate": 0.1,
                     "samples_per_second": 1000.0 * e, "data_seconds": 0.01,
                     "compute_seconds": 0.06, "comm_seconds": 0.03} for e in range(1, epochs + 1)]
-        # a resumed run records epoch 2 again: the report keeps the last record
-        records.insert(1, {**records[1], "loss": 99.0})
+        if rank == 0 and accuracies:
+            for record, accuracy in zip(records, accuracies, strict=True):
+                record["test_accuracy"] = accuracy
+        if len(records) > 1:  # a resumed run records epoch 2 again: the last record counts
+            records.insert(1, {**records[1], "loss": 99.0})
         (run_dir / "metrics" / f"rank-{rank}.jsonl").write_text(
             "\n".join(json.dumps(r) for r in records) + "\n{truncated")
     return run_dir
@@ -96,3 +107,212 @@ def test_report_command_names_a_missing_run(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("SUBLIMATE_HOME", str(tmp_path))
     assert _report_cli("nope") == 2
     assert "run 'nope': no such run folder" in capsys.readouterr().err
+
+
+# --- finding a run ------------------------------------------------------------------------------
+
+def runner_folder(home: Path, workflow: str, run_id: str, link: str | None = "results",
+                  **run: object) -> tuple[Path, Path]:
+    """`sublimate run`'s folder for a train run whose results went to ``run_id`` on the volume:
+    ``outputs/<link>`` points at them, as the runner links a workflow output naming a folder."""
+    results = fake_run(home / "volumes" / "sublimate-data" / "runs" / run_id, **run)  # type: ignore[arg-type]
+    folder = home / "runs" / workflow
+    folder.mkdir(parents=True)
+    (folder / "status.json").write_text(json.dumps({
+        "name": workflow, "phase": "Succeeded", "parameters": {"run-id": run_id},
+        "outputs": {"parameters": {"results": f"/mnt/sublimate/runs/{run_id}"}}}))
+    if link:
+        (folder / "outputs").mkdir()
+        (folder / "outputs" / link).symlink_to(results)
+    return folder, results.resolve()
+
+
+def test_a_run_is_found_by_name_by_run_folder_or_by_results_folder(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # -p run-id=exp-1: the workflow's name and the results' folder name differ
+    folder, results = runner_folder(home, "sublimate-train-x7k2p", "exp-1")
+    for reference in ("exp-1", "sublimate-train-x7k2p", str(folder), str(results),
+                      str(folder / "outputs" / "results")):
+        assert resolve_run(reference).resolve() == results, reference
+    # the printed run folder, as `sublimate run` suggests: named by its run id, not "results"
+    assert _report_cli(str(folder)) == 0
+    assert "exp-1: sync on 2 workers, 3 epochs" in capsys.readouterr().out
+    assert json.loads((results / "report" / "report.json").read_text())["run"] == "exp-1"
+
+
+def test_a_run_folder_leads_to_results_through_any_output_link(home: Path) -> None:
+    folder, results = runner_folder(home, "my-train-abcde", "my-train-abcde", link="model-dir")
+    dataset = home / "volumes" / "sublimate-data" / "datasets" / "digits"
+    dataset.mkdir(parents=True)
+    (folder / "outputs" / "dataset-dir").symlink_to(dataset)  # holds no results: passed over
+    assert resolve_run(str(folder)).resolve() == results
+    assert resolve_run("my-train-abcde").resolve() == results
+
+
+def test_a_failed_run_without_output_links_is_found_by_its_run_id(home: Path) -> None:
+    # a run that failed before its outputs were set: status.json still names the run id
+    folder, results = runner_folder(home, "sublimate-train-q1w2e", "nightly", link=None)
+    assert resolve_run(str(folder)).resolve() == results
+    assert resolve_run("sublimate-train-q1w2e").resolve() == results
+
+
+def test_a_folder_that_is_no_run_says_what_was_looked_for(
+        home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("not a run")
+    with pytest.raises(ReportError, match="not a run folder") as raised:
+        resolve_run(str(stray))
+    for looked_for in ("train-summary.json", "metrics/", "status.json", "outputs/"):
+        assert looked_for in str(raised.value)
+    assert _report_cli(str(stray)) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("report: error: ")
+
+    # a `sublimate run` folder whose run never trained: its links and its run id are named
+    untrained = home / "runs" / "other-wf"
+    (untrained / "outputs").mkdir(parents=True)
+    (untrained / "outputs" / "summary").symlink_to(stray)
+    (untrained / "status.json").write_text(json.dumps({"name": "other-wf", "parameters": {}}))
+    with pytest.raises(ReportError) as raised:
+        resolve_run("other-wf")
+    assert "outputs/summary" in str(raised.value)
+    assert str(home / "volumes" / "sublimate-data" / "runs" / "other-wf") in str(raised.value)
+
+
+# --- what the plots show ------------------------------------------------------------------------
+
+def _assert_every_point_inside(ax: object) -> int:
+    """Every plotted line vertex and scatter marker strictly inside the axes' limits."""
+    (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())  # type: ignore[attr-defined]
+    points = [tuple(xy) for line in ax.get_lines() for xy in line.get_xydata()]  # type: ignore[attr-defined]
+    points += [tuple(xy) for collection in ax.collections  # type: ignore[attr-defined]
+               for xy in collection.get_offsets()]
+    for x, y in points:
+        assert x0 < x < x1 and y0 < y < y1, (ax.get_title(), (x, y), (x0, x1), (y0, y1))  # type: ignore[attr-defined]
+    return len(points)
+
+
+def test_the_accuracy_panel_draws_the_curve_and_the_final_figure_whole(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    perfect = build_report(fake_run(tmp_path / "a", epochs=4, accuracies=[0.5, 0.8, 0.97, 1.0],
+                                    final_accuracy=1.0))
+    figure = draw_panel("accuracy", [perfect])
+    ax = figure.axes[0]
+    (curve,) = ax.get_lines()
+    assert list(curve.get_xdata()) == [1, 2, 3, 4]
+    assert list(curve.get_ydata()) == [0.5, 0.8, 0.97, 1.0]
+    (final,) = ax.collections
+    assert [tuple(xy) for xy in final.get_offsets()] == [(4.0, 1.0)]
+    assert _assert_every_point_inside(ax) == 5
+    assert ax.get_ylim()[1] >= 1.02  # room above a perfect score for the whole marker
+    plt.close(figure)
+
+    # only the evaluate step's figure (no per-epoch evaluation): one whole point
+    figure = draw_panel("accuracy", [build_report(fake_run(tmp_path / "b", epochs=1))])
+    assert _assert_every_point_inside(figure.axes[0]) == 1
+    plt.close(figure)
+
+
+def test_every_panel_of_a_comparison_keeps_its_points_inside(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    reports = [build_report(fake_run(tmp_path / "a", epochs=3, accuracies=[0.2, 0.9, 0.99],
+                                     final_accuracy=0.99)),
+               build_report(fake_run(tmp_path / "b", algorithm="bmuf", epochs=5,
+                                     accuracies=[0.1, 0.5, 0.7, 0.8, 0.85],
+                                     final_accuracy=0.85))]
+    figure = draw(reports)
+    panels = dict(zip(PLOTS, figure.axes, strict=True))
+    for name in ("loss", "accuracy", "throughput"):
+        assert _assert_every_point_inside(panels[name]) > 0, name
+    assert _assert_every_point_inside(panels["accuracy"]) == 3 + 1 + 5 + 1
+    plt.close(figure)
+
+
+def test_compared_runs_are_labelled_by_what_differs(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    sync = build_report(fake_run(tmp_path / "sublimate-train-a1b2c"))
+    bmuf = build_report(fake_run(tmp_path / "sublimate-train-d3e4f", algorithm="bmuf",
+                                 global_batch_size=128, final_learning_rate=0.2))
+    assert run_labels([sync, bmuf]) == ["sync, batch 64, final lr 0.1",
+                                        "bmuf, batch 128, final lr 0.2"]
+    figure = draw([sync, bmuf])
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert legend == ["sync, batch 64, final lr 0.1", "bmuf, batch 128, final lr 0.2"]
+    rows = [label.get_text() for label in figure.axes[3].get_yticklabels()]
+    assert "bmuf, batch 128, final lr 0.2 rank-1" in rows
+    title = figure._suptitle.get_text()
+    assert title.startswith("sync, batch 64, final lr 0.1 vs bmuf, batch 128, final lr 0.2")
+    assert "2 workers" in title and "3 epochs" in title and "sublimate-train" not in title
+    plt.close(figure)
+
+    # nothing differs: the run ids are all that tells them apart
+    twin = build_report(fake_run(tmp_path / "sublimate-train-g5h6i"))
+    assert run_labels([sync, twin]) == ["sublimate-train-a1b2c", "sublimate-train-g5h6i"]
+    # two of three alike: the algorithm, and the run id only where the algorithm is shared
+    assert run_labels([sync, twin, bmuf]) == [
+        "sync, batch 64, final lr 0.1 (sublimate-train-a1b2c)",
+        "sync, batch 64, final lr 0.1 (sublimate-train-g5h6i)",
+        "bmuf, batch 128, final lr 0.2"]
+    assert run_labels([sync]) == ["sync"]
+
+
+def test_launch_to_first_step_is_reported_with_its_phases(tmp_path: Path) -> None:
+    from sublimate.pipelines.report import format_summary
+
+    startup = {"torchx-launch": 1.5, "imports": 3.0, "rendezvous": 2.896, "data": 0.004}
+    run_dir = fake_run(tmp_path / "run", launch_to_first_step_seconds=7.4, startup=startup)
+    report = write_report(run_dir, plots=False)
+    saved = json.loads((run_dir / "report" / "report.json").read_text())
+    assert saved["launch_to_first_step_seconds"] == 7.4 and saved["startup"] == startup
+    assert ("launch to first step 7.4s (imports 3.0s, rendezvous 2.9s, torchx-launch 1.5s, "
+            "data 4ms)" in format_summary(report))
+    # an older run without the figures: no line rather than a made-up one
+    assert "launch" not in format_summary(build_report(fake_run(tmp_path / "old")))
+
+
+# --- the evaluate step's own figures --------------------------------------------------------------
+
+def test_evaluate_times_the_evaluation_not_the_loading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples_per_second divides by the forward pass's time: a clock that only moves while
+    the data is read (100 s) and while the model runs (2 s) tells them apart exactly."""
+    import numpy as np
+
+    from sublimate.components import checkpoint, datasets, evaluate, models
+
+    data_dir = datasets.write_dataset(
+        tmp_path / "data", {"test": datasets.Split(
+            np.random.default_rng(0).random((40, 4), dtype=np.float32),
+            np.arange(40, dtype=np.int64) % 3)}, name="tiny", num_classes=3)
+    config = {"num_features": 4, "num_classes": 3, "hidden": 8}
+    run_dir = tmp_path / "run"
+    checkpoint.save({"architecture": "mlp", "config": config, "algorithm": "sync", "steps": 5,
+                     "state_dict": models.mlp(**config).state_dict()}, run_dir / "model.pt")
+
+    clock = [0.0]
+    monkeypatch.setattr(evaluate, "perf_counter", lambda: clock[0])
+    read_split, build_model = datasets.read_split, models.build_model
+
+    def slow_read(folder: Path, split: str) -> datasets.Split:
+        clock[0] += 100.0
+        return read_split(folder, split)
+
+    def slow_model(architecture: str, model_config: dict[str, object]) -> object:
+        model = build_model(architecture, model_config)
+        model.register_forward_pre_hook(lambda *_: clock.__setitem__(0, clock[0] + 2.0))
+        return model
+
+    monkeypatch.setattr(datasets, "read_split", slow_read)
+    monkeypatch.setattr(models, "build_model", slow_model)
+    accuracy_path = tmp_path / "out" / "accuracy"
+    assert evaluate.main(["--model-dir", str(run_dir), "--data-dir", str(data_dir),
+                          "--accuracy-path", str(accuracy_path)]) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["examples"] == 40
+    assert metrics["seconds"] == 2.0 and metrics["examples_per_second"] == 20.0
+    assert metrics["total_seconds"] == 102.0
+    assert float(accuracy_path.read_text()) == metrics["accuracy"]

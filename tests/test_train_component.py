@@ -27,14 +27,21 @@ def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     (role,) = app.roles
     assert role.num_replicas == 3
     script = role.args[1]
-    assert "-m torch.distributed.run --nnodes 3 --nproc-per-node 2" in script
+    # on CPU nodes the worker module is the torchrun agent and forks its workers
+    assert script.startswith("python -m sublimate.components.worker agent --nnodes 3 "
+                             "--nproc-per-node 2 --rdzv-backend c10d")
     # the rank-0 host must stay a shell expansion, everything else quoted
     assert "--rdzv-endpoint ${TORCHX_RANK0_HOST:=localhost}:29500" in script
-    assert script.endswith("-m sublimate.components.worker --epochs 3")
+    assert "--max-restarts 0 --monitor-interval 0.1" in script
+    assert script.endswith(" -- --epochs 3")
     assert role.resource.cpu == 4 and role.resource.memMB == 8192
     assert role.env["OMP_NUM_THREADS"] == "1"
     assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    assert "OMP_NUM_THREADS" not in trainer(gpu=1).roles[0].env
+    # GPU nodes start every worker in a fresh interpreter: CUDA and fork do not mix
+    gpu_role = trainer("--epochs", "3", gpu=1).roles[0]
+    assert "OMP_NUM_THREADS" not in gpu_role.env
+    assert "-m torch.distributed.run --nnodes 2 --nproc-per-node 1" in gpu_role.args[1]
+    assert gpu_role.args[1].endswith("-m sublimate.components.worker --epochs 3")
 
 
 def test_launcher_rejects_a_batch_that_does_not_split(capsys: pytest.CaptureFixture) -> None:
@@ -171,3 +178,86 @@ def test_followed_logs_keep_a_split_line_and_the_last_line(
             thread.join(timeout=10)
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["[node0] epoch 2/2 done", "[node0] last line"]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_builtin("digits", tmp_path_factory.mktemp("data") / "digits")
+
+
+def _refused(command: list[str], tmp_path: Path) -> tuple[str, str]:
+    """Run a step's program that must refuse its input; returns (error line, termination)."""
+    termination = tmp_path / "termination-log"
+    completed = subprocess.run(
+        [sys.executable, "-m", *command], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "SUBLIMATE_TERMINATION_LOG": str(termination)}, check=False)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 2, output
+    assert "Traceback" not in output
+    errors = [line for line in completed.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, output
+    return errors[0], termination.read_text()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--global-batch-size", "4096"],
+     "global-batch-size 4096 is larger than the 1438 training examples of {data}"),
+    (["--global-batch-size", "4096", "--algorithm", "async"],
+     "global-batch-size 4096 is larger than the 1438 training examples of {data}"),
+    (["--data-dir", "{missing}"], "data-dir: dataset folder {missing} does not exist"),
+    (["--data-dir", "{empty}"],
+     "data-dir: dataset folder {empty} is incomplete: metadata.json is missing"),
+])
+def test_the_launcher_refuses_what_the_data_rules_out_in_one_line(
+        digits: Path, tmp_path: Path, flags: list[str], message: str) -> None:
+    (tmp_path / "empty").mkdir()
+    paths = {"data": digits, "missing": tmp_path / "missing", "empty": tmp_path / "empty"}
+    run_dir = tmp_path / "run"
+    line, termination = _refused(
+        ["sublimate.components.train", "--data-dir", str(digits), "--run-dir", str(run_dir),
+         "--scheduler", "local_cwd", *(flag.format(**paths) for flag in flags)], tmp_path)
+    expected = message.format(**paths)
+    assert line == f"train: error: {expected}"
+    assert termination == expected  # the node's message, on Argo and in the local runner
+    assert not run_dir.exists(), "no worker was started"
+
+
+def test_a_bad_flag_is_one_line_too(digits: Path, tmp_path: Path) -> None:
+    line, termination = _refused(
+        ["sublimate.components.train", "--data-dir", str(digits), "--run-dir",
+         str(tmp_path / "run"), "--global-batch-size", "65"], tmp_path)
+    assert line == "train: error: global-batch-size 65 is not divisible by nodes x " \
+                   "procs-per-node = 2"
+    assert termination == line.removeprefix("train: error: ")
+
+
+@pytest.mark.parametrize("program", [
+    ["sublimate.components.worker"],
+    ["sublimate.components.async_sgd", "ps", "--num-trainers", "2",
+     "--rpc-endpoint", "localhost:1"],
+    ["sublimate.components.async_sgd", "trainer", "--num-trainers", "2",
+     "--rpc-endpoint", "localhost:1"],
+])
+def test_a_worker_run_by_hand_refuses_the_same_with_the_same_words(
+        digits: Path, tmp_path: Path, program: list[str]) -> None:
+    line, termination = _refused(
+        [*program, "--data-dir", str(digits), "--run-dir", str(tmp_path / "run"),
+         "--global-batch-size", "4096"], tmp_path)
+    expected = f"global-batch-size 4096 is larger than the 1438 training examples of {digits}"
+    assert line == f"train: error: {expected}" and termination == expected
+
+
+def test_the_template_passes_per_epoch_evaluation_on_by_default() -> None:
+    from sublimate.components.train import template
+
+    step = template()
+    (evaluate,) = [p for p in step.inputs if p.name == "eval-every-epoch"]
+    assert evaluate.default == "true"
+    flag = step.args.index("--eval-every-epoch")
+    assert step.args[flag + 1] == "{{inputs.parameters.eval-every-epoch}}"
+    args = parse_args([*ARGS, "--eval-every-epoch", "false"])
+    assert args.eval_every_epoch is False and parse_args(ARGS).eval_every_epoch is True
+    for algorithm in ("sync", "async"):
+        script = build_app(parse_args([*ARGS, "--algorithm", algorithm, "--eval-every-epoch",
+                                       "false"]), "kubernetes").roles[-1].args[1]
+        assert "--eval-every-epoch false" in script

@@ -1,231 +1,29 @@
-"""Offline linter for Argo Workflows manifests: the backend of ``sublimate lint``.
-
-Two layers, like ``argo lint``:
-
-* schema checks against Argo's own JSON Schema (shipped gzipped in ``schema/``, see
-  ``schema/SOURCE.md``), strict by default so that misspelled fields are reported;
-* semantic checks the schema cannot express: template/task references, DAG cycles and
-  ``{{...}}`` variable references.
-
-This module is imported by the CLI on every invocation, so it must stay cheap to import:
-jsonschema, PyYAML and difflib are imported inside the functions that need them.
+"""The semantic layer: what the schema cannot express (template/task references, DAG cycles,
+``{{...}}`` variable references). Pure Python: it must not import jsonschema.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ARGO_KINDS",
-    "LintProblem",
-    "lint_document",
-    "lint_files",
-    "lint_paths",
-    "schema_problems",
-    "semantic_problems",
-]
+from sublimate.pipelines.argo_terms import (
+    DEPENDS_RESULTS,
+    TAG,
+    DependsError,
+    depends_references,
+)
 
-ARGO_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
-
-_SCHEMA_FILE = "schema/argo-workflows.schema.json.gz"
-_DEF_PREFIX = "io.argoproj.workflow.v1alpha1."
-
-# --- load-time schema patches (documented in schema/SOURCE.md) -------------------------------
-
-# Argo's Go types accept more JSON types than schema.json says (its CRDs agree with the Go types).
-_INT_OR_STRING = {"type": ["integer", "string"]}  # intstr.IntOrString: Hera writes `limit: 3`
-_QUANTITY = {"type": ["number", "string"]}  # resource.Quantity: `cpu: 1`, `memory: 2Gi`
-_ANY_STRING = {"type": ["string", "number", "boolean"]}  # wfv1.AnyString: `value: 3`
-_ANY_STRING_FIELDS = {
-    "Parameter": ("value", "default", "description"),
-    "ValueFrom": ("default",),
-}
-# Enums that Argo's CRDs (kubebuilder markers) declare but schema.json does not.
-_ENUMS: dict[tuple[str, str], list[str]] = {
-    ("ArtifactGC", "strategy"): ["", "OnWorkflowCompletion", "OnWorkflowDeletion", "Never"],
-    ("WorkflowLevelArtifactGC", "strategy"): [
-        "",
-        "OnWorkflowCompletion",
-        "OnWorkflowDeletion",
-        "Never",
-    ],
-    ("CronWorkflowSpec", "concurrencyPolicy"): ["Allow", "Forbid", "Replace"],
-    ("Gauge", "operation"): ["Set", "Add", "Sub"],
-    ("PodGC", "strategy"): [
-        "",
-        "OnPodCompletion",
-        "OnPodSuccess",
-        "OnWorkflowCompletion",
-        "OnWorkflowSuccess",
-    ],
-    ("ResourceTemplate", "action"): ["get", "create", "apply", "delete", "replace", "patch"],
-    ("ResourceTemplate", "mergeStrategy"): ["strategic", "merge", "json"],
-    ("RetryStrategy", "retryPolicy"): ["Always", "OnFailure", "OnError", "OnTransientError"],
-    ("S3Artifact", "addressingStyle"): ["", "path", "virtual-hosted"],
-    ("S3ArtifactRepository", "addressingStyle"): ["", "path", "virtual-hosted"],
-}
-
-
-@dataclass(frozen=True)
-class LintProblem:
-    """One finding. ``path`` is a dotted field path ("" for the document root)."""
-
-    source: str
-    document: str
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.source, self.document, self.path) if p]
-        return ": ".join([*parts, self.message])
-
-
-# ============================================================================================
-# Schema layer
-# ============================================================================================
-
-
-@functools.cache
-def _base_definitions() -> Mapping[str, Any]:
-    """Upstream definitions with the type widenings and enums applied (shared, never mutated)."""
-    import gzip
-    import json
-    from importlib import resources
-
-    raw = resources.files("sublimate.pipelines").joinpath(_SCHEMA_FILE).read_bytes()
-    defs: dict[str, Any] = json.loads(gzip.decompress(raw))["definitions"]
-    defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = _INT_OR_STRING
-    defs["io.k8s.apimachinery.pkg.api.resource.Quantity"] = _QUANTITY
-    for name, fields in _ANY_STRING_FIELDS.items():
-        props = defs[_DEF_PREFIX + name]["properties"]
-        for fname in fields:
-            props[fname] = {**props[fname], **_ANY_STRING}
-    params = defs[_DEF_PREFIX + "Parameter"]["properties"]
-    params["enum"] = {**params["enum"], "items": _ANY_STRING}
-    for (name, fname), values in _ENUMS.items():
-        props = defs[_DEF_PREFIX + name]["properties"]
-        props[fname] = {**props[fname], "enum": values}
-    return defs
-
-
-@functools.cache
-def _definitions(strict: bool) -> Mapping[str, Any]:
-    defs = _base_definitions()
-    if not strict:
-        return defs
-    # argo lint decodes strictly and rejects unknown fields. Maps (labels, annotations, resource
-    # limits, hooks) are inline `additionalProperties` schemas inside properties, not top-level
-    # definitions, so closing every definition that has `properties` leaves them open.
-    return {
-        name: {**d, "additionalProperties": False} if "properties" in d else d
-        for name, d in defs.items()
-    }
-
-
-@functools.cache
-def _validator(kind: str, strict: bool) -> Any:
-    from jsonschema import Draft202012Validator
-
-    schema = {"$ref": f"#/definitions/{_DEF_PREFIX}{kind}", "definitions": _definitions(strict)}
-    return Draft202012Validator(schema)
-
-
-def _format_path(parts: Iterable[Any]) -> str:
-    out = ""
-    for part in parts:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _quoted_list(values: Iterable[Any]) -> str:
-    return ", ".join(repr(v) for v in values)
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _describe(error: Any) -> list[tuple[str, str]]:
-    """Turn one jsonschema error into (path, plain-words message) pairs."""
-    path = _format_path(error.absolute_path)
-    kind, inst, schema = error.validator, error.instance, error.schema
-    if kind == "additionalProperties" and isinstance(inst, dict):
-        known = schema.get("properties", {})
-        return [
-            (path, f"unknown field '{key}'{_did_you_mean(key, known)}")
-            for key in inst
-            if key not in known
-        ]
-    if kind == "type":
-        types = error.validator_value
-        types = [types] if isinstance(types, str) else types
-        return [(path, f"{_short(inst)} is not of type {' or '.join(map(repr, types))}")]
-    if kind == "enum":
-        allowed = _quoted_list(error.validator_value)
-        return [(path, f"{_short(inst)} is not one of the allowed values: {allowed}")]
-    if kind == "const":
-        return [(path, f"{_short(inst)} must be {error.validator_value!r}")]
-    if kind == "required":
-        missing = [r for r in error.validator_value if isinstance(inst, dict) and r not in inst]
-        return [(path, f"missing required field '{name}'") for name in missing]
-    return [(path, error.message if len(error.message) <= 200 else error.message[:197] + "...")]
-
-
-def _path_key(problem: LintProblem) -> tuple[Any, ...]:
-    # Sort "templates[10]" after "templates[2]": compare indices numerically.
-    return tuple(
-        (0, int(tok), "") if tok.isdigit() else (1, 0, tok)
-        for tok in re.split(r"[.\[\]]+", problem.path)
-        if tok
-    )
-
-
-def schema_problems(
-    doc: Mapping[str, Any], source: str = "<string>", strict: bool = True, document: str = ""
-) -> list[LintProblem]:
-    """Validate ``doc`` against its kind's definition in Argo's JSON Schema."""
-    from jsonschema.exceptions import best_match
-
-    document = document or _document_label(doc, 1)
-    kind = doc.get("kind")
-    if kind not in ARGO_KINDS:
-        return [LintProblem(source, document, "kind", _not_argo_message(kind))]
-    seen: set[tuple[str, str]] = set()
-    problems: list[LintProblem] = []
-    for error in _validator(kind, strict).iter_errors(doc):
-        # oneOf/anyOf errors say "is not valid under any of the given schemas"; the most
-        # relevant sub-error says what is actually wrong.
-        specific = best_match([error]) if error.context else error
-        for path, message in _describe(specific):
-            if (path, message) not in seen:
-                seen.add((path, message))
-                problems.append(LintProblem(source, document, path, message))
-    return sorted(problems, key=_path_key)
-
-
-def _not_argo_message(kind: Any) -> str:
-    return f"not an Argo Workflows document: kind {kind!r} is not one of {_quoted_list(ARGO_KINDS)}"
-
-
-# ============================================================================================
-# Semantic layer (pure Python: must not import jsonschema)
-# ============================================================================================
+from .problems import (
+    ARGO_KINDS,
+    LintProblem,
+    as_dict,
+    as_list,
+    did_you_mean,
+    document_label,
+    names,
+)
 
 _TEMPLATE_TYPES = (
     "container",
@@ -242,18 +40,6 @@ _TEMPLATE_TYPES = (
 # Template types whose node has `outputs.result` / `exitCode` (Argo's Template.HasOutput).
 _RESULT_TYPES = ("container", "containerSet", "script", "data", "http", "plugin")
 _LOOP_KEYS = ("withItems", "withParam", "withSequence")
-# The task results a DAG `depends` expression may test (`task.Succeeded`, ...); the runner's
-# evaluator uses the same list.
-DEPENDS_RESULTS = (
-    "Succeeded",
-    "Failed",
-    "Errored",
-    "Skipped",
-    "Omitted",
-    "Daemoned",
-    "AnySucceeded",
-    "AllFailed",
-)
 _NODE_ATTRS = (
     "id",
     "ip",
@@ -284,33 +70,6 @@ _WORKFLOW_VARS = (
 # Roots Argo itself checks; tags with other roots (e.g. Jinja in a script) are left alone, as
 # Argo's validator does.
 _CHECKED_ROOTS = ("workflow", "inputs", "outputs", "item", "tasks", "steps")
-_TAG_RE = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
-_DEPENDS_OPERATORS = re.compile(r"&&|\|\||[!()]")
-
-
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _names(items: Any) -> list[str]:
-    return [
-        item["name"]
-        for item in _as_list(items)
-        if isinstance(item, dict) and isinstance(item.get("name"), str)
-    ]
-
-
-def _document_label(doc: Mapping[str, Any], index: int) -> str:
-    meta = _as_dict(doc.get("metadata"))
-    name = meta.get("name") or meta.get("generateName")
-    kind = doc.get("kind")
-    if isinstance(kind, str) and isinstance(name, str) and name:
-        return f"{kind}/{name}"
-    return f"document {index}"
 
 
 @dataclass
@@ -333,7 +92,7 @@ class _Workflow:
     uses_ref: bool  # spec.workflowTemplateRef: templates and parameters live elsewhere
 
     def unknown_template(self, name: str) -> str:
-        return f"unknown template '{name}'{_did_you_mean(name, self.templates)}"
+        return f"unknown template '{name}'{did_you_mean(name, self.templates)}"
 
 
 @dataclass(frozen=True)
@@ -350,25 +109,29 @@ class _Scope:
 
 def semantic_problems(doc: Mapping[str, Any], source: str = "<string>") -> list[LintProblem]:
     """Checks the schema cannot do: references between templates, DAG structure, variables."""
-    report = _Report(source, _document_label(doc, 1))
+    return check_semantics(doc, source, document_label(doc, 1))
+
+
+def check_semantics(doc: Mapping[str, Any], source: str, document: str) -> list[LintProblem]:
+    report = _Report(source, document)
     _semantic(doc, report)
     return report.problems
 
 
 def _semantic(doc: Mapping[str, Any], report: _Report) -> None:
     kind = doc.get("kind")
-    spec = _as_dict(doc.get("spec"))
+    spec = as_dict(doc.get("spec"))
     base = "spec"
     if kind == "CronWorkflow":
-        spec, base = _as_dict(spec.get("workflowSpec")), "spec.workflowSpec"
+        spec, base = as_dict(spec.get("workflowSpec")), "spec.workflowSpec"
     if kind in ARGO_KINDS:
         _check_workflow_spec(report, spec, base, kind)
 
 
 def _check_workflow_spec(report: _Report, spec: dict[str, Any], base: str, kind: str) -> None:
     templates: dict[str, dict[str, Any]] = {}
-    for i, tmpl in enumerate(_as_list(spec.get("templates"))):
-        name = _as_dict(tmpl).get("name")
+    for i, tmpl in enumerate(as_list(spec.get("templates"))):
+        name = as_dict(tmpl).get("name")
         if not isinstance(name, str):
             continue
         if name in templates:
@@ -377,12 +140,12 @@ def _check_workflow_spec(report: _Report, spec: dict[str, Any], base: str, kind:
     wf = _Workflow(
         kind=kind,
         templates=templates,
-        params=set(_names(_as_dict(spec.get("arguments")).get("parameters"))),
+        params=set(names(as_dict(spec.get("arguments")).get("parameters"))),
         uses_ref="workflowTemplateRef" in spec,
     )
     _check_entrypoint(report, spec, base, wf)
     _check_exit_and_hooks(report, spec, base, wf)
-    for i, tmpl in enumerate(_as_list(spec.get("templates"))):
+    for i, tmpl in enumerate(as_list(spec.get("templates"))):
         if isinstance(tmpl, dict):
             _check_template(report, tmpl, f"{base}.templates[{i}]", wf)
     # Workflow-level fields (arguments, podMetadata, volumeClaimTemplates...) see only globals.
@@ -425,8 +188,8 @@ def _check_exit_and_hooks(report: _Report, spec: dict[str, Any], base: str, wf: 
 
 
 def _check_hooks(report: _Report, hooks: Any, path: str, wf: _Workflow) -> None:
-    for name, hook in _as_dict(hooks).items():
-        target = _as_dict(hook).get("template")
+    for name, hook in as_dict(hooks).items():
+        target = as_dict(hook).get("template")
         if isinstance(target, str) and target not in wf.templates:
             report.add(f"{path}.{name}.template", f"hook refers to {wf.unknown_template(target)}")
 
@@ -451,7 +214,7 @@ def _check_template(report: _Report, tmpl: dict[str, Any], path: str, wf: _Workf
 
 def _required_inputs(tmpl: dict[str, Any]) -> list[str]:
     """Input parameters with no value, default or valueFrom: the caller must pass them."""
-    params = _as_list(_as_dict(tmpl.get("inputs")).get("parameters"))
+    params = as_list(as_dict(tmpl.get("inputs")).get("parameters"))
     return [
         p["name"]
         for p in params
@@ -484,7 +247,7 @@ def _check_call(report: _Report, node: dict[str, Any], path: str, wf: _Workflow,
     callee = _callee(node, wf)
     if callee is None:
         return
-    supplied = set(_names(_as_dict(node.get("arguments")).get("parameters")))
+    supplied = set(names(as_dict(node.get("arguments")).get("parameters")))
     for name in _required_inputs(callee):
         if name not in supplied:
             report.add(
@@ -500,7 +263,7 @@ def _index_nodes(
     """name -> (path, node); reports duplicate names."""
     nodes: dict[str, tuple[str, dict[str, Any]]] = {}
     for path, node in items:
-        name = _as_dict(node).get("name")
+        name = as_dict(node).get("name")
         if not isinstance(name, str):
             continue
         if name in nodes:
@@ -513,15 +276,6 @@ def _index_nodes(
 # --- DAG ---------------------------------------------------------------------------------------
 
 
-def _parse_depends(expr: str) -> list[tuple[str, str | None]]:
-    """Task names (and result suffix) in a `depends` expression like "(a || b.Failed) && !c"."""
-    out: list[tuple[str, str | None]] = []
-    for token in _DEPENDS_OPERATORS.sub(" ", expr).split():
-        name, dot, result = token.partition(".")
-        out.append((name, result if dot else None))
-    return out
-
-
 def _dag_dependencies(
     report: _Report, task: dict[str, Any], path: str, names: Mapping[str, Any]
 ) -> list[str]:
@@ -529,18 +283,23 @@ def _dag_dependencies(
     dependencies, depends = task.get("dependencies"), task.get("depends")
     if dependencies is not None and depends is not None:
         report.add(path, "use either 'depends' or 'dependencies', not both")
-    for j, dep in enumerate(_as_list(dependencies)):
+    for j, dep in enumerate(as_list(dependencies)):
         if not isinstance(dep, str):
             continue
         if dep not in names:
-            msg = f"dependency '{dep}' is not a task in this DAG{_did_you_mean(dep, names)}"
+            msg = f"dependency '{dep}' is not a task in this DAG{did_you_mean(dep, names)}"
             report.add(f"{path}.dependencies[{j}]", msg)
         else:
             deps.append(dep)
     if isinstance(depends, str):
-        for dep, result in _parse_depends(depends):
+        try:
+            references = depends_references(depends)
+        except DependsError as error:
+            report.add(f"{path}.depends", str(error))
+            references = []
+        for dep, result in references:
             if dep not in names:
-                msg = f"depends refers to unknown task '{dep}'{_did_you_mean(dep, names)}"
+                msg = f"depends refers to unknown task '{dep}'{did_you_mean(dep, names)}"
                 report.add(f"{path}.depends", msg)
                 continue
             if result is not None and result not in DEPENDS_RESULTS:
@@ -596,7 +355,7 @@ def _check_dag(
     report: _Report, tmpl: dict[str, Any], path: str, wf: _Workflow
 ) -> dict[str, dict[str, Any]]:
     dag = tmpl["dag"]
-    tasks = _as_list(dag.get("tasks"))
+    tasks = as_list(dag.get("tasks"))
     index = _index_nodes(report, ((f"{path}.tasks[{i}]", t) for i, t in enumerate(tasks)), "task")
     graph = {
         name: _dag_dependencies(report, task, tpath, index) for name, (tpath, task) in index.items()
@@ -639,7 +398,7 @@ def _check_node_refs(
 def _check_steps(
     report: _Report, tmpl: dict[str, Any], path: str, wf: _Workflow
 ) -> dict[str, dict[str, Any]]:
-    groups = [_as_list(g) for g in tmpl["steps"]]
+    groups = [as_list(g) for g in tmpl["steps"]]
     located = [
         (f"{path}[{g}][{s}]", step)
         for g, group in enumerate(groups)
@@ -657,7 +416,7 @@ def _check_steps(
             visible = frozenset(earlier)
             scope = _Scope(tmpl, "steps", nodes, visible, step.get("name"), _in_loop(step))
             _check_node_refs(report, step, spath, wf, scope)
-        earlier.update(_names(group))
+        earlier.update(names(group))
     return nodes
 
 
@@ -680,7 +439,7 @@ def _check_refs(report: _Report, obj: Any, path: str, wf: _Workflow, scope: _Sco
         if "{{" not in text:
             continue
         # dict.fromkeys: a tag repeated in one string (Hera's script preamble) is reported once.
-        for tag in dict.fromkeys(m.group(1).strip() for m in _TAG_RE.finditer(text)):
+        for tag in dict.fromkeys(m.group(1).strip() for m in TAG.finditer(text)):
             if tag.startswith("="):  # expression tag: evaluated by expr-lang, not checked here
                 continue
             message = _resolve(tag, wf, scope)
@@ -713,7 +472,7 @@ def _resolve_workflow(parts: list[str], wf: _Workflow) -> str | None:
     if parts[1] == "parameters" and len(parts) >= 3 and parts[2] != "json" and not wf.uses_ref:
         name = ".".join(parts[2:])
         if name not in wf.params:
-            hint = _did_you_mean(name, wf.params)
+            hint = did_you_mean(name, wf.params)
             return f"workflow parameter '{name}' is not declared in spec.arguments.parameters{hint}"
     return None
 
@@ -722,7 +481,7 @@ def _resolve_io(parts: list[str], tmpl: dict[str, Any]) -> str | None:
     direction = parts[0]  # inputs / outputs
     if len(parts) < 3 or parts[1] not in ("parameters", "artifacts"):
         return None  # inputs.parameters (all as JSON), outputs.result, outputs.exitCode
-    declared = _names(_as_dict(tmpl.get(direction)).get(parts[1]))
+    declared = names(as_dict(tmpl.get(direction)).get(parts[1]))
     name = parts[2]
     if name in declared:
         return None
@@ -730,7 +489,7 @@ def _resolve_io(parts: list[str], tmpl: dict[str, Any]) -> str | None:
     where = f"{direction}.{parts[1]}"
     return (
         f"template '{tmpl.get('name', '?')}' declares no {direction[:-1]} {kind} '{name}' in "
-        f"{where}{_did_you_mean(name, declared)}"
+        f"{where}{did_you_mean(name, declared)}"
     )
 
 
@@ -746,7 +505,7 @@ def _resolve_node(parts: list[str], wf: _Workflow, scope: _Scope) -> str | None:
         return f"incomplete reference to a {what}"
     name, attr = parts[1], parts[2]
     if name not in scope.nodes:
-        return f"'{name}' is not a {what} in this template{_did_you_mean(name, scope.nodes)}"
+        return f"'{name}' is not a {what} in this template{did_you_mean(name, scope.nodes)}"
     if scope.visible is not None and name not in scope.visible:
         if root == "tasks":
             return (
@@ -773,122 +532,10 @@ def _resolve_node_outputs(parts: list[str], callee: dict[str, Any] | None, what:
             f"(only {', '.join(_RESULT_TYPES)} templates do)"
         )
     if kind in ("parameters", "artifacts") and len(parts) >= 5:
-        declared = _names(_as_dict(callee.get("outputs")).get(kind))
+        declared = names(as_dict(callee.get("outputs")).get(kind))
         if parts[4] not in declared:
             return (
                 f"template '{tname}' (run by {what} '{name}') declares no output "
-                f"{kind[:-1]} '{parts[4]}'{_did_you_mean(parts[4], declared)}"
+                f"{kind[:-1]} '{parts[4]}'{did_you_mean(parts[4], declared)}"
             )
     return None
-
-
-# ============================================================================================
-# Entry points
-# ============================================================================================
-
-
-def _lint(doc: Mapping[str, Any], source: str, strict: bool, document: str) -> list[LintProblem]:
-    problems = schema_problems(doc, source, strict, document)
-    if doc.get("kind") in ARGO_KINDS:
-        report = _Report(source, document)
-        _semantic(doc, report)
-        problems.extend(report.problems)
-    return problems
-
-
-def lint_document(
-    doc: dict[str, Any], source: str = "<string>", strict: bool = True
-) -> list[LintProblem]:
-    """Schema and semantic problems of one Argo document (an empty list when it is clean)."""
-    return _lint(doc, source, strict, _document_label(doc, 1))
-
-
-def is_argo_document(doc: Any) -> bool:
-    """Whether ``doc`` is one of the Argo kinds this linter checks (others are skipped)."""
-    if not isinstance(doc, dict) or doc.get("kind") not in ARGO_KINDS:
-        return False
-    api = doc.get("apiVersion")
-    # A wrong or missing apiVersion on an Argo kind is a problem to report, not a reason to skip;
-    # only a different API group (someone else's "Workflow") is skipped.
-    return not isinstance(api, str) or "/" not in api or api.startswith("argoproj.io/")
-
-
-def _iter_files(paths: Sequence[str | Path]) -> Iterator[tuple[Path, bool]]:
-    """(file, exists) for each path; directories give their *.yaml / *.yml files, sorted."""
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            files = (p for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
-            for file in sorted(files):
-                yield file, True
-        else:
-            yield path, path.is_file()
-
-
-def _load_yaml_documents(text: str, source: str) -> Iterator[tuple[int, Any] | LintProblem]:
-    """Yields (1-based index, document) or a LintProblem for a syntax error (then stops)."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    index = 0
-    try:
-        for index, doc in enumerate(yaml.load_all(text, Loader=loader), start=1):
-            yield index, doc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        message = f"YAML syntax error: {where}{problem}"
-        yield LintProblem(source, f"document {index + 1}", "", message)
-
-
-_YAML_TYPE_NAMES = {
-    list: "a list",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-}
-
-
-def lint_paths(paths: Sequence[str | Path], strict: bool = True) -> tuple[list[LintProblem], int]:
-    """Lint files and directories; returns (problems, number of Argo documents checked)."""
-    problems, checked, _ = lint_files(paths, strict)
-    return problems, checked
-
-
-def lint_files(paths: Sequence[str | Path], strict: bool = True
-               ) -> tuple[list[LintProblem], int, list[str]]:
-    """:func:`lint_paths`, plus the YAML files skipped for holding no Argo document (Kubernetes
-    objects of an install, a kustomization), so that a user sees what was not checked."""
-    problems: list[LintProblem] = []
-    checked = 0
-    skipped: list[str] = []
-    for file, exists in _iter_files(paths):
-        before = checked
-        source = str(file)
-        if not exists:
-            problems.append(LintProblem(source, "", "", "no such file or directory"))
-            continue
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(LintProblem(source, "", "", f"cannot read file: {exc}"))
-            continue
-        for item in _load_yaml_documents(text, source):
-            if isinstance(item, LintProblem):
-                problems.append(item)
-                continue
-            index, doc = item
-            if doc is None:
-                continue  # empty document, e.g. a trailing '---'
-            if not isinstance(doc, dict):
-                what = _YAML_TYPE_NAMES.get(type(doc), type(doc).__name__)
-                message = f"document is {what}, not a mapping"
-                problems.append(LintProblem(source, f"document {index}", "", message))
-            elif is_argo_document(doc):
-                checked += 1
-                problems.extend(_lint(doc, source, strict, _document_label(doc, index)))
-        if checked == before and not any(p.source == source for p in problems):
-            skipped.append(source)
-    return problems, checked, skipped

@@ -1,0 +1,321 @@
+"""Every setting of the train step, declared once.
+
+Each :class:`Setting` is the single source of a training knob: its name (the pipeline parameter,
+the template input and the ``--flag`` of the launcher and the workers), type, default, bounds or
+choices, description (the Argo UI's tooltip and the ``--help`` text), which paradigms it applies
+to, and who reads it (the launcher only, or passed on to every worker). From the declaration come
+the pipeline's parameters and their types annotation (:mod:`sublimate.pipelines.train`), the
+template's inputs and the launcher's flags (:mod:`sublimate.components.train`), the workers'
+arguments (:mod:`sublimate.components.worker`, :mod:`sublimate.components.async_sgd`) and each
+paradigm's typed configuration (:func:`paradigm_config`). Rules that tie settings together live in
+:func:`check` and run before any step starts (``sublimate run``/``submit``) and again inside the
+step, with the same code and the same one-line message.
+
+Adding a setting is one entry in :data:`SETTINGS` (plus the code that uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sublimate.components.runtime import DEFAULT_IMAGE
+
+Kind = Literal["string", "integer", "number", "boolean"]
+PARADIGM_NAMES = ("sync", "async", "bmuf", "easgd")
+AUTO = "auto"
+RUN_ID_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+
+
+class SettingError(ValueError):
+    """A setting's value is refused; the message is one line that names the setting."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str | int | float | bool
+    description: str
+    kind: Kind = "string"
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    pattern: str | None = None  # a regular expression the whole text must match
+    auto: bool = False  # "auto" is accepted and means None (the paradigm's own default)
+    paradigms: frozenset[str] = field(default_factory=lambda: frozenset(PARADIGM_NAMES))
+    # "worker": passed on to every training process; "launcher": read by the train step itself.
+    reader: Literal["worker", "launcher"] = "worker"
+    in_pipeline: bool = True  # False: a step flag only (no pipeline parameter)
+
+    @property
+    def attribute(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    def default_text(self) -> str:
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        return str(self.default)
+
+    def parse(self, text: str | int | float | bool) -> Any:
+        """The typed value of ``text``; raises :class:`SettingError` naming the setting."""
+        if isinstance(text, bool):
+            text = "true" if text else "false"
+        text = str(text).strip()
+        if self.auto and text == AUTO:
+            return None
+        value: Any
+        try:
+            if self.kind == "integer":
+                value = int(text)
+            elif self.kind == "number":
+                value = float(text)
+            elif self.kind == "boolean":
+                lowered = text.lower()
+                if lowered not in ("true", "false"):
+                    raise ValueError
+                value = lowered == "true"
+            else:
+                value = text
+        except ValueError:
+            what = {"integer": "an integer", "number": "a number",
+                    "boolean": "true or false", "string": "text"}[self.kind]
+            extra = " or auto" if self.auto else ""
+            raise SettingError(f"{self.name}: '{text}' is not {what}{extra}") from None
+        if self.choices and text not in self.choices:
+            raise SettingError(f"{self.name}: '{text}' is not one of {', '.join(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise SettingError(f"{self.name}: {text} is below the minimum {_number(self.minimum)}")
+        if self.maximum is not None and value > self.maximum:
+            raise SettingError(f"{self.name}: {text} is above the maximum {_number(self.maximum)}")
+        if self.pattern and re.search(self.pattern, text) is None:  # as the runner checks it
+            raise SettingError(f"{self.name}: '{text}' does not match {self.pattern}")
+        return value
+
+    def argparse_type(self) -> Any:
+        def convert(text: str) -> Any:
+            try:
+                return self.parse(text)
+            except SettingError as error:  # argparse prefixes "argument --name:"
+                raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
+
+        convert.__name__ = self.kind
+        return convert
+
+    def constraints(self) -> dict[str, object]:
+        """JSON-schema-like type and bounds (the pipeline's types annotation)."""
+        spec: dict[str, object] = {"type": self.kind}
+        if self.minimum is not None:
+            spec["minimum"] = self.minimum
+        if self.maximum is not None:
+            spec["maximum"] = self.maximum
+        if self.pattern is not None:
+            spec["pattern"] = self.pattern
+        elif self.auto:
+            spec = {"type": "string", "pattern": _auto_pattern(self.kind)}
+        return spec
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _auto_pattern(kind: Kind) -> str:
+    number = r"[0-9]+" if kind == "integer" else r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+    return rf"^(auto|{number})$"
+
+
+_PERIODIC = frozenset({"bmuf", "easgd"})
+_COLLECTIVE = frozenset({"sync", "bmuf", "easgd"})
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP all-reduce every "
+            "step); async: asynchronous SGD with a parameter server; bmuf: block-momentum SGD "
+            "(Chen & Huo 2016); easgd: elastic-averaging SGD (Zhang et al. 2015).",
+            choices=PARADIGM_NAMES, reader="launcher"),
+    Setting("model", "mlp", "Model: the built-in mlp, or module:function(num_features, "
+            "num_classes) returning a torch.nn.Module (importable in the image), e.g. "
+            "sublimate.components.example_models:small_cnn.",
+            pattern=r"^(mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"),
+    Setting("run-id", "", "Name of the run's folder on the shared volume (default: the "
+            "workflow's name). Submit again with a previous run's id to resume it from its last "
+            "checkpoint.", pattern=RUN_ID_PATTERN, reader="launcher"),
+    Setting("nodes", 2, "Training nodes (one torchrun agent each).", kind="integer", minimum=1,
+            maximum=512, reader="launcher"),
+    Setting("procs-per-node", 1, "Worker processes per node (one per GPU on GPU nodes).",
+            kind="integer", minimum=1, maximum=64, reader="launcher"),
+    Setting("epochs", 20, "Passes over the training set.", kind="integer", minimum=1,
+            maximum=100000),
+    Setting("global-batch-size", 64, "Examples per optimizer step across all workers; must "
+            "divide by nodes x procs-per-node (x accumulation-steps).", kind="integer",
+            minimum=1),
+    Setting("learning-rate", 0.1, "SGD learning rate at reference-batch-size (scaled for other "
+            "batch sizes, see lr-scaling).", kind="number", minimum=0),
+    Setting("momentum", 0.9, "SGD momentum of each worker's optimizer (async: the server's).",
+            kind="number", minimum=0, maximum=1),
+    Setting("weight-decay", 0.0001, "L2 weight decay of the optimizer.", kind="number",
+            minimum=0),
+    Setting("hidden", 128, "Width of the built-in mlp's hidden layers.", kind="integer",
+            minimum=1, in_pipeline=False),
+    Setting("seed", 0, "Seed for model initialisation and data order.", kind="integer",
+            minimum=0),
+    Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
+            "at the end).", kind="integer", minimum=0),
+    Setting("max-restarts", 0, "Times torchrun restarts the workers after one fails; they "
+            "resume from the last checkpoint.", kind="integer", minimum=0, maximum=100,
+            reader="launcher"),
+    Setting("lr-scaling", "linear", "Scale the learning rate with global-batch-size / "
+            "reference-batch-size (Goyal et al. 2017); async scales with each trainer's batch.",
+            choices=("linear", "none")),
+    Setting("reference-batch-size", 64, "Batch size at which learning-rate applies unscaled.",
+            kind="integer", minimum=1),
+    Setting("warmup-epochs", 0, "Epochs of gradual warmup from learning-rate to the scaled rate "
+            "(Goyal et al. use 5 for large batches).", kind="number", minimum=0),
+    Setting("accumulation-steps", 1, "Micro-batches accumulated per optimizer step (sync, "
+            "bmuf, easgd).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
+    Setting("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic updates.",
+            kind="integer", minimum=1, paradigms=_PERIODIC),
+    Setting("block-momentum", AUTO, "bmuf: block momentum eta (auto: 1 - 1/N for N workers).",
+            kind="number", minimum=0, auto=True, paradigms=frozenset({"bmuf"})),
+    Setting("block-lr", 1.0, "bmuf: block learning rate zeta.", kind="number", minimum=0,
+            paradigms=frozenset({"bmuf"})),
+    Setting("nesterov", True, "bmuf: Nesterov-style look-ahead between blocks.", kind="boolean",
+            paradigms=frozenset({"bmuf"})),
+    Setting("moving-rate", AUTO, "easgd: moving rate alpha toward the center (auto: 0.9 / N).",
+            kind="number", minimum=0, auto=True, paradigms=frozenset({"easgd"})),
+    Setting("staleness-bound", 0, "async: most pushes a trainer may run ahead of the slowest "
+            "(0: unbounded, pure Downpour).", kind="integer", minimum=0,
+            paradigms=frozenset({"async"})),
+    Setting("eval-every-epoch", True, "Evaluate test accuracy after every epoch (rank 0), for "
+            "the report's accuracy curve.", kind="boolean"),
+    Setting("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, gloo "
+            "otherwise.", choices=("auto", "gloo", "nccl"), paradigms=_COLLECTIVE),
+    Setting("scheduler", "auto", "TorchX scheduler for the training job. auto: kubernetes "
+            "inside a cluster, local_cwd on one machine.",
+            choices=("auto", "local_cwd", "kubernetes"), reader="launcher"),
+    Setting("cpu-per-node", 1, "CPUs requested per training node.", kind="integer", minimum=1,
+            reader="launcher"),
+    Setting("gpus-per-node", 0, "GPUs requested per training node.", kind="integer", minimum=0,
+            reader="launcher"),
+    Setting("memory-mb-per-node", 2048, "Memory requested per training node, in MB.",
+            kind="integer", minimum=128, reader="launcher"),
+    Setting("queue", "default", "Volcano queue for the training job (kubernetes).",
+            reader="launcher"),
+    Setting("image", DEFAULT_IMAGE, "Container image of the training workers (kubernetes; the "
+            "steps' own image is set at install).", reader="launcher"),
+)
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+
+
+def settings(reader: str | None = None, paradigm: str | None = None) -> list[Setting]:
+    """The declared settings, optionally those one reader uses or one paradigm applies."""
+    return [s for s in SETTINGS if (reader is None or s.reader == reader)
+            and (paradigm is None or paradigm in s.paradigms)]
+
+
+def worker_settings(paradigms: Iterable[str]) -> list[Setting]:
+    """What the launcher passes to the training processes of these paradigms (one program runs
+    the collective ones, another the parameter server's)."""
+    family = set(paradigms)
+    return [s for s in SETTINGS if s.reader == "worker" and family & s.paradigms]
+
+
+def add_arguments(parser: argparse.ArgumentParser, chosen: Iterable[Setting]) -> None:
+    """One ``--flag`` per setting, typed and bounded by its declaration."""
+    for setting in chosen:
+        parser.add_argument(setting.flag, dest=setting.attribute, type=setting.argparse_type(),
+                            default=setting.parse(setting.default_text()),
+                            metavar=setting.kind.upper() if not setting.choices else None,
+                            choices=None, help=setting.description)
+
+
+def to_flags(values: Mapping[str, Any], chosen: Iterable[Setting]) -> list[str]:
+    """``values`` (by attribute) as the command-line flags of ``chosen``."""
+    flags: list[str] = []
+    for setting in chosen:
+        value = values.get(setting.attribute)
+        text = AUTO if value is None and setting.auto else (
+            ("true" if value else "false") if isinstance(value, bool) else str(value))
+        flags += [setting.flag, text]
+    return flags
+
+
+def parse_values(texts: Mapping[str, str]) -> dict[str, Any]:
+    """Typed values by attribute from texts by setting name (unknown names are ignored)."""
+    values = {s.attribute: s.parse(s.default_text()) for s in SETTINGS}
+    for name, text in texts.items():
+        if name in BY_NAME:
+            values[BY_NAME[name].attribute] = BY_NAME[name].parse(text)
+    return values
+
+
+def check(values: Mapping[str, Any]) -> None:
+    """The rules that tie settings together; raises :class:`SettingError` (one line).
+
+    ``values`` are typed, by attribute (as argparse or :func:`parse_values` give them); missing
+    settings take their defaults.
+    """
+    merged = {s.attribute: s.parse(s.default_text()) for s in SETTINGS}
+    merged.update({key: value for key, value in values.items() if key in merged})
+    workers = merged["nodes"] * merged["procs_per_node"]
+    algorithm = merged["algorithm"]
+    accumulation = merged["accumulation_steps"] if algorithm in _COLLECTIVE else 1
+    divisor = workers * accumulation
+    if merged["global_batch_size"] % divisor:
+        parts = f"nodes x procs-per-node = {workers}"
+        if accumulation > 1:
+            parts = (f"nodes x procs-per-node x accumulation-steps = {merged['nodes']} x "
+                     f"{merged['procs_per_node']} x {accumulation} = {divisor}")
+        raise SettingError(f"global-batch-size {merged['global_batch_size']} is not divisible "
+                           f"by {parts}")
+    if algorithm == "bmuf" and merged["block_momentum"] is not None \
+            and merged["block_momentum"] >= 1:
+        raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "
+                           "(bmuf diverges at 1 and above)")
+
+
+def check_texts(texts: Mapping[str, str]) -> None:
+    """:func:`check` on pipeline parameter texts by name (what ``sublimate run`` resolved)."""
+    check(parse_values(texts))
+
+
+def examples_rule(global_batch_size: int, examples: int, dataset: str) -> None:
+    """A global batch must fit in one epoch of the training split (known once data is staged)."""
+    if global_batch_size > examples:
+        raise SettingError(f"global-batch-size {global_batch_size} is larger than the {examples} "
+                           f"training examples of {dataset}")
+
+
+@dataclass(frozen=True)
+class ParadigmConfig:
+    """The typed settings one paradigm applies, by attribute (``config.sync_period``)."""
+
+    algorithm: str
+    values: Mapping[str, Any]
+
+    def __getattr__(self, attribute: str) -> Any:
+        try:
+            return self.values[attribute]
+        except KeyError:
+            raise AttributeError(f"{self.algorithm} has no setting '{attribute}'") from None
+
+
+def paradigm_config(algorithm: str, values: Mapping[str, Any]) -> ParadigmConfig:
+    """The settings that apply to ``algorithm`` from typed ``values`` (argparse's, by attribute);
+    each is checked against its declaration, missing ones take their defaults."""
+    for setting in settings(paradigm=algorithm):
+        if setting.attribute in values:
+            value = values[setting.attribute]
+            setting.parse(AUTO if value is None and setting.auto else
+                          ("true" if value else "false") if isinstance(value, bool) else value)
+    chosen = settings(paradigm=algorithm)
+    defaults = {s.attribute: s.parse(s.default_text()) for s in chosen}
+    typed = {key: values.get(key, default) for key, default in defaults.items()}
+    typed["algorithm"] = algorithm
+    return ParadigmConfig(algorithm, typed)

@@ -1,0 +1,167 @@
+"""Argo's vocabulary, shared by the linter and the local runner so that the two never disagree.
+
+Node phases and types, the task results a DAG ``depends`` expression may test and its grammar,
+the ``{{...}}`` tag pattern, and the annotation that carries sublimate's parameter types. Both
+``sublimate lint`` and ``sublimate run`` import this module on every start: standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+
+class NodePhase(StrEnum):
+    """``status.nodes[].phase`` (Argo's ``wfv1.NodePhase``); compares equal to the plain text."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ERROR = "Error"
+    SKIPPED = "Skipped"
+    OMITTED = "Omitted"
+
+    @property
+    def done(self) -> bool:
+        return self not in (NodePhase.PENDING, NodePhase.RUNNING)
+
+    @property
+    def failed(self) -> bool:
+        return self in (NodePhase.FAILED, NodePhase.ERROR)
+
+
+class NodeType(StrEnum):
+    """``status.nodes[].type`` (Argo's ``wfv1.NodeType``)."""
+
+    POD = "Pod"
+    DAG = "DAG"
+    STEPS = "Steps"
+    STEP_GROUP = "StepGroup"
+    TASK_GROUP = "TaskGroup"
+    RETRY = "Retry"
+    SKIPPED = "Skipped"
+    SUSPEND = "Suspend"
+
+
+# The task results a DAG `depends` expression may test (`task.Succeeded`, ...).
+DEPENDS_RESULTS = (
+    "Succeeded",
+    "Failed",
+    "Errored",
+    "Skipped",
+    "Omitted",
+    "Daemoned",
+    "AnySucceeded",
+    "AllFailed",
+)
+# Results that mean "this dependency's failure is handled by whoever depends on it".
+FAILURE_HANDLING_RESULTS = frozenset({"Failed", "Errored", "AnySucceeded", "AllFailed"})
+
+# A `{{...}}` tag anywhere in a string (Argo's template substitution).
+TAG = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
+# `{{=...}}`: an expression tag (expr-lang), not a plain variable reference.
+EXPRESSION_TAG = re.compile(r"\{\{=")
+
+# Workflow annotation with the JSON types and bounds of the parameters (Argo ignores it; the
+# local runner and `sublimate submit` check it before a run starts).
+TYPES_ANNOTATION = "sublimate.dev/parameter-types"
+
+
+# ---------------------------------------------------------------------------------- depends
+
+
+class DependsError(ValueError):
+    """A `depends` expression that does not parse."""
+
+
+Ast = tuple  # ("ref", task, result | None) | ("not", Ast) | ("and" | "or", Ast, Ast)
+
+_DEP_TOKEN = re.compile(r"\s*(?:(&&|\|\||!|\(|\))|([A-Za-z0-9_][\w\-.]*))")
+
+
+def tokenize_depends(expr: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = expr.rstrip()
+    while pos < len(text):
+        match = _DEP_TOKEN.match(text, pos)
+        if not match:
+            raise DependsError(f"unexpected {text[pos:].strip()!r} in depends {expr!r}")
+        tokens.append(match.group(1) or match.group(2))
+        pos = match.end()
+    return tokens
+
+
+class _DependsParser:
+    """Recursive descent over ``||`` (lowest), ``&&``, ``!`` and parentheses."""
+
+    def __init__(self, tokens: list[str], source: str) -> None:
+        self.tokens = tokens
+        self.pos = 0
+        self.source = source
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self) -> str:
+        token = self.peek()
+        if token is None:
+            raise DependsError(f"unexpected end of expression {self.source!r}")
+        self.pos += 1
+        return token
+
+    def parse(self) -> Ast:
+        ast = self.parse_or()
+        if self.pos != len(self.tokens):
+            raise DependsError(f"unexpected {self.peek()!r} in expression {self.source!r}")
+        return ast
+
+    def parse_or(self) -> Ast:
+        left = self.parse_and()
+        while self.peek() == "||":
+            self.take()
+            left = ("or", left, self.parse_and())
+        return left
+
+    def parse_and(self) -> Ast:
+        left = self.parse_unary()
+        while self.peek() == "&&":
+            self.take()
+            left = ("and", left, self.parse_unary())
+        return left
+
+    def parse_unary(self) -> Ast:
+        token = self.take()
+        if token == "!":
+            return ("not", self.parse_unary())
+        if token == "(":
+            inner = self.parse_or()
+            if self.take() != ")":
+                raise DependsError(f"missing ')' in depends {self.source!r}")
+            return inner
+        if token in ("&&", "||", ")"):
+            raise DependsError(f"unexpected {token!r} in depends {self.source!r}")
+        task, dot, result = token.rpartition(".")
+        # `a.b` with an unknown suffix is a task named "a.b"? Argo's task names allow no dots,
+        # so keep the suffix as the (unknown) result for the caller to report.
+        return ("ref", task, result) if dot else ("ref", token, None)
+
+
+def parse_depends(expr: str) -> Ast:
+    return _DependsParser(tokenize_depends(expr), expr).parse()
+
+
+def depends_references(expr: str) -> list[tuple[str, str | None]]:
+    """``(task, result or None)`` for every reference in a `depends` expression, in order."""
+    found: list[tuple[str, str | None]] = []
+
+    def walk(node: Ast) -> None:
+        if node[0] == "ref":
+            found.append((node[1], node[2]))
+        else:
+            for child in node[1:]:
+                walk(child)
+
+    walk(parse_depends(expr))
+    return found

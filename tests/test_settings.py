@@ -1,0 +1,107 @@
+"""The one declaration of the train step's settings: parsing, bounds and cross-setting rules."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sublimate.components import settings as S
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("sync-period", "0", "sync-period: 0 is below the minimum 1"),
+    ("nodes", "two", "nodes: 'two' is not an integer"),
+    ("nesterov", "yes", "nesterov: 'yes' is not true or false"),
+    ("algorithm", "hogwild", "algorithm: 'hogwild' is not one of sync, async, bmuf, easgd"),
+    ("block-momentum", "fast", "block-momentum: 'fast' is not a number or auto"),
+    ("run-id", "../x", "run-id: '../x' does not match"),
+])
+def test_a_bad_value_is_one_line_naming_the_setting(name: str, text: str, message: str) -> None:
+    with pytest.raises(S.SettingError) as error:
+        S.BY_NAME[name].parse(text)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_values_are_typed() -> None:
+    assert S.BY_NAME["nesterov"].parse("false") is False  # not bool("false")
+    assert S.BY_NAME["block-momentum"].parse("auto") is None
+    assert S.BY_NAME["block-momentum"].parse("0.5") == 0.5
+    assert S.BY_NAME["epochs"].parse("3") == 3
+
+
+@pytest.mark.parametrize(("texts", "message"), [
+    ({"global-batch-size": "65"}, "global-batch-size 65 is not divisible by nodes x "
+                                  "procs-per-node = 2"),
+    ({"global-batch-size": "64", "nodes": "2", "procs-per-node": "2", "accumulation-steps": "3"},
+     "global-batch-size 64 is not divisible by nodes x procs-per-node x accumulation-steps = "
+     "2 x 2 x 3 = 12"),
+    ({"algorithm": "bmuf", "block-momentum": "1"}, "block-momentum 1.0 must be below 1"),
+])
+def test_cross_setting_rules(texts: dict[str, str], message: str) -> None:
+    with pytest.raises(S.SettingError, match="^" + message.replace("(", r"\(")):
+        S.check(S.parse_values(texts))
+    S.check(S.parse_values({}))  # the defaults are consistent
+
+
+def test_accumulation_does_not_apply_to_async() -> None:
+    S.check(S.parse_values({"algorithm": "async", "accumulation-steps": "3"}))
+
+
+def test_flags_round_trip_through_argparse() -> None:
+    chosen = S.settings(reader="worker")
+    parser = argparse.ArgumentParser()
+    S.add_arguments(parser, chosen)
+    values = vars(parser.parse_args(["--nesterov", "false", "--block-momentum", "auto",
+                                     "--sync-period", "4"]))
+    assert values["nesterov"] is False and values["block_momentum"] is None
+    again = vars(parser.parse_args(S.to_flags(values, chosen)))
+    assert again == values
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sync-period", "0"])
+
+
+def test_a_paradigm_sees_only_the_settings_that_apply_to_it() -> None:
+    config = S.paradigm_config("bmuf", S.parse_values({"sync-period": "4"}))
+    assert config.algorithm == "bmuf" and config.sync_period == 4 and config.nesterov is True
+    with pytest.raises(AttributeError, match="sync has no setting 'sync_period'"):
+        _ = S.paradigm_config("sync", S.parse_values({})).sync_period
+
+
+def test_a_new_setting_appears_everywhere_from_its_one_declaration(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Add a setting in one place: the pipeline's parameter (UI form, types annotation), the
+    train template's input, the launcher's flag, and the worker's argument all follow."""
+    from sublimate.components import paradigm, worker
+    from sublimate.components import train as launcher
+    from sublimate.pipelines.train import train_pipeline
+
+    dropout = S.Setting("dropout", 0.1, "Dropout probability of the hidden layers.",
+                        kind="number", minimum=0, maximum=1)
+    monkeypatch.setattr(S, "SETTINGS", (*S.SETTINGS, dropout))
+    monkeypatch.setattr(S, "BY_NAME", {**S.BY_NAME, "dropout": dropout})
+
+    manifest = train_pipeline().to_dict()
+    parameters = {p["name"]: p for p in manifest["spec"]["arguments"]["parameters"]}
+    assert parameters["dropout"]["value"] == "0.1"
+    assert parameters["dropout"]["description"] == "Dropout probability of the hidden layers."
+    annotation = manifest["metadata"]["annotations"]["sublimate.dev/parameter-types"]
+    assert '"dropout":{"maximum":1,"minimum":0,"type":"number"}' in annotation
+    step = next(t for t in manifest["spec"]["templates"] if t["name"] == "train")
+    assert {"name": "dropout", "default": "0.1"} in step["inputs"]["parameters"]
+    assert "{{inputs.parameters.dropout}}" in step["container"]["args"]
+    dag = next(t for t in manifest["spec"]["templates"] if "dag" in t)
+    task = next(t for t in dag["dag"]["tasks"] if t["name"] == "train")
+    assert {"name": "dropout", "value": "{{workflow.parameters.dropout}}"} in \
+        task["arguments"]["parameters"]
+
+    args = launcher.parse_args(["--data-dir", str(tmp_path), "--run-dir", str(tmp_path),
+                                "--dropout", "0.3"])
+    assert args.dropout == 0.3
+    flags = launcher.training_flags(args)
+    assert flags[flags.index("--dropout") + 1] == "0.3"  # passed on to every worker
+    parsed = worker.parse_args(["--data-dir", "d", "--run-dir", "r", *flags])
+    assert parsed.dropout == 0.3
+    with pytest.raises(SystemExit):  # bounded by the declaration, in the worker too
+        worker.parse_args(["--data-dir", "d", "--run-dir", "r", "--dropout", "2"])
+    assert paradigm.paradigm_config("sync", vars(parsed)).dropout == 0.3
