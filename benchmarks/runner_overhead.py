@@ -12,6 +12,9 @@ same three commands by hand in sequence, in one process, several times, and prin
 For scale: Kubeflow Pipelines' local mode takes 0.61 s and Metaflow 0.99 s for three trivial
 steps on our 2-core machines; our target is a third of the former (about 0.2 s).
 
+Each figure is followed by its spread (interquartile range, then min-max): the machines are
+shared, so a change is only a regression when it moves the median by more than that.
+
 Usage: python benchmarks/runner_overhead.py [--repeat N]
 """
 
@@ -80,6 +83,12 @@ def byte_compile_the_package() -> None:
         compileall.compile_dir(Path(package.__file__).parent, quiet=1)
 
 
+def spread(values: list[float]) -> str:
+    """``[q1-q3; min-max]`` in seconds: how far apart the repeats were."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return f"[{q1:.3f}-{q3:.3f}; {min(values):.3f}-{max(values):.3f}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
@@ -95,11 +104,12 @@ def main() -> None:
     steps = statistics.median(s for _, s in runs)
     overhead = statistics.median(w - s for w, s in runs)
     manual = statistics.median(hand)
-    print(f"three trivial steps, median of {args.repeat} runs")
-    print(f"  sublimate run wall time   {wall:6.3f} s")
-    print(f"  steps' own time           {steps:6.3f} s")
-    print(f"  runner overhead           {overhead:6.3f} s  (wall - steps)")
-    print(f"  by hand, in sequence      {manual:6.3f} s")
+    print(f"three trivial steps, median of {args.repeat} runs  [IQR; min-max]")
+    print(f"  sublimate run wall time   {wall:6.3f} s  {spread([w for w, _ in runs])}")
+    print(f"  steps' own time           {steps:6.3f} s  {spread([s for _, s in runs])}")
+    print(f"  runner overhead           {overhead:6.3f} s  {spread([w - s for w, s in runs])}"
+          "  (wall - steps)")
+    print(f"  by hand, in sequence      {manual:6.3f} s  {spread(hand)}")
     print(f"  ratio run / by hand       {wall / manual:6.2f} x")
     print(f"  vs KFP local (0.61 s)     {wall / 0.61:6.2f} x   vs Metaflow (0.99 s) "
           f"{wall / 0.99:6.2f} x")

@@ -25,124 +25,28 @@ STARTED = time.time()  # this module's code began: the start-up report's end of 
 
 import argparse
 import os
-import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from sublimate.components import checkpoint
+from sublimate.components import checkpoint, run_files
 from sublimate.components import metrics as monitoring
-from sublimate.components.paradigm import Paradigm, data_problem
-from sublimate.components.settings import SettingError, check
+from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re-exported)
+    AsyncSGD,
+    ParameterServer,
+)
+from sublimate.components.settings import SettingError, check, data_problem
 from sublimate.components.termination import fail
 
+if TYPE_CHECKING:
+    from sublimate.components.worker import Evaluation
+
 PS_NAME = "ps"
-SERVER_CHECKPOINT = "checkpoints/parameter-server.pt"
-
-
-class AsyncSGD(Paradigm):
-    """Registered so ``algorithm=async`` is known; the work happens in the two roles below."""
-
-    name = "async"
-
-
-class ParameterServer:
-    """The global model; applies pushed gradients one at a time under a lock."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, num_trainers: int,
-                 staleness_bound: int = 0) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.num_trainers, self.staleness_bound = num_trainers, staleness_bound
-        self.version = 0
-        self.clocks = [0] * num_trainers
-        self.finished: set[int] = set()
-        self.staleness_total = 0
-        self.staleness_max = 0
-        self.staleness_histogram: dict[int, int] = {}
-        self.waits = 0
-        self.first_update_at: float | None = None  # wall clock, for the start-up report
-        self.condition = threading.Condition()
-        # each trainer's last per-epoch report (loss, time split), for the live line
-        self.trainer_reports: dict[int, dict[str, float]] = {}
-
-    def parameters(self) -> list[torch.Tensor]:
-        return [parameter.detach().clone() for parameter in self.model.parameters()]
-
-    def start(self, trainer: int) -> tuple[list[torch.Tensor], int, int]:
-        """Parameters, version and the trainer's own step count (non-zero after a resume)."""
-        with self.condition:
-            return self.parameters(), self.version, self.clocks[trainer]
-
-    def _too_far_ahead(self, trainer: int) -> bool:
-        running = [clock for index, clock in enumerate(self.clocks) if index not in self.finished]
-        return bool(self.staleness_bound) and self.clocks[trainer] - min(running) \
-            >= self.staleness_bound
-
-    def push_pull(self, trainer: int, gradients: list[torch.Tensor], version_seen: int,
-                  learning_rate: float) -> tuple[list[torch.Tensor], int]:
-        with self.condition:
-            if self._too_far_ahead(trainer):
-                self.waits += 1
-                self.condition.wait_for(lambda: not self._too_far_ahead(trainer))
-            staleness = self.version - version_seen
-            self.staleness_total += staleness
-            self.staleness_max = max(self.staleness_max, staleness)
-            self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
-            for parameter, gradient in zip(self.model.parameters(), gradients, strict=True):
-                parameter.grad = gradient
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate
-            self.optimizer.step()
-            if self.first_update_at is None:
-                self.first_update_at = time.time()
-            self.version += 1
-            self.clocks[trainer] += 1
-            self.condition.notify_all()
-            return self.parameters(), self.version
-
-    def report(self, trainer: int, figures: dict[str, float]) -> None:
-        with self.condition:
-            self.trainer_reports[trainer] = figures
-
-    def trainer_means(self) -> dict[str, float]:
-        """Mean over trainers of their latest epoch report (they may be an epoch apart)."""
-        with self.condition:
-            reports = list(self.trainer_reports.values())
-        if not reports:
-            return {}
-        return {key: sum(r[key] for r in reports) / len(reports) for key in reports[0]}
-
-    def finish(self, trainer: int) -> None:
-        with self.condition:
-            self.finished.add(trainer)
-            self.condition.notify_all()
-
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "updates_applied": self.version,
-            "pushes_per_trainer": list(self.clocks),
-            "staleness_mean": round(self.staleness_total / max(self.version, 1), 3),
-            "staleness_max": self.staleness_max,
-            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
-            "bound_waits": self.waits,
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        with self.condition:
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "clocks": list(self.clocks),
-                    "staleness": [self.staleness_total, self.staleness_max,
-                                  dict(self.staleness_histogram), self.waits]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version, self.clocks = state["version"], list(state["clocks"])
-        self.staleness_total, self.staleness_max, histogram, self.waits = state["staleness"]
-        self.staleness_histogram = dict(histogram)
+SERVER_CHECKPOINT = run_files.SERVER_CHECKPOINT
 
 
 # RPC targets run in the server process and reach its one ParameterServer through this global.
@@ -207,192 +111,329 @@ def update_learning_rate(args: argparse.Namespace, local_batch: int) -> float:
 
 
 def run_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> dict[str, Any]:
-    global _SERVER
-    from torch.distributed import rpc
+    """The ``ps`` role: apply the trainers' pushes until every trainer has finished (resuming
+    from the server's checkpoint), save the model and return the summary."""
+    run = start_server(args, startup)
+    run.serve()
+    return run.finish()
 
+
+def start_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> ServerRun:
+    """Build the server or restore it from its checkpoint, start monitoring and wait for every
+    trainer to join (start-up phases ``data``, ``setup`` and ``process_group``)."""
+    global _SERVER
     from sublimate.components.models import build_model, model_spec
-    from sublimate.components.worker import MODEL_NAME, Evaluation
+    from sublimate.components.worker import Evaluation
 
     model, optimizer, metadata, train_data, steps_per_epoch = _setup(args)
+    num_features = int(train_data.x[0].size)
     test_set, probe = None, None
     if args.eval_every_epoch:  # read once, and one model to evaluate snapshots in
         test_set = Evaluation.read(args.data_dir, torch.device("cpu"))
-        probe = build_model(*model_spec(args.model, int(train_data.x[0].size),
-                                        metadata["num_classes"], args.hidden))
+        probe = build_model(*model_spec(args.model, num_features, metadata["num_classes"],
+                                        args.hidden))
     startup.mark("data")
     server = ParameterServer(model, optimizer, args.num_trainers, args.staleness_bound)
     saved = checkpoint.load(args.run_dir / SERVER_CHECKPOINT)
     if saved is not None:
         server.load_state_dict(saved)
         print(f"resumed parameter server at update {server.version}", flush=True)
-    first_version = server.version
     _SERVER = server
     metrics, epoch_log, staleness_gauge = _server_monitoring(args)
     startup.mark("setup")
     _init_rpc(args, PS_NAME, 0)  # returns once every trainer has joined
     startup.mark("process_group")
-    launch_to_first_step: float | None = None
-    total_updates = steps_per_epoch * args.epochs * args.num_trainers
-    updates_per_epoch = steps_per_epoch * args.num_trainers
-    local_batch = args.global_batch_size // args.num_trainers
-    observed_version, epoch_started, epoch_version = server.version, time.perf_counter(), \
-        server.version
-    started, curve, next_report = time.perf_counter(), [], first_version + updates_per_epoch
-    evaluation_seconds = 0.0
-    next_checkpoint = first_version + args.checkpoint_every if args.checkpoint_every else None
-    while True:
-        wake_at = min(next_report, next_checkpoint or next_report)
-        with server.condition:
-            server.condition.wait_for(
-                lambda wake_at=wake_at: len(server.finished) == args.num_trainers
-                or server.version >= wake_at, timeout=1.0)
-            done = len(server.finished) == args.num_trainers
-        if launch_to_first_step is None and server.first_update_at is not None:
+    return ServerRun(args, startup, server, metadata, num_features, steps_per_epoch, test_set,
+                     probe, metrics, epoch_log, staleness_gauge)
+
+
+@dataclass
+class ServerRun:
+    """The parameter server's run: what it serves, where it reports, and its clocks, which
+    count applied updates (``server.version``) from the run's start."""
+
+    args: argparse.Namespace
+    startup: monitoring.StartupClock
+    server: ParameterServer
+    metadata: dict[str, Any]
+    num_features: int
+    steps_per_epoch: int  # per trainer
+    test_set: Evaluation | None
+    probe: nn.Module | None  # the model that snapshots are evaluated in (with test_set)
+    metrics: monitoring.WorkerMetrics | None
+    epoch_log: Any  # tensorboard_log.EpochLog
+    staleness_gauge: Any  # a prometheus Gauge (None with metrics off)
+
+    def __post_init__(self) -> None:
+        args, version = self.args, self.server.version
+        self.local_batch = args.global_batch_size // args.num_trainers  # one update's rows
+        self.updates_per_epoch = self.steps_per_epoch * args.num_trainers
+        self.total_updates = self.steps_per_epoch * args.epochs * args.num_trainers
+        self.first_version = self.observed_version = self.epoch_version = version
+        self.epoch_started = time.perf_counter()
+        # Training time starts here; every evaluation moves it on by its own duration.
+        self.started = time.perf_counter()
+        self.next_report = version + self.updates_per_epoch
+        self.next_checkpoint = version + args.checkpoint_every if args.checkpoint_every \
+            else None
+        self.curve: list[list[float]] = []  # [train seconds, update, test accuracy] per epoch
+        self.evaluation_seconds = 0.0
+        self.launch_to_first_step: float | None = None  # None until an update is applied
+
+    def serve(self) -> None:
+        """Until every trainer has finished, wake at the next epoch's end, checkpoint or second
+        (whichever is first) and publish, checkpoint and report what has come due."""
+        server, num_trainers = self.server, self.args.num_trainers
+        while True:
+            wake_at = min(self.next_report, self.next_checkpoint or self.next_report)
+            with server.condition:
+                server.condition.wait_for(
+                    lambda wake_at=wake_at: len(server.finished) == num_trainers
+                    or server.version >= wake_at, timeout=1.0)
+                done = len(server.finished) == num_trainers
+            self.observe()
+            if self.next_checkpoint is not None and server.version >= self.next_checkpoint:
+                self.save_checkpoint()
+                self.next_checkpoint = server.version + self.args.checkpoint_every
+            if server.version >= self.next_report:
+                self.report_epoch()
+            if done:
+                return
+
+    def observe(self) -> None:
+        """Publish the first applied update (the end of start-up) and the updates since the
+        last call to Prometheus."""
+        server, metrics, startup = self.server, self.metrics, self.startup
+        if self.launch_to_first_step is None and server.first_update_at is not None:
             startup.mark("first_step", at=server.first_update_at)
-            launch_to_first_step = startup.total()
+            self.launch_to_first_step = startup.total()
             if metrics is not None:
-                metrics.observe_startup(launch_to_first_step, startup.phases())
-        if metrics is not None and server.version > observed_version:
-            updates = server.version - observed_version
-            metrics.observe_steps(updates, updates * local_batch, 0.0, 0.0, 0.0,
-                                  total_updates, server.version)
-            staleness_gauge.set(server.statistics()["staleness_mean"])
-            observed_version = server.version
-        if next_checkpoint is not None and server.version >= next_checkpoint:
-            checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
-            next_checkpoint = server.version + args.checkpoint_every
-        if server.version >= next_report:
-            epoch = round(server.version / updates_per_epoch)
-            now = time.perf_counter()
-            samples_per_second = (server.version - epoch_version) * local_batch \
-                / max(now - epoch_started, 1e-9)
-            epoch_started, epoch_version = now, server.version
-            trainers = server.trainer_means()
-            message = f"epoch {epoch}/{args.epochs} updates {server.version}/{total_updates}"
-            if "loss" in trainers:
-                message += f" loss {trainers['loss']:.4f}"
-            message += f" samples/s {samples_per_second:.0f} staleness mean " \
-                       f"{server.statistics()['staleness_mean']}"
-            if trainers:
-                split = monitoring.time_split(*(trainers[f"{p}_seconds"]
-                                                for p in monitoring.PHASES))
-                message += f" | {monitoring.format_split(split)}"
-            accuracy = None
-            if test_set is not None and probe is not None:
-                paused = time.perf_counter()
-                with server.condition:  # a consistent snapshot; trainers wait only for the copy
-                    probe.load_state_dict(model.state_dict())
-                accuracy = test_set.accuracy(probe)
-                evaluation_seconds += time.perf_counter() - paused
-                started += time.perf_counter() - paused  # evaluation is not training time
-                curve.append([round(time.perf_counter() - started, 4), server.version,
-                              round(accuracy, 4)])
-                message += f" test-accuracy {accuracy:.4f}"
-            print(message, flush=True)
-            _record_server_epoch(epoch_log, metrics, epoch, server, trainers,
-                                 samples_per_second, accuracy)
-            next_report = (server.version // updates_per_epoch + 1) * updates_per_epoch
-        if done:
-            break
-    seconds = time.perf_counter() - started
-    rpc.shutdown()
-    epoch_log.close()
-    if metrics is not None:
-        metrics.close()
-    checkpoint.save(server.state_dict(), args.run_dir / SERVER_CHECKPOINT)
-    summary = {
-        "algorithm": "async", "world_size": args.num_trainers, "epochs": args.epochs,
-        "global_batch_size": args.global_batch_size, "train_seconds": round(seconds, 3),
-        "samples_per_second": round((server.version - first_version) * local_batch
-                                    / max(seconds, 1e-9), 1),
-        "push_pull_ops_per_epoch": updates_per_epoch,
-        "communication_ops_per_epoch": updates_per_epoch,
-        "resumed_from_update": first_version, "accuracy_curve": curve,
-        "evaluation_seconds": round(evaluation_seconds, 4),
-        "steps": server.version // args.num_trainers,
-        # The first update applied is async SGD's first step (None: this launch applied none).
-        "launch_to_first_step_seconds": launch_to_first_step,
-        "startup": startup.phases() if launch_to_first_step is not None else {},
-        **server.statistics(),
-    }
-    architecture, config = model_spec(args.model, int(train_data.x[0].size),
-                                      metadata["num_classes"], args.hidden)
-    checkpoint.save({"architecture": architecture, "config": config,
-        "state_dict": model.state_dict(), "algorithm": "async",
-        "steps": summary["steps"], "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
-    checkpoint.write_json(summary, args.run_dir / "train-summary.json", sort_keys=False)
-    return summary
+                metrics.observe_startup(self.launch_to_first_step, startup.phases())
+        if metrics is not None and server.version > self.observed_version:
+            updates = server.version - self.observed_version
+            metrics.observe_steps(updates, updates * self.local_batch, 0.0, 0.0, 0.0,
+                                  self.total_updates, server.version)
+            self.staleness_gauge.set(server.statistics()["staleness_mean"])
+            self.observed_version = server.version
+
+    def report_epoch(self) -> None:
+        """An epoch's updates are in: its log line (with the trainers' mean loss and time
+        split), the evaluation and the epoch's record."""
+        server, args = self.server, self.args
+        epoch = round(server.version / self.updates_per_epoch)
+        now = time.perf_counter()
+        samples_per_second = (server.version - self.epoch_version) * self.local_batch \
+            / max(now - self.epoch_started, 1e-9)
+        self.epoch_started, self.epoch_version = now, server.version
+        trainers = server.trainer_means()
+        message = f"epoch {epoch}/{args.epochs} updates {server.version}/{self.total_updates}"
+        if "loss" in trainers:
+            message += f" loss {trainers['loss']:.4f}"
+        message += f" samples/s {samples_per_second:.0f} staleness mean " \
+                   f"{server.statistics()['staleness_mean']}"
+        if trainers:
+            split = monitoring.time_split(*(trainers[f"{p}_seconds"] for p in monitoring.PHASES))
+            message += f" | {monitoring.format_split(split)}"
+        accuracy = self.evaluate()
+        if accuracy is not None:
+            message += f" test-accuracy {accuracy:.4f}"
+        print(message, flush=True)
+        _record_server_epoch(self.epoch_log, self.metrics, epoch, server, trainers,
+                             samples_per_second, accuracy)
+        self.next_report = (server.version // self.updates_per_epoch + 1) * self.updates_per_epoch
+
+    def evaluate(self) -> float | None:
+        """The test accuracy of a snapshot of the server's model, added to the accuracy curve
+        (None with per-epoch evaluation off). Its time is not training time."""
+        if self.test_set is None or self.probe is None:
+            return None
+        paused = time.perf_counter()
+        with self.server.condition:  # a consistent snapshot; trainers wait only for the copy
+            self.probe.load_state_dict(self.server.model.state_dict())
+        accuracy = self.test_set.accuracy(self.probe)
+        self.evaluation_seconds += time.perf_counter() - paused
+        self.started += time.perf_counter() - paused
+        self.curve.append([round(time.perf_counter() - self.started, 4), self.server.version,
+                           round(accuracy, 4)])
+        return accuracy
+
+    def save_checkpoint(self) -> None:
+        """The server's whole state, which a re-submitted run resumes from."""
+        checkpoint.save(self.server.state_dict(), self.args.run_dir / SERVER_CHECKPOINT)
+
+    def finish(self) -> dict[str, Any]:
+        """Shut the RPC group down, stop monitoring, save the last checkpoint, the model and
+        the summary; return the summary."""
+        from torch.distributed import rpc
+
+        from sublimate.components.models import model_spec
+
+        args, server = self.args, self.server
+        seconds = time.perf_counter() - self.started
+        rpc.shutdown()
+        self.epoch_log.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        self.save_checkpoint()
+        summary = self.summary(seconds)
+        architecture, config = model_spec(args.model, self.num_features,
+                                          self.metadata["num_classes"], args.hidden)
+        checkpoint.save({"architecture": architecture, "config": config,
+            "state_dict": server.model.state_dict(), "algorithm": "async",
+            "steps": summary["steps"], "dataset": self.metadata["name"]},
+            args.run_dir / run_files.MODEL)
+        checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+        return summary
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """What this launch did (train-summary.json), ``seconds`` being its training time."""
+        args, server = self.args, self.server
+        return {
+            "algorithm": "async", "world_size": args.num_trainers, "epochs": args.epochs,
+            "global_batch_size": args.global_batch_size, "train_seconds": round(seconds, 3),
+            "samples_per_second": round((server.version - self.first_version) * self.local_batch
+                                        / max(seconds, 1e-9), 1),
+            "push_pull_ops_per_epoch": self.updates_per_epoch,
+            "communication_ops_per_epoch": self.updates_per_epoch,
+            "resumed_from_update": self.first_version, "accuracy_curve": self.curve,
+            "evaluation_seconds": round(self.evaluation_seconds, 4),
+            "steps": server.version // args.num_trainers,
+            # The first update applied is async SGD's first step (None: this launch applied none).
+            "launch_to_first_step_seconds": self.launch_to_first_step,
+            "startup": self.startup.phases() if self.launch_to_first_step is not None else {},
+            **server.statistics(),
+        }
 
 
 def run_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) -> None:
+    """The ``trainer`` role: push gradients and pull parameters until the last step."""
+    trainer = start_trainer(args, startup)
+    trainer.run()
+    trainer.finish()
+
+
+def start_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) -> TrainerRun:
+    """Read the data, join the RPC group and pull the server's parameters and this trainer's
+    position (start-up phases ``data`` and ``process_group``); start monitoring."""
     from torch.distributed import rpc
 
     model, _, _, data, steps_per_epoch = _setup(args)
-    local_batch = args.global_batch_size // args.num_trainers  # main() checked it divides
     features = torch.from_numpy(data.x).reshape(len(data.y), -1)
     labels = torch.from_numpy(data.y)
     startup.mark("data")
     _init_rpc(args, f"trainer{args.trainer_id}", args.trainer_id + 1)
     parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(args.trainer_id,))
     startup.mark("process_group")
-    lr = update_learning_rate(args, local_batch)
-    loss_fn = nn.CrossEntropyLoss()
-    total_steps = steps_per_epoch * args.epochs
     metrics, epoch_log = _trainer_monitoring(args)
-    pending_startup = startup if step < total_steps else None
-    times, perf_counter = monitoring.StepTimes(), time.perf_counter
-    epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
-    order, order_epoch = None, -1
-    while step < total_steps:
-        started = perf_counter()
-        epoch, batch_index = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:  # one permutation per epoch (it was redrawn every step)
-            order, order_epoch = torch.randperm(len(labels), generator=torch.Generator()
-                                                .manual_seed(args.seed * 100_003 + epoch)), epoch
-        start = batch_index * args.global_batch_size + args.trainer_id * local_batch
-        rows = order[start:start + local_batch]
-        x, y = features[rows], labels[rows]
-        loaded = perf_counter()
-        with torch.no_grad():
-            for parameter, value in zip(model.parameters(), parameters, strict=True):
-                parameter.copy_(value)
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        epoch_loss += loss.detach()
-        gradients = [parameter.grad for parameter in model.parameters()]
-        computed = perf_counter()
-        parameters, version = rpc.rpc_sync(  # the push/pull round trip is the communication
-            PS_NAME, _remote_push_pull, args=(args.trainer_id, gradients, version, lr))
-        step += 1
-        if pending_startup is not None:  # this trainer's first update is applied
-            pending_startup.mark("first_step")
-            if metrics is not None:
-                metrics.observe_startup(pending_startup.total(), pending_startup.phases())
-            pending_startup = None
-        epoch_steps += 1
-        times.comm += perf_counter() - computed
-        times.data += loaded - started
-        times.compute += computed - loaded
-        times.steps += 1
-        if times.steps == 16:
-            times.flush(metrics, 0.0, local_batch, step, total_steps)
-        if step % steps_per_epoch == 0 or step == total_steps:
-            times.flush(metrics, 0.0, local_batch, step, total_steps)
-            seconds = perf_counter() - epoch_started
-            figures = {"loss": epoch_loss.item() / epoch_steps,
-                       **{f"{phase}_seconds": value for phase, value
-                          in zip(monitoring.PHASES, times.take_epoch(), strict=True)}}
-            rpc.rpc_sync(PS_NAME, _remote_report, args=(args.trainer_id, figures))
-            _record_trainer_epoch(epoch_log, metrics, -(-step // steps_per_epoch), step, lr,
-                                  figures, epoch_steps * local_batch / max(seconds, 1e-9),
-                                  seconds)
-            epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
-    rpc.rpc_sync(PS_NAME, _remote_finish, args=(args.trainer_id,))
-    rpc.shutdown()
-    epoch_log.close()
-    if metrics is not None:
-        metrics.close()
+    return TrainerRun(args, startup, model, features, labels, steps_per_epoch, metrics,
+                      epoch_log, parameters, version, step)
+
+
+@dataclass
+class TrainerRun:
+    """One async trainer: its model replica and data, monitoring, and where it stands (the
+    parameters it last pulled, their version, the steps it has taken)."""
+
+    args: argparse.Namespace
+    startup: monitoring.StartupClock
+    model: nn.Module
+    features: torch.Tensor
+    labels: torch.Tensor
+    steps_per_epoch: int
+    metrics: monitoring.WorkerMetrics | None
+    epoch_log: Any  # tensorboard_log.EpochLog
+    parameters: list[torch.Tensor]
+    version: int
+    step: int
+
+    def __post_init__(self) -> None:
+        args = self.args
+        self.local_batch = args.global_batch_size // args.num_trainers  # main() checked it divides
+        self.lr = update_learning_rate(args, self.local_batch)
+        self.total_steps = self.steps_per_epoch * args.epochs
+        self.times = monitoring.StepTimes()
+
+    def run(self) -> None:
+        """The step loop: copy in the pulled parameters, compute this trainer's gradient, push
+        it and pull the next parameters in one round trip; report each epoch to the server.
+
+        Like the collective workers' loop (worker.Run.run_epoch) it works on locals only, so a
+        step costs what a hand-written loop's would.
+        """
+        from torch.distributed import rpc
+
+        args, model, features, labels = self.args, self.model, self.features, self.labels
+        metrics, times, lr, local_batch = self.metrics, self.times, self.lr, self.local_batch
+        steps_per_epoch, total_steps = self.steps_per_epoch, self.total_steps
+        trainer_id, global_batch = args.trainer_id, args.global_batch_size
+        parameters, version, step = self.parameters, self.version, self.step
+        loss_fn, perf_counter = nn.CrossEntropyLoss(), time.perf_counter
+        pending_startup = self.startup if step < total_steps else None
+        epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
+        order, order_epoch = None, -1
+        while step < total_steps:
+            started = perf_counter()
+            epoch, batch_index = divmod(step, steps_per_epoch)
+            if epoch != order_epoch:  # one permutation per epoch (it was redrawn every step)
+                generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
+                order, order_epoch = torch.randperm(len(labels), generator=generator), epoch
+            start = batch_index * global_batch + trainer_id * local_batch
+            rows = order[start:start + local_batch]
+            x, y = features[rows], labels[rows]
+            loaded = perf_counter()
+            with torch.no_grad():
+                for parameter, value in zip(model.parameters(), parameters, strict=True):
+                    parameter.copy_(value)
+            model.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            epoch_loss += loss.detach()
+            gradients = [parameter.grad for parameter in model.parameters()]
+            computed = perf_counter()
+            parameters, version = rpc.rpc_sync(  # the push/pull round trip is the communication
+                PS_NAME, _remote_push_pull, args=(trainer_id, gradients, version, lr))
+            step += 1
+            if pending_startup is not None:  # this trainer's first update is applied
+                pending_startup.mark("first_step")
+                if metrics is not None:
+                    metrics.observe_startup(pending_startup.total(), pending_startup.phases())
+                pending_startup = None
+            epoch_steps += 1
+            times.comm += perf_counter() - computed
+            times.data += loaded - started
+            times.compute += computed - loaded
+            times.steps += 1
+            if times.steps == 16:
+                times.flush(metrics, 0.0, local_batch, step, total_steps)
+            if step % steps_per_epoch == 0 or step == total_steps:
+                self.report_epoch(step, epoch_loss, epoch_steps, epoch_started)
+                epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
+        self.parameters, self.version, self.step = parameters, version, step
+
+    def report_epoch(self, step: int, epoch_loss: torch.Tensor, epoch_steps: int,
+                     epoch_started: float) -> None:
+        """Send the epoch's mean loss and time split to the server, and record them here."""
+        from torch.distributed import rpc
+
+        self.times.flush(self.metrics, 0.0, self.local_batch, step, self.total_steps)
+        seconds = time.perf_counter() - epoch_started
+        figures = {"loss": epoch_loss.item() / epoch_steps,
+                   **{f"{phase}_seconds": value for phase, value
+                      in zip(monitoring.PHASES, self.times.take_epoch(), strict=True)}}
+        rpc.rpc_sync(PS_NAME, _remote_report, args=(self.args.trainer_id, figures))
+        _record_trainer_epoch(self.epoch_log, self.metrics, -(-step // self.steps_per_epoch),
+                              step, self.lr, figures,
+                              epoch_steps * self.local_batch / max(seconds, 1e-9), seconds)
+
+    def finish(self) -> None:
+        """Tell the server this trainer is done, leave the RPC group and stop monitoring."""
+        from torch.distributed import rpc
+
+        rpc.rpc_sync(PS_NAME, _remote_finish, args=(self.args.trainer_id,))
+        rpc.shutdown()
+        self.epoch_log.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
 
 def _server_monitoring(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -468,7 +509,7 @@ def _record_trainer_epoch(epoch_log: Any, metrics: Any, epoch: int, step: int, l
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sublimate.components.paradigm import add_training_arguments
+    from sublimate.components.settings import add_training_arguments
     from sublimate.components.termination import OneLineParser
     from sublimate.components.worker import add_metrics_arguments
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from sublimate.components.run_files import CHECKPOINTS, LATEST
+
 
 def _replace_atomically(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,8 +51,6 @@ def write_json(data: dict[str, Any], path: Path, sort_keys: bool = True) -> None
 # Per-rank checkpoints: every worker writes its own state for a step (local models differ under
 # BMUF and EASGD), then rank 0 commits the step by atomically rewriting ``latest.json``. A step
 # folder without a commit is ignored, so a crash mid-checkpoint resumes from the previous one.
-CHECKPOINTS = "checkpoints"
-LATEST = "latest.json"
 KEEP_STEPS = 2
 
 

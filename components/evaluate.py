@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from time import perf_counter
 
+from sublimate.components import run_files
 from sublimate.components.datasets import DatasetError
 
 
@@ -22,11 +23,11 @@ def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, 
     from sublimate.components import checkpoint
     from sublimate.components.datasets import read_split
     from sublimate.components.models import build_model
-    from sublimate.components.worker import MODEL_NAME
 
-    saved = checkpoint.load(model_dir / MODEL_NAME)
+    saved = checkpoint.load(model_dir / run_files.MODEL)
     if saved is None:
-        raise FileNotFoundError(f"no trained model at {model_dir / MODEL_NAME}; did train succeed?")
+        raise FileNotFoundError(f"no trained model at {model_dir / run_files.MODEL}; "
+                                "did train succeed?")
     model = build_model(saved["architecture"], saved["config"])
     model.load_state_dict(saved["state_dict"])
     model.eval()
@@ -61,7 +62,7 @@ def _publish(run_dir: Path, metrics: dict[str, float | int | str]) -> None:
     except Exception as error:  # monitoring is best effort
         print(f"evaluate: no TensorBoard scalars ({error})", file=sys.stderr)
     try:
-        from sublimate.pipelines.report import REPORT_DIR, ReportError, write_report
+        from sublimate.components.report import REPORT_DIR, ReportError, write_report
 
         write_report(run_dir)
         print(f"evaluate: run report in {run_dir / REPORT_DIR} "
@@ -92,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     metrics["total_seconds"] = round(perf_counter() - started, 3)
     # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are the
     # metrics.json below, the TensorBoard scalars and the run report.
-    checkpoint.write_json(metrics, args.model_dir / "metrics.json")
+    checkpoint.write_json(metrics, args.model_dir / run_files.EVALUATION)
     _publish(args.model_dir, metrics)
     if args.accuracy_path:
         args.accuracy_path.parent.mkdir(parents=True, exist_ok=True)
         args.accuracy_path.write_text(f"{metrics['accuracy']}")
     print(f"evaluate: {args.split} accuracy {metrics['accuracy']:.4f} loss {metrics['loss']:.4f} "
-          f"on {metrics['examples']} examples -> {args.model_dir / 'metrics.json'}", flush=True)
+          f"on {metrics['examples']} examples -> {args.model_dir / run_files.EVALUATION}",
+          flush=True)
     return 0
 
 

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sublimate.components import run_files
+
 # prometheus-client is imported where it is used: the train launcher imports this module for
 # its constants and start-up clock, and every import before the job starts delays it.
 if TYPE_CHECKING:
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 DEFAULT_PORT = 9440
-ENDPOINTS_FILE = "metrics-endpoints.json"
+ENDPOINTS_FILE = run_files.ENDPOINTS
 PHASES = ("data", "compute", "comm")  # how one step's wall time is split
 # Wall-clock times (time.time()) the train launcher hands its workers, so that a worker can say
 # where the time between the step's start and its first optimizer step went.

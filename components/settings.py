@@ -20,6 +20,7 @@ import argparse
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from sublimate.components.runtime import DEFAULT_IMAGE
@@ -219,6 +220,12 @@ def settings(reader: str | None = None, paradigm: str | None = None) -> list[Set
             and (paradigm is None or paradigm in s.paradigms)]
 
 
+def add_training_arguments(parser: argparse.ArgumentParser,
+                           paradigms: Iterable[str] = ("sync", "bmuf", "easgd")) -> None:
+    """The flags of the settings the launcher passes to these paradigms' training processes."""
+    add_arguments(parser, worker_settings(paradigms))
+
+
 def worker_settings(paradigms: Iterable[str]) -> list[Setting]:
     """What the launcher passes to the training processes of these paradigms (one program runs
     the collective ones, another the parameter server's)."""
@@ -285,11 +292,35 @@ def check_texts(texts: Mapping[str, str]) -> None:
     check(parse_values(texts))
 
 
-def examples_rule(global_batch_size: int, examples: int, dataset: str) -> None:
-    """A global batch must fit in one epoch of the training split (known once data is staged)."""
+def data_problem(data_dir: Path, global_batch_size: int, needs_test: bool = False) -> str | None:
+    """What makes ``data_dir`` unusable with this batch, in one line naming the setting; None
+    when it is fine.
+
+    Only the staged dataset knows its size, so this is known once the train step runs: the
+    launcher asks before it starts any worker and every worker asks again, with this one
+    wording. Every paradigm walks the global batch through one epoch (async trainers each take
+    their slice of it), so a global batch larger than the training split means no step at all.
+    """
+    from sublimate.components.datasets import DatasetError, read_metadata
+
+    try:
+        metadata = read_metadata(data_dir)
+    except DatasetError as error:
+        return f"data-dir: {error}"
+    try:
+        splits = dict(metadata["splits"])
+        examples = int(splits["train"]["examples"])
+    except (KeyError, TypeError, ValueError) as error:
+        found = f"no {error}" if isinstance(error, KeyError) else "unreadable"
+        return (f"data-dir: {data_dir}/metadata.json does not give the train split's example "
+                f"count ({found})")
     if global_batch_size > examples:
-        raise SettingError(f"global-batch-size {global_batch_size} is larger than the {examples} "
-                           f"training examples of {dataset}")
+        return (f"global-batch-size {global_batch_size} is larger than the {examples} training "
+                f"examples of {data_dir}")
+    if needs_test and "test" not in splits:
+        return (f"eval-every-epoch: dataset {data_dir} has no test split to evaluate on "
+                "(set eval-every-epoch to false)")
+    return None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sublimate.components import run_files
 from sublimate.components.metrics import enabled
 
 AGGREGATE = "aggregate"
@@ -41,8 +42,8 @@ class EpochLog:
         run_dir = Path(run_dir)
         self.path = run_dir / "metrics" / f"{label}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = _summary_writer(run_dir / "tensorboard" / label)
-        self.aggregate = _summary_writer(run_dir / "tensorboard" / AGGREGATE) \
+        self.writer = _summary_writer(run_dir / run_files.TENSORBOARD / label)
+        self.aggregate = _summary_writer(run_dir / run_files.TENSORBOARD / AGGREGATE) \
             if aggregate else None
 
     def write(self, record: dict[str, Any], step: int, scalars: dict[str, float],
@@ -63,7 +64,7 @@ class EpochLog:
 
 def write_scalars(run_dir: Path, label: str, step: int, scalars: dict[str, float]) -> bool:
     """One-off scalars (e.g. the evaluate step's test accuracy) under ``tensorboard/<label>``."""
-    writer = _summary_writer(Path(run_dir) / "tensorboard" / label)
+    writer = _summary_writer(Path(run_dir) / run_files.TENSORBOARD / label)
     if writer is None:
         return False
     for tag, value in scalars.items():

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 # Only light imports here: everything before the job's submission is start-up time the user
 # waits through, and torch alone takes about a second to import (the workers need it, the
 # launcher does not).
-from sublimate.components import metrics
+from sublimate.components import metrics, run_files
 from sublimate.components import settings as declared
-from sublimate.components.paradigm import data_problem
 from sublimate.components.runtime import DEFAULT_IMAGE
 from sublimate.components.settings import (
     SettingError,
     add_arguments,
     check,
+    data_problem,
     to_flags,
     worker_settings,
 )
@@ -226,7 +226,7 @@ def make_runner(scheduler: str) -> object:
 
 def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
     if scheduler == "local_cwd":
-        return {"log_dir": str(args.run_dir / "logs")}
+        return {"log_dir": str(args.run_dir / run_files.LOGS)}
     namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
     # The job runs next to the workflow, in the namespace of the pod that launches it.
     namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
@@ -427,8 +427,8 @@ def launch(args: argparse.Namespace) -> int:
     if startup:
         print(f"train: {startup}", flush=True)
     print(f"train: finished in {time.perf_counter() - started:.1f}s; model at "
-          f"{args.run_dir / 'model.pt'}", flush=True)
-    for output, value in ((args.model_path_output, args.run_dir / "model.pt"),
+          f"{args.run_dir / run_files.MODEL}", flush=True)
+    for output, value in ((args.model_path_output, args.run_dir / run_files.MODEL),
                           (args.run_dir_output, args.run_dir)):
         if output:
             output.parent.mkdir(parents=True, exist_ok=True)
@@ -439,7 +439,7 @@ def launch(args: argparse.Namespace) -> int:
 def _startup_line(run_dir: Path) -> str | None:
     """The workers' launch-to-first-step figures from the run's summary, as one log line."""
     try:
-        summary = json.loads((run_dir / "train-summary.json").read_text())
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
         total, phases = summary["launch_to_first_step_seconds"], summary["startup"]
     except (OSError, ValueError, KeyError):
         return None

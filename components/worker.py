@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,20 +38,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from sublimate.components import checkpoint
+from sublimate.components import checkpoint, run_files
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import Split, read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
-from sublimate.components.paradigm import (
-    Paradigm,
+from sublimate.components.paradigms import Paradigm, paradigm_class
+from sublimate.components.settings import (
+    SettingError,
     add_training_arguments,
+    check,
     data_problem,
-    paradigm_class,
+    paradigm_config,
 )
-from sublimate.components.settings import SettingError, check, paradigm_config
 from sublimate.components.termination import OneLineParser, fail
 
-MODEL_NAME = "model.pt"
+MODEL_NAME = run_files.MODEL  # kept for callers of the first releases
 COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
 # Steps between hand-overs of the step timings to Prometheus: the loop itself only adds floats.
 METRICS_FLUSH_STEPS = 16
@@ -63,7 +65,8 @@ STEP = "train"  # the step a refused input is reported for (train: error: ...)
 PRELOAD = (
     "torch._dynamo", "torch.nn.parallel", "torch.distributed.algorithms.ddp_comm_hooks",
     "torch.utils.tensorboard", "sublimate.components.tensorboard_log",
-    "sublimate.components.sync_sgd", "sublimate.components.bmuf", "sublimate.components.easgd",
+    "sublimate.components.paradigms.sync_sgd", "sublimate.components.paradigms.bmuf",
+    "sublimate.components.paradigms.easgd",
     "prometheus_client", "prometheus_client.exposition", "prometheus_client.process_collector",
 )
 # What torchrun's agent imports on its way to forking the workers (rendezvous backend, agent,
@@ -247,6 +250,26 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = No
     ``startup`` is marked as each start-up phase ends (the first step is the last phase).
     """
     startup = startup or monitoring.StartupClock(time.time())
+    group = join_process_group(args, startup)
+    run = start_run(args, startup, group, load_data(args, group, startup))
+    while run.step < run.data.total_steps:
+        run.close_epoch(*run.run_epoch())
+    return run.finish()
+
+
+@dataclass(slots=True)
+class ProcessGroup:
+    """Where this worker trains: its device, the collective backend, its rank and the world."""
+
+    device: torch.device
+    backend: str
+    rank: int
+    world: int
+
+
+def join_process_group(args: argparse.Namespace, startup: monitoring.StartupClock,
+                       ) -> ProcessGroup:
+    """Join the job's process group (start-up phase ``process_group``)."""
     device, backend = _device_and_backend(args.backend)
     # DDP's import of torch._dynamo (over a second) loads while this process waits for its
     # peers; the main thread imports nothing meanwhile. A forked worker has it already.
@@ -255,76 +278,186 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = No
     dist.init_process_group(backend=backend)
     if preloading is not None:
         preloading.join()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    group = ProcessGroup(device, backend, dist.get_rank(), dist.get_world_size())
     startup.mark("process_group")
-    micro_batch = args.global_batch_size // (world * args.accumulation_steps)
-    local_batch = micro_batch * args.accumulation_steps
+    return group
 
+
+@dataclass(slots=True)
+class TrainingData:
+    """The training split on the device, rank 0's test split, and how batches cut them."""
+
+    metadata: dict[str, Any]
+    features: torch.Tensor
+    labels: torch.Tensor
+    test_set: Evaluation | None  # only rank 0 evaluates
+    micro_batch: int  # rows in one forward and backward pass
+    local_batch: int  # this worker's rows in one step: micro_batch x accumulation steps
+    steps_per_epoch: int
+    total_steps: int
+
+
+def load_data(args: argparse.Namespace, group: ProcessGroup, startup: monitoring.StartupClock,
+              ) -> TrainingData:
+    """Read the staged dataset onto the device (start-up phase ``data``)."""
+    micro_batch = args.global_batch_size // (group.world * args.accumulation_steps)
     metadata = read_metadata(args.data_dir)
     data = read_split(args.data_dir, "train")
-    features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
-    labels = torch.from_numpy(data.y).to(device)
+    features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(group.device)
+    labels = torch.from_numpy(data.y).to(group.device)
     # Only rank 0 evaluates; it reads the test split once, here, not after every epoch.
-    test_set = Evaluation.read(args.data_dir, device) if args.eval_every_epoch and rank == 0 \
-        else None
+    test_set = Evaluation.read(args.data_dir, group.device) \
+        if args.eval_every_epoch and group.rank == 0 else None
     steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
-    total_steps = steps_per_epoch * args.epochs
     startup.mark("data")
+    return TrainingData(metadata, features, labels, test_set, micro_batch,
+                        micro_batch * args.accumulation_steps, steps_per_epoch,
+                        steps_per_epoch * args.epochs)
 
+
+@dataclass(slots=True)
+class Learner:
+    """The model, its optimizer, the paradigm that trains them, and their checkpointer."""
+
+    architecture: str
+    config: dict[str, Any]
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    paradigm: Paradigm
+    checkpointer: Checkpointer
+
+
+def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingData) -> Learner:
+    """The seeded model, its optimizer and the paradigm, as at step 0 (not restored yet)."""
     torch.manual_seed(args.seed)
-    architecture, model_config = model_spec(args.model, features.shape[1],
-                                            metadata["num_classes"], args.hidden)
-    model = build_model(architecture, model_config).to(device)
+    architecture, config = model_spec(args.model, data.features.shape[1],
+                                      data.metadata["num_classes"], args.hidden)
+    model = build_model(architecture, config).to(group.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
     paradigm = paradigm_class(args.algorithm)(model, optimizer,
                                               paradigm_config(args.algorithm, vars(args)))
-    checkpointer = Checkpointer(args, rank, world)
-    step, train_seconds = checkpointer.restore(model, optimizer, paradigm)
-    if step:
-        _log(rank, f"resumed from checkpoint at step {step}/{total_steps}")
-    training_model = paradigm.training_model()
-    loss_fn = nn.CrossEntropyLoss()
-    first_step, curve, evaluation_seconds = step, [], 0.0
-    fail_at = fault_injection_step(rank)
-    accumulate = args.accumulation_steps > 1
-    lr = None
-    metrics, epoch_log = _start_monitoring(args, rank, device)
+    return Learner(architecture, config, model, optimizer, paradigm,
+                   Checkpointer(args, group.rank, group.world))
+
+
+@dataclass(slots=True)
+class Monitors:
+    """Where the run reports: Prometheus (None when off), the epoch log, the step timings."""
+
+    metrics: monitoring.WorkerMetrics | None
+    epoch_log: Any  # tensorboard_log.EpochLog, imported with monitoring
+    comm_clock: CommClock  # DDP's all-reduce time inside backward(), timed with metrics on
+    times: monitoring.StepTimes
+
+    def close(self) -> None:
+        """Close the epoch log and stop serving metrics."""
+        self.epoch_log.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def start_monitoring(args: argparse.Namespace, group: ProcessGroup, training_model: nn.Module,
+                     ) -> Monitors:
+    """Serve this rank's metrics, open its epoch log and time DDP's all-reduce."""
+    from sublimate.components.tensorboard_log import EpochLog
+
+    rank = group.rank
+    metrics = monitoring.serve_worker(
+        args.run_dir, str(rank), f"node{os.environ.get('GROUP_RANK', '0')}",
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        gpu_index=group.device.index if group.device.type == "cuda" else None,
+        addr=args.metrics_addr, port=args.metrics_port, key=f"rank-{rank}")
+    if metrics is not None and metrics.address:
+        _log(rank, f"metrics: http://{metrics.address}/metrics (every rank: "
+                   f"{args.run_dir / monitoring.ENDPOINTS_FILE})")
+    epoch_log = EpochLog(args.run_dir, f"rank-{rank}", aggregate=rank == 0)
     comm_clock = CommClock()
     if metrics is not None:
         time_ddp_allreduce(training_model, comm_clock)
-    times = monitoring.StepTimes()
-    perf_counter = time.perf_counter
-    startup.mark("setup")
-    # Cleared once the first step is reported: the step loop's one extra check is a None test.
-    pending_startup: monitoring.StartupClock | None = startup if step < total_steps else None
-    launch_to_first_step: float | None = None
+    return Monitors(metrics, epoch_log, comm_clock, monitoring.StepTimes())
 
-    while step < total_steps:
+
+def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group: ProcessGroup,
+              data: TrainingData) -> Run:
+    """Build the model or restore it from the last checkpoint, and start monitoring (start-up
+    phase ``setup``)."""
+    learner = build_learner(args, group, data)
+    step, train_seconds = learner.checkpointer.restore(learner.model, learner.optimizer,
+                                                       learner.paradigm)
+    if step:
+        _log(group.rank, f"resumed from checkpoint at step {step}/{data.total_steps}")
+    training_model = learner.paradigm.training_model()
+    monitors = start_monitoring(args, group, training_model)
+    startup.mark("setup")
+    return Run(args, startup, group, data, learner, training_model, monitors, step,
+               train_seconds)
+
+
+class Run:
+    """One worker's way through the training steps: its parts, and how far it has got."""
+
+    def __init__(self, args: argparse.Namespace, startup: monitoring.StartupClock,
+                 group: ProcessGroup, data: TrainingData, learner: Learner,
+                 training_model: nn.Module, monitors: Monitors, step: int,
+                 train_seconds: float) -> None:
+        self.args, self.startup, self.group, self.data = args, startup, group, data
+        self.learner, self.training_model, self.monitors = learner, training_model, monitors
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.fail_at = fault_injection_step(group.rank)
+        # Progress, counted from the run's start (a resumed launch starts at first_step).
+        self.step, self.first_step, self.train_seconds = step, step, train_seconds
+        self.lr: float | None = None  # what the optimizer's groups hold; set by the first step
+        self.curve: list[list[float]] = []  # [train seconds, step, test accuracy] per epoch
+        self.evaluation_seconds = 0.0  # rank 0's, outside train_seconds
+        # Cleared once the first step is reported: the step loop's one extra check is a None test.
+        self.pending_startup = startup if step < data.total_steps else None
+        self.launch_to_first_step: float | None = None  # None until this launch takes a step
+
+    def run_epoch(self) -> tuple[int, int, torch.Tensor, float]:
+        """Take the current epoch's remaining steps: (epoch, first batch, summed loss, seconds).
+
+        This loop is what the throughput benchmark measures against a hand-written torchrun
+        script, so it is written like one: everything a step touches is a local bound here,
+        and a step makes no call, look-up or allocation that such a script would not.
+        """
+        args, data, learner, monitors = self.args, self.data, self.learner, self.monitors
+        features, labels, micro_batch, local_batch = (data.features, data.labels,
+                                                      data.micro_batch, data.local_batch)
+        steps_per_epoch, total_steps = data.steps_per_epoch, data.total_steps
+        optimizer, paradigm, training_model = learner.optimizer, learner.paradigm, \
+            self.training_model
+        loss_fn, metrics, comm_clock, times = self.loss_fn, monitors.metrics, \
+            monitors.comm_clock, monitors.times
+        rank, world, fail_at, lr = self.group.rank, self.group.world, self.fail_at, self.lr
+        global_batch, accumulation_steps = args.global_batch_size, args.accumulation_steps
+        accumulate, checkpoint_every = accumulation_steps > 1, args.checkpoint_every
+        step, pending_startup = self.step, self.pending_startup
+        perf_counter = time.perf_counter
         epoch, position = divmod(step, steps_per_epoch)
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
-            args.seed * 100_003 + epoch)).to(device)
-        epoch_loss = torch.zeros((), device=device)
-        epoch_started = time.perf_counter()
+            args.seed * 100_003 + epoch)).to(self.group.device)
+        epoch_loss = torch.zeros((), device=self.group.device)
+        epoch_started = perf_counter()
         for batch_index in range(position, steps_per_epoch):
             started = perf_counter()
             step_lr = learning_rate(args, step, steps_per_epoch)
             if step_lr != lr:
                 lr = step_lr
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-            start = batch_index * args.global_batch_size + rank * local_batch
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr
+            start = batch_index * global_batch + rank * local_batch
             if accumulate:
                 batches = [(features[rows], labels[rows]) for rows in (
                     order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
-                    for micro in range(args.accumulation_steps))]
+                    for micro in range(accumulation_steps))]
                 loaded = perf_counter()
                 for micro, (x, y) in enumerate(batches):
-                    last = micro == args.accumulation_steps - 1
+                    last = micro == accumulation_steps - 1
                     with contextlib.nullcontext() if last else paradigm.no_sync():
                         loss = loss_fn(training_model(x), y)
-                        (loss / args.accumulation_steps).backward()
-                    epoch_loss += loss.detach() / args.accumulation_steps
+                        (loss / accumulation_steps).backward()
+                    epoch_loss += loss.detach() / accumulation_steps
             else:  # the common case stays as lean as a hand-written loop
                 rows = order[start:start + local_batch]
                 x, y = features[rows], labels[rows]
@@ -337,83 +470,111 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = No
             step += 1
             computed = perf_counter()
             if pending_startup is not None:
-                launch_to_first_step = _first_step_done(pending_startup, metrics)
-                pending_startup = None
+                self.launch_to_first_step = _first_step_done(pending_startup, metrics)
+                pending_startup = self.pending_startup = None
             paradigm.after_step(step)  # bmuf/easgd collectives happen here
             times.comm += perf_counter() - computed
             times.data += loaded - started
             times.compute += computed - loaded
             times.steps += 1
             if times.steps == METRICS_FLUSH_STEPS:
-                times.flush(metrics, comm_clock.take(), args.global_batch_size // world,
-                            step, total_steps)
+                times.flush(metrics, comm_clock.take(), global_batch // world, step, total_steps)
             if step == fail_at:
                 _kill_self(rank, step)
-            if args.checkpoint_every and step % args.checkpoint_every == 0 \
-                    and step < total_steps:
-                checkpointer.save(step, model, optimizer, paradigm,
-                                  train_seconds + time.perf_counter() - epoch_started)
-        epoch_seconds = time.perf_counter() - epoch_started
-        train_seconds += epoch_seconds
-        times.flush(metrics, comm_clock.take(), args.global_batch_size // world, step,
-                    total_steps)
+            if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
+                self.save_checkpoint(step, self.train_seconds + perf_counter() - epoch_started)
+        self.step, self.lr = step, lr
+        return epoch, position, epoch_loss, perf_counter() - epoch_started
+
+    def close_epoch(self, epoch: int, position: int, epoch_loss: torch.Tensor,
+                    epoch_seconds: float) -> None:
+        """End an epoch: its one all-reduce (mean loss and time split), its log line, rank 0's
+        evaluation and the epoch's record."""
+        args, data, group, monitors = self.args, self.data, self.group, self.monitors
+        self.train_seconds += epoch_seconds
+        monitors.times.flush(monitors.metrics, monitors.comm_clock.take(),
+                             args.global_batch_size // group.world, self.step, data.total_steps)
+        epoch_steps = data.steps_per_epoch - position
         # Loss and the time split travel in the one all-reduce the epoch already had.
-        local = torch.cat([(epoch_loss / (steps_per_epoch - position)).reshape(1),
-                           torch.tensor(times.take_epoch(), device=device)])
+        local = torch.cat([(epoch_loss / epoch_steps).reshape(1),
+                           torch.tensor(monitors.times.take_epoch(), device=group.device)])
         reduced = local.clone()
         dist.all_reduce(reduced)
-        local_values, mean_values = local.tolist(), [v / world for v in reduced.tolist()]
-        epoch_steps = steps_per_epoch - position
+        local_values, mean_values = local.tolist(), [v / group.world for v in reduced.tolist()]
         samples_per_second = epoch_steps * args.global_batch_size / max(epoch_seconds, 1e-9)
         split = monitoring.time_split(*mean_values[1:])
-        message = (f"epoch {epoch + 1}/{args.epochs} step {step}/{total_steps} "
-                   f"loss {mean_values[0]:.4f} lr {lr:.4g} "
+        message = (f"epoch {epoch + 1}/{args.epochs} step {self.step}/{data.total_steps} "
+                   f"loss {mean_values[0]:.4f} lr {self.lr:.4g} "
                    f"samples/s {samples_per_second:.0f} | {monitoring.format_split(split)}")
-        accuracy = None
-        if test_set is not None:  # outside the epoch's clock: evaluation is not training time
-            evaluation_started = perf_counter()
-            accuracy = test_set.accuracy(paradigm.result_model())
-            evaluation_seconds += perf_counter() - evaluation_started
-            curve.append([round(train_seconds, 4), step, round(accuracy, 4)])
+        accuracy = self.evaluate()
+        if accuracy is not None:
             message += f" test-accuracy {accuracy:.4f}"
-        _log(rank, message)
-        _record_epoch(epoch_log, metrics, epoch + 1, step, lr, local_values, mean_values,
-                      samples_per_second, epoch_steps * local_batch / max(epoch_seconds, 1e-9),
-                      epoch_seconds, accuracy,
-                      launch_to_first_step if epoch == first_step // steps_per_epoch else None)
+        _log(group.rank, message)
+        _record_epoch(monitors.epoch_log, monitors.metrics, epoch + 1, self.step, self.lr,
+                      local_values, mean_values, samples_per_second,
+                      epoch_steps * data.local_batch / max(epoch_seconds, 1e-9), epoch_seconds,
+                      accuracy, self.launch_to_first_step
+                      if epoch == self.first_step // data.steps_per_epoch else None)
 
-    checkpointer.save(step, model, optimizer, paradigm, train_seconds)
-    ops = torch.tensor([paradigm.communication_ops], dtype=torch.float64)
-    dist.all_reduce(ops)  # the benchmark reports the total over all workers
-    summary = {
-        "algorithm": args.algorithm, "backend": backend, "world_size": world,
-        "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
-        "final_learning_rate": learning_rate(args, step, steps_per_epoch),
-        "train_seconds": round(train_seconds, 3),
-        "samples_per_second": round((step - first_step) * args.global_batch_size
-                                    / max(train_seconds, 1e-9), 1) if step > first_step else 0.0,
-        "communication_ops_per_worker": int(ops.item()) // world,
-        "communication_ops_per_epoch": round(ops.item() / world / args.epochs, 2),
-        "resumed_from_step": first_step,
-        "accuracy_curve": curve,
-        # rank 0's time in per-epoch evaluation, on top of train_seconds (its peers wait)
-        "evaluation_seconds": round(evaluation_seconds, 4),
-        # None when this launch took no step (the run had already finished).
-        "launch_to_first_step_seconds": launch_to_first_step,
-        "startup": startup.phases() if launch_to_first_step is not None else {},
-    }
-    if rank == 0:
-        checkpoint.save({"architecture": architecture, "config": model_config,
-                         "state_dict": paradigm.result_model().state_dict(),
-                         "algorithm": args.algorithm, "steps": step,
-                         "dataset": metadata["name"]}, args.run_dir / MODEL_NAME)
-        checkpoint.write_json(summary, args.run_dir / "train-summary.json", sort_keys=False)
-    dist.barrier()
-    dist.destroy_process_group()
-    epoch_log.close()
-    if metrics is not None:
-        metrics.close()
-    return summary
+    def evaluate(self) -> float | None:
+        """Rank 0's test accuracy after an epoch, added to the accuracy curve; None on the
+        other ranks, or with per-epoch evaluation off."""
+        test_set = self.data.test_set
+        if test_set is None:
+            return None
+        # Outside the epoch's clock: evaluation is not training time.
+        started = time.perf_counter()
+        accuracy = test_set.accuracy(self.learner.paradigm.result_model())
+        self.evaluation_seconds += time.perf_counter() - started
+        self.curve.append([round(self.train_seconds, 4), self.step, round(accuracy, 4)])
+        return accuracy
+
+    def save_checkpoint(self, step: int, train_seconds: float) -> None:
+        """Checkpoint every rank's state at ``step`` and commit it (a collective)."""
+        learner = self.learner
+        learner.checkpointer.save(step, learner.model, learner.optimizer, learner.paradigm,
+                                  train_seconds)
+
+    def finish(self) -> dict[str, Any]:
+        """Save the last checkpoint and, on rank 0, the model and the summary; leave the
+        process group and stop monitoring. Returns the summary."""
+        args, learner = self.args, self.learner
+        self.save_checkpoint(self.step, self.train_seconds)
+        summary = self.summary()
+        if self.group.rank == 0:
+            checkpoint.save({"architecture": learner.architecture, "config": learner.config,
+                             "state_dict": learner.paradigm.result_model().state_dict(),
+                             "algorithm": args.algorithm, "steps": self.step,
+                             "dataset": self.data.metadata["name"]}, args.run_dir / MODEL_NAME)
+            checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+        dist.barrier()
+        dist.destroy_process_group()
+        self.monitors.close()
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        """What this launch did (train-summary.json). A collective: every rank calls it."""
+        args, world, step, first_step = self.args, self.group.world, self.step, self.first_step
+        ops = torch.tensor([self.learner.paradigm.communication_ops], dtype=torch.float64)
+        dist.all_reduce(ops)  # the benchmark reports the total over all workers
+        return {
+            "algorithm": args.algorithm, "backend": self.group.backend, "world_size": world,
+            "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
+            "final_learning_rate": learning_rate(args, step, self.data.steps_per_epoch),
+            "train_seconds": round(self.train_seconds, 3),
+            "samples_per_second": round((step - first_step) * args.global_batch_size
+                                        / max(self.train_seconds, 1e-9), 1)
+            if step > first_step else 0.0,
+            "communication_ops_per_worker": int(ops.item()) // world,
+            "communication_ops_per_epoch": round(ops.item() / world / args.epochs, 2),
+            "resumed_from_step": first_step,
+            "accuracy_curve": self.curve,
+            # rank 0's time in per-epoch evaluation, on top of train_seconds (its peers wait)
+            "evaluation_seconds": round(self.evaluation_seconds, 4),
+            # None when this launch took no step (the run had already finished).
+            "launch_to_first_step_seconds": self.launch_to_first_step,
+            "startup": self.startup.phases() if self.launch_to_first_step is not None else {},
+        }
 
 
 def _first_step_done(startup: monitoring.StartupClock,
@@ -424,21 +585,6 @@ def _first_step_done(startup: monitoring.StartupClock,
     if metrics is not None:
         metrics.observe_startup(total, startup.phases())
     return total
-
-
-def _start_monitoring(args: argparse.Namespace, rank: int, device: torch.device,
-                      ) -> tuple[monitoring.WorkerMetrics | None, Any]:
-    from sublimate.components.tensorboard_log import EpochLog
-
-    metrics = monitoring.serve_worker(
-        args.run_dir, str(rank), f"node{os.environ.get('GROUP_RANK', '0')}",
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        gpu_index=device.index if device.type == "cuda" else None,
-        addr=args.metrics_addr, port=args.metrics_port, key=f"rank-{rank}")
-    if metrics is not None and metrics.address:
-        _log(rank, f"metrics: http://{metrics.address}/metrics (every rank: "
-                   f"{args.run_dir / monitoring.ENDPOINTS_FILE})")
-    return metrics, EpochLog(args.run_dir, f"rank-{rank}", aggregate=rank == 0)
 
 
 def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoch: int,
@@ -476,7 +622,7 @@ def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoc
 def refusal(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot train, in one line (None if they can).
 
-    The launcher asks the same before it starts any worker (:func:`paradigm.data_problem`
+    The launcher asks the same before it starts any worker (:func:`settings.data_problem`
     words both); this is for a worker run by hand, which should not need a traceback to say
     that its batch does not fit its dataset.
     """

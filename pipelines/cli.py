@@ -155,6 +155,8 @@ def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) ->
 def format_results(result: Any, seconds: float) -> str:
     """Where everything is: the workflow's outputs (Argo's ``status.outputs``, as in ``-o json``),
     the run folder, and the folders it links to, never shortened."""
+    from sublimate.components.run_files import holds_results
+
     lines = []
     if outputs := (result.outputs.get("parameters") or {}):
         lines.append("outputs: " + ", ".join(f"{k}={v}" for k, v in outputs.items()))
@@ -166,7 +168,7 @@ def format_results(result: Any, seconds: float) -> str:
         shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
         lines.append(f"  {link.relative_to(result.run_dir)} -> {target}"
                      + (f"  ({shown})" if shown else ""))
-        if (target / "train-summary.json").exists() or (target / "metrics").is_dir():
+        if holds_results(target):
             lines.append(f"report: sublimate report {result.run_dir}")
     return "\n".join(lines)
 

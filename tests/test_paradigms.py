@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from sublimate.components.async_sgd import ParameterServer
-from sublimate.components.bmuf import BlockMomentumSGD
-from sublimate.components.easgd import ElasticAveragingSGD
-from sublimate.components.paradigm import flat_parameters, paradigm_class
+from sublimate.components.paradigms import flat_parameters, paradigm_class
+from sublimate.components.paradigms.bmuf import BlockMomentumSGD
+from sublimate.components.paradigms.easgd import ElasticAveragingSGD
 
 WORLD = 2
 PERIOD = 3

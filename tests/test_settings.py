@@ -72,8 +72,8 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Add a setting in one place: the pipeline's parameter (UI form, types annotation), the
     train template's input, the launcher's flag, and the worker's argument all follow."""
-    from sublimate.components import paradigm, worker
     from sublimate.components import train as launcher
+    from sublimate.components import worker
     from sublimate.pipelines.train import train_pipeline
 
     dropout = S.Setting("dropout", 0.1, "Dropout probability of the hidden layers.",
@@ -104,4 +104,4 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
     assert parsed.dropout == 0.3
     with pytest.raises(SystemExit):  # bounded by the declaration, in the worker too
         worker.parse_args(["--data-dir", "d", "--run-dir", "r", "--dropout", "2"])
-    assert paradigm.paradigm_config("sync", vars(parsed)).dropout == 0.3
+    assert S.paradigm_config("sync", vars(parsed)).dropout == 0.3

@@ -5,30 +5,48 @@ it against the supported feature set (``unsupported_fields``), resolves paramete
 every container/script template as a local process group, with DAG/steps semantics, loops,
 conditions, retries, deadlines, artifacts and volumes following Argo.
 
+Deciding what runs is kept apart from running it: each pod is planned as a ``PodRequest``
+(resolved command line, env, working dir, mounts, deadline; see ``plan``) and handed to an
+``Executor`` (``RunOptions.executor``; ``LocalExecutor`` by default). ``preview.preview_workflow``
+plans the first wave without running anything (``sublimate run --dry-run``).
+
 Run dir ``<home>/runs/<workflow name>/``: ``workflow.yaml`` (manifest as run),
-``status.json`` (rewritten atomically on every node transition), ``nodes/<node id>/``
-(``main.log``, the script file, a private ``fs/`` for absolute paths and ``volumes/`` for
-emptyDirs), ``artifacts/<node id>/<name>`` (the local artifact store, unarchived) and
-``volumes/<claim>`` for volumeClaimTemplates. ``persistentVolumeClaim`` volumes live in
-``<home>/volumes/<claimName>`` and persist across runs.
+``status.json`` (rewritten atomically on every node transition), ``nodes/<display name>-<id
+hash>/`` (``main.log``, the script file, the termination-message file, a private ``fs/`` for
+absolute paths and ``volumes/`` for emptyDirs), ``artifacts/<node id>/<name>`` (the local
+artifact store, unarchived), ``volumes/<claim>`` for volumeClaimTemplates and ``outputs/<name>``
+links for workflow output parameters that name a folder on a volume. ``persistentVolumeClaim``
+volumes live in ``<home>/volumes/<claimName>`` and persist across runs.
 
 Container paths are mapped onto local folders by rewriting the literal paths in commands,
 args, env values, script sources and working directories (see ``paths``); paths computed
 at run time (``os.path.join("/mnt", "x")``) are not rewritten.
 """
 
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
 from .display import console_reporter, format_table
 from .engine import run_workflow
 from .errors import ManifestError, ParameterError
+from .executor import Executor, LocalExecutor, PodHooks, PodOutcome
 from .manifest import CLUSTER_ONLY_FIELDS, load_manifest, unsupported_fields
 from .model import NodeResult, RunEvent, RunOptions, RunResult
 from .parameters import resolve_parameters
+from .plan import Mount, PodRequest
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
+    "Executor",
+    "LocalExecutor",
     "ManifestError",
+    "Mount",
+    "NodePhase",
     "NodeResult",
+    "NodeType",
     "ParameterError",
+    "PodHooks",
+    "PodOutcome",
+    "PodRequest",
     "RunEvent",
     "RunOptions",
     "RunResult",

@@ -7,10 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
 from .model import NodeResult, RunEvent, RunResult
 
 MAX_VALUE = 40
-_QUIET_TYPES = frozenset({"StepGroup"})  # bookkeeping nodes that clutter the live view
+_QUIET_TYPES = frozenset({NodeType.STEP_GROUP})  # bookkeeping nodes that clutter the live view
 
 
 def console_reporter(
@@ -33,7 +35,7 @@ def console_reporter(
             if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
                 return  # the root node's phase is the workflow's, reported on its own
             text = f"[{elapsed:7.1f}s] {event.node.display_name}: {event.phase}"
-            if event.message and event.phase not in ("Running", "Succeeded"):
+            if event.message and event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED):
                 text += f" ({event.message})"
         else:
             text = f"[{elapsed:7.1f}s] workflow {event.workflow}: {event.phase}"
@@ -75,7 +77,8 @@ def format_table(result: RunResult) -> str:
         # Paths are what a user copies from here: never shortened.
         outputs = ", ".join(f"{k}={v if v.startswith('/') and ' ' not in v else _truncate(v)}"
                             for k, v in node.parameters.items())
-        if not outputs and node.phase in ("Failed", "Error", "Omitted") and node.message:
+        ended_badly = node.phase in (NodePhase.FAILED, NodePhase.ERROR, NodePhase.OMITTED)
+        if not outputs and ended_badly and node.message:
             outputs = _truncate(node.message, 60)
         rows.append((label, node.phase, duration, outputs))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from sublimate.pipelines.lint import DEPENDS_RESULTS
-
-# Results that mean "this dependency's failure is handled by whoever depends on it".
-FAILURE_HANDLING_RESULTS = frozenset({"Failed", "Errored", "AnySucceeded", "AllFailed"})
+# The results a `depends` may test, shared with the linter through argo_terms (the lint
+# package itself is not needed to run a workflow).
+from sublimate.pipelines.argo_terms import DEPENDS_RESULTS
 
 
 class ExpressionError(ValueError):

@@ -6,8 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-PHASES_DONE = frozenset({"Succeeded", "Failed", "Error", "Skipped", "Omitted"})
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+PHASES_DONE = frozenset(phase for phase in NodePhase if phase.done)
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -25,7 +31,7 @@ class RunEvent:
     kind: str
     workflow: str
     time: datetime
-    phase: str | None = None
+    phase: NodePhase | None = None
     node: NodeResult | None = None
     line: str | None = None
     message: str = ""
@@ -37,6 +43,9 @@ class RunOptions:
     parallelism: int | None = None
     reporter: Callable[[RunEvent], None] | None = None
     follow_logs: bool = True
+    # What runs each pod: None is the local process executor. Tests pass a fake one, so that
+    # DAG/steps semantics are checked without starting processes.
+    executor: Executor | None = None
 
 
 @dataclass
@@ -45,8 +54,8 @@ class NodeResult:
     name: str
     display_name: str
     template: str
-    type: str
-    phase: str = "Pending"
+    type: NodeType
+    phase: NodePhase = NodePhase.PENDING
     started_at: datetime | None = None
     finished_at: datetime | None = None
     message: str = ""
@@ -96,7 +105,7 @@ class NodeResult:
 @dataclass
 class RunResult:
     name: str
-    phase: str
+    phase: NodePhase
     message: str
     started_at: datetime
     finished_at: datetime | None

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
-from .process import LocalProcess
+
+class Stoppable(Protocol):
+    """What an executor hands the scope for a running pod (a local process group, a fake)."""
+
+    def stop(self) -> None: ...
 
 
 class CancelScope:
@@ -15,7 +20,7 @@ class CancelScope:
         self.parent = parent
         self.reason: str | None = None
         self.children: set[CancelScope] = set()
-        self.processes: set[LocalProcess] = set()
+        self.processes: set[Stoppable] = set()
         self._timer: threading.Timer | None = None
 
     def child(self) -> CancelScope:
@@ -33,7 +38,7 @@ class CancelScope:
         return None
 
     def stop(self, reason: str) -> None:
-        victims: list[LocalProcess] = []
+        victims: list[Stoppable] = []
         with self.lock:
             if self.reason is None:
                 self.reason = reason
@@ -50,7 +55,7 @@ class CancelScope:
         self._timer.daemon = True
         self._timer.start()
 
-    def add(self, process: LocalProcess) -> bool:
+    def add(self, process: Stoppable) -> bool:
         """Register a started process; returns False (and stops it) if already stopped."""
         with self.lock:
             self.processes.add(process)
@@ -59,7 +64,7 @@ class CancelScope:
             process.stop()
         return not stopped
 
-    def discard(self, process: LocalProcess) -> None:
+    def discard(self, process: Stoppable) -> None:
         with self.lock:
             self.processes.discard(process)
 

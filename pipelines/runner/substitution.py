@@ -7,6 +7,9 @@ from collections.abc import Mapping
 
 from .errors import NodeError
 
+# A scope of variables by their dotted name (``inputs.parameters.x``, ``tasks.a.outputs.result``).
+Vars = dict[str, str]
+
 TAG = re.compile(r"\{\{(.*?)\}\}", re.S)
 # Only tags that look like variable references are touched; anything else (e.g. the
 # ``{{`` escapes of a Python f-string in a script) is left alone, as Argo would do.

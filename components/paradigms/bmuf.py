@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sublimate.components.paradigm import (
+from .base import (
     ParadigmConfig,
     PeriodicAveraging,
     auto_or,

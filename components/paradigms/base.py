@@ -1,83 +1,28 @@
-"""The interface every training paradigm implements, and the registry that finds them by name.
+"""The interface every training paradigm implements (:class:`Paradigm`), and the base of the
+periodic-averaging ones (:class:`PeriodicAveraging`: BMUF, EASGD).
 
 A paradigm decides how workers cooperate: how the model is wrapped for the backward pass, what
 happens after each local optimizer step (nothing for synchronous SGD, a block update for BMUF, an
 elastic pull toward the center for EASGD), which model is the result, and what extra state a
 checkpoint must hold. The step loop in :mod:`sublimate.components.worker` is shared, so a new
-paradigm is one new module that subclasses :class:`Paradigm` and registers itself in
-:data:`PARADIGMS`. The parameter-server paradigm (``async``) has no collective step loop and is
-launched as its own TorchX app (:mod:`sublimate.components.async_sgd`).
+paradigm is one new module in this package that subclasses :class:`Paradigm` and is registered
+in :data:`sublimate.components.paradigms.PARADIGMS`. The parameter-server paradigm (``async``) has
+no collective step loop: its processes are launched as their own TorchX app
+(:mod:`sublimate.components.async_sgd`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
-import importlib
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sublimate.components.settings import (
-    ParadigmConfig,  # re-exported: paradigms take one
-    add_arguments,
-    paradigm_config,
-    worker_settings,
-)
+from sublimate.components.settings import ParadigmConfig, paradigm_config
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
     import torch
     from torch import nn
-
-# name -> "module:Class"; modules are imported on demand so a worker loads only its own paradigm.
-PARADIGMS: dict[str, str] = {
-    "sync": "sublimate.components.sync_sgd:SyncSGD",
-    "async": "sublimate.components.async_sgd:AsyncSGD",
-    "bmuf": "sublimate.components.bmuf:BlockMomentumSGD",
-    "easgd": "sublimate.components.easgd:ElasticAveragingSGD",
-}
-
-
-def add_training_arguments(parser: argparse.ArgumentParser,
-                           paradigms: Iterable[str] = ("sync", "bmuf", "easgd")) -> None:
-    """The settings the launcher passes to these paradigms' training processes, as flags typed
-    and bounded by their one declaration (:mod:`sublimate.components.settings`).
-
-    Torch-free: the launcher parses them too, before it submits the job.
-    """
-    add_arguments(parser, worker_settings(paradigms))
-
-
-def data_problem(data_dir: Path, global_batch_size: int, needs_test: bool = False) -> str | None:
-    """What makes ``data_dir`` unusable with this batch, in one line naming the setting; None
-    when it is fine.
-
-    Only the staged dataset knows its size, so this is known once the train step runs: the
-    launcher asks before it starts any worker and every worker asks again, with this one
-    wording. Every paradigm walks the global batch through one epoch (async trainers each take
-    their slice of it), so a global batch larger than the training split means no step at all.
-    """
-    from sublimate.components.datasets import DatasetError, read_metadata
-
-    try:
-        metadata = read_metadata(data_dir)
-    except DatasetError as error:
-        return f"data-dir: {error}"
-    try:
-        splits = dict(metadata["splits"])
-        examples = int(splits["train"]["examples"])
-    except (KeyError, TypeError, ValueError) as error:
-        found = f"no {error}" if isinstance(error, KeyError) else "unreadable"
-        return (f"data-dir: {data_dir}/metadata.json does not give the train split's example "
-                f"count ({found})")
-    if global_batch_size > examples:
-        return (f"global-batch-size {global_batch_size} is larger than the {examples} training "
-                f"examples of {data_dir}")
-    if needs_test and "test" not in splits:
-        return (f"eval-every-epoch: dataset {data_dir} has no test split to evaluate on "
-                "(set eval-every-epoch to false)")
-    return None
 
 
 class Paradigm:
@@ -185,12 +130,3 @@ def load_flat_parameters(module: nn.Module, vector: torch.Tensor) -> None:
             size = parameter.numel()
             parameter.copy_(vector[offset:offset + size].view_as(parameter))
             offset += size
-
-
-def paradigm_class(name: str) -> type[Paradigm]:
-    try:
-        module_name, class_name = PARADIGMS[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown algorithm '{name}' (known: {', '.join(sorted(PARADIGMS))})") \
-            from None
-    return getattr(importlib.import_module(module_name), class_name)

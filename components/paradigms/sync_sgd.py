@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from sublimate.components.paradigm import Paradigm
+from .base import Paradigm
 
 
 class SyncSGD(Paradigm):

@@ -1,0 +1,56 @@
+"""The training paradigms, one module each, found by name.
+
+========  =======================================  ==========================================
+name      module                                   what the workers do
+========  =======================================  ==========================================
+sync      :mod:`.sync_sgd`                         all-reduce gradients every step (DDP)
+async     :mod:`.parameter_server`                 push/pull to a parameter server (Downpour)
+bmuf      :mod:`.bmuf`                             block momentum every ``sync-period`` steps
+easgd     :mod:`.easgd`                            elastic pull to a center every period
+========  =======================================  ==========================================
+
+:mod:`.base` holds the :class:`Paradigm` interface. A new paradigm is one module here plus one
+entry in :data:`PARADIGMS` (and, where it has settings of its own, their declarations in
+:mod:`sublimate.components.settings`). Modules load on demand: a worker imports only its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import (
+    Paradigm,
+    ParadigmConfig,
+    PeriodicAveraging,
+    auto_or,
+    flat_parameters,
+    load_flat_parameters,
+)
+
+__all__ = [
+    "PARADIGMS",
+    "Paradigm",
+    "ParadigmConfig",
+    "PeriodicAveraging",
+    "auto_or",
+    "flat_parameters",
+    "load_flat_parameters",
+    "paradigm_class",
+]
+
+# name -> "module:Class"
+PARADIGMS: dict[str, str] = {
+    "sync": "sublimate.components.paradigms.sync_sgd:SyncSGD",
+    "async": "sublimate.components.paradigms.parameter_server:AsyncSGD",
+    "bmuf": "sublimate.components.paradigms.bmuf:BlockMomentumSGD",
+    "easgd": "sublimate.components.paradigms.easgd:ElasticAveragingSGD",
+}
+
+
+def paradigm_class(name: str) -> type[Paradigm]:
+    try:
+        module_name, class_name = PARADIGMS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown algorithm '{name}' (known: {', '.join(sorted(PARADIGMS))})") \
+            from None
+    return getattr(importlib.import_module(module_name), class_name)

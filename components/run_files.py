@@ -1,0 +1,37 @@
+"""The names of everything a run leaves in its folder on the shared volume, in one place.
+
+``<volume>/runs/<run-id>/`` is written by the train step (launcher and workers), the evaluate
+step and the report, and read by all of them, ``sublimate report`` and the notebook::
+
+    model.pt                       MODEL              the final model (rank 0 or the server)
+    train-summary.json             SUMMARY            figures of the training (the workers)
+    metrics.json                   EVALUATION         test loss and accuracy (evaluate)
+    metrics/<label>.jsonl          EPOCH_LOGS         one record per epoch from every process
+    metrics-endpoints.json         ENDPOINTS          the workers' Prometheus addresses
+    tensorboard/<label>/           TENSORBOARD        event files
+    checkpoints/step-N/rank-R.pt   CHECKPOINTS        per-rank state; latest.json commits a step
+    checkpoints/parameter-server.pt  SERVER_CHECKPOINT  the async server's state
+    logs/                          LOGS               TorchX's per-replica logs (local runs)
+    report/                        REPORT             report.json and the plots
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODEL = "model.pt"
+SUMMARY = "train-summary.json"
+EVALUATION = "metrics.json"
+EPOCH_LOGS = "metrics"
+ENDPOINTS = "metrics-endpoints.json"
+TENSORBOARD = "tensorboard"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest.json"
+SERVER_CHECKPOINT = f"{CHECKPOINTS}/parameter-server.pt"
+LOGS = "logs"
+REPORT = "report"
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether ``folder`` is a run's results folder: the train step writes these first and last."""
+    return (folder / SUMMARY).is_file() or (folder / EPOCH_LOGS).is_dir()

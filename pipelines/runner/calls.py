@@ -1,0 +1,77 @@
+"""A DAG task or a step, invoked once: its ``when``, its arguments, then its template.
+
+Loops (``loops``) call ``call_one`` once per item. ``continues`` is ``continueOn``: whether a
+failed call leaves its DAG, steps or loop going.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
+from .errors import NodeError
+from .expressions import ExpressionError, evaluate_when
+from .model import NodeResult
+from .scope import CancelScope
+from .substitution import Vars, as_text, substitute, substitute_text
+
+if TYPE_CHECKING:
+    from .engine import Run
+
+
+def continues(call: dict, phase: NodePhase) -> bool:
+    cont = call.get("continueOn") or {}
+    key = "failed" if phase == NodePhase.FAILED else "error"
+    return cont.get(key) in (True, "true")
+
+
+def when_text(call: dict, call_vars: Vars, where: str) -> str | None:
+    """The call's ``when`` with its variables substituted, or None when it has none."""
+    if call.get("when") is None:
+        return None
+    return substitute_text(as_text(call["when"]), call_vars, f"{where}.when")
+
+
+def call_arguments(call: dict, call_vars: Vars, where: str) -> dict:
+    """The call's arguments, substituted: ``{"parameters": {name: value}, "artifacts": {...}}``."""
+    args: dict = substitute(call.get("arguments") or {}, call_vars,  # type: ignore[assignment]
+                            f"{where}.arguments")
+    return {
+        "parameters": {p["name"]: p.get("value", "") for p in args.get("parameters") or []},
+        "artifacts": {a["name"]: a for a in args.get("artifacts") or []},
+    }
+
+
+def call_one(run: Run, call: dict, call_vars: Vars, name: str, display: str,
+             parent: NodeResult, scope: CancelScope, slots: threading.Semaphore | None,
+             where: str) -> NodeResult:
+    record = run.record
+    try:
+        condition = when_text(call, call_vars, where)
+        if condition is not None and not evaluate_when(condition):
+            node = record.add_node(name, display, call["template"], NodeType.SKIPPED, parent)
+            return record.finish(node, NodePhase.SKIPPED, f"when {condition!r} evaluated false")
+        arguments = call_arguments(call, call_vars, where)
+    except (NodeError, ExpressionError) as exc:
+        node = record.add_node(name, display, call["template"], NodeType.POD, parent)
+        return record.finish(node, NodePhase.ERROR, str(exc))
+    if slots is not None:
+        slots.acquire()
+    try:
+        if scope.stop_reason():
+            node = record.add_node(name, display, call["template"], NodeType.SKIPPED, parent)
+            return record.finish(node, NodePhase.OMITTED, f"not started: {scope.stop_reason()}")
+        return run.execute(call["template"], arguments, name, display, parent, scope)
+    finally:
+        if slots is not None:
+            slots.release()
+
+
+def parallelism_slots(template: dict, local: Vars) -> threading.Semaphore | None:
+    """A DAG/steps template's ``parallelism``: how many of its calls may run at once."""
+    limit = template.get("parallelism")
+    if limit is None:
+        return None
+    return threading.Semaphore(int(substitute_text(str(limit), local, "parallelism")))

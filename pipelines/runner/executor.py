@@ -1,0 +1,89 @@
+"""Executors: what runs a planned pod (``plan.PodRequest``) and reports how it ended.
+
+The engine decides what runs, when, and what a pod's end means for its node; an executor only
+runs one request. ``LocalExecutor`` (the default) starts it as a local process group, the way
+Argo's executor runs a container: the image is not used, the local Python environment stands in
+for it. Tests pass a fake executor that returns scripted outcomes, so DAG and steps semantics
+are checked without starting processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Protocol
+
+from .plan import PodRequest
+from .process import LocalProcess
+from .scope import Stoppable
+
+
+@dataclass
+class PodOutcome:
+    """How a pod ended. ``exit_code`` is None when it never started (``error`` says why)."""
+
+    exit_code: int | None = 0
+    stdout: str = ""
+    message: str = ""  # the container's termination message (read when it failed)
+    error: str = ""  # could not start: "failed to start 'x': No such file or directory"
+    stopped: bool = False  # stopped by a deadline or Ctrl-C before it ended on its own
+
+
+class PodHooks(Protocol):
+    """What the engine hands an executor for one pod."""
+
+    def on_line(self, line: str) -> None:
+        """A line of the pod's output (stdout or stderr), for live progress."""
+
+    def on_start(self, handle: Stoppable) -> None:
+        """The pod is running: the node turns Running, and a deadline or Ctrl-C stopping its
+        scope calls ``handle.stop()`` from now on."""
+
+    def on_exit(self, handle: Stoppable) -> None:
+        """The pod has ended: its handle is no longer stopped with its scope."""
+
+
+class Executor(Protocol):
+    def run(self, request: PodRequest, hooks: PodHooks) -> PodOutcome:
+        """Run a staged request (its folders, script and input artifacts are in place) to
+        its end; may be called from several threads at once."""
+        ...
+
+
+class LocalExecutor:
+    """Runs a pod as a local process group, with its log in ``request.log``."""
+
+    def run(self, request: PodRequest, hooks: PodHooks) -> PodOutcome:
+        argv = list(request.argv)
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # so that the runner's venv is used
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # lets follow_logs stream lines as they come
+        env.update(request.env)
+        env.update(request.runner_env)
+        request.termination_log.unlink(missing_ok=True)
+        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line)
+        try:
+            process.start()
+        except OSError as exc:
+            return PodOutcome(exit_code=None,
+                              error=f"failed to start {argv[0]!r}: {exc.strerror or exc}")
+        hooks.on_start(process)
+        try:
+            code, stdout = process.wait()
+        finally:
+            hooks.on_exit(process)
+        message = ""
+        if code != 0 and not process.stopped:
+            message = _termination_message(request)
+        return PodOutcome(exit_code=code, stdout=stdout, message=message,
+                          stopped=process.stopped)
+
+
+def _termination_message(request: PodRequest) -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(request.termination_log.read_text(errors="replace").split())
+    return ""
+

@@ -1,0 +1,85 @@
+"""Outputs: what a finished node exposes to the nodes after it, and to the workflow.
+
+``result_vars`` gives the ``tasks.<name>.*`` / ``steps.<name>.*`` variables of a finished call
+(a loop's children aggregated as Argo does); ``template_outputs`` sets a DAG/steps template's
+own outputs from its tasks (``valueFrom.parameter``); ``set_param``/``set_artifact`` record a
+node's output, and a ``globalName`` makes it a workflow output too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sublimate.pipelines.argo_terms import NodeType
+
+from .errors import NodeError
+from .loops import group_vars
+from .model import NodeResult, iso
+from .substitution import Vars, as_text, substitute_text
+
+if TYPE_CHECKING:
+    from .engine import Run
+
+
+def result_vars(prefix: str, name: str, node: NodeResult, nodes: dict[str, NodeResult]) -> Vars:
+    base = f"{prefix}.{name}"
+    out: Vars = {f"{base}.status": node.phase, f"{base}.id": node.id}
+    if node.started_at:
+        out[f"{base}.startedAt"] = iso(node.started_at) or ""
+    if node.finished_at:
+        out[f"{base}.finishedAt"] = iso(node.finished_at) or ""
+    if node.type == NodeType.TASK_GROUP:
+        out.update(group_vars(base, [nodes[c] for c in node.children]))
+        return out
+    for pname, value in node.parameters.items():
+        out[f"{base}.outputs.parameters.{pname}"] = value
+    for aname, path in node.artifacts.items():
+        out[f"{base}.outputs.artifacts.{aname}"] = path
+    if node.result is not None:
+        out[f"{base}.outputs.result"] = node.result
+    if node.exit_code is not None:
+        out[f"{base}.exitCode"] = str(node.exit_code)
+    return out
+
+
+def template_outputs(run: Run, template: dict, scope_vars: Vars, node: NodeResult) -> str:
+    """Outputs of a DAG/steps template, taken from its tasks; a problem, or ``""``."""
+    outputs = template.get("outputs") or {}
+    where = f"templates.{template['name']}.outputs"
+    for param in outputs.get("parameters") or []:
+        source = param.get("valueFrom") or {}
+        if "parameter" not in source:
+            continue
+        try:
+            value = substitute_text(str(source["parameter"]), scope_vars, where)
+        except NodeError as exc:
+            if "default" not in source:
+                return str(exc)
+            value = as_text(source["default"])
+        set_param(run, node, param, value)
+    for art in outputs.get("artifacts") or []:
+        if art.get("from"):
+            try:
+                path = substitute_text(str(art["from"]), scope_vars, where)
+            except NodeError as exc:
+                if art.get("optional"):
+                    continue
+                return str(exc)
+            set_artifact(run, node, art, path)
+    return ""
+
+
+def set_param(run: Run, node: NodeResult, param: dict, value: str) -> None:
+    node.parameters[param["name"]] = value
+    if param.get("globalName"):
+        with run.lock:
+            run.record.set_output("parameters", param["globalName"], value)
+            run.globals[f"workflow.outputs.parameters.{param['globalName']}"] = value
+
+
+def set_artifact(run: Run, node: NodeResult, art: dict, path: str) -> None:
+    node.artifacts[art["name"]] = path
+    if art.get("globalName"):
+        with run.lock:
+            run.record.set_output("artifacts", art["globalName"], path)
+            run.globals[f"workflow.outputs.artifacts.{art['globalName']}"] = path

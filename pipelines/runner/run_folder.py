@@ -1,0 +1,212 @@
+"""The run folder and the run's status: the one owner of nodes, phases and ``status.json``.
+
+Every node is created and every phase changes here, under one lock, so ``status.json`` (rewritten
+atomically on each transition) and the reporter's events always agree with the nodes. Naming
+(the run's name, node ids, node folders) is pure, so a dry run can show the paths a run would
+use without creating anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import string
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
+from .model import NodeResult, RunEvent, RunResult, now
+from .paths import PathMap
+
+_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def suffix() -> str:
+    # os.urandom rather than secrets/uuid: those imports cost more than the whole run setup.
+    return "".join(_ALPHABET[b % len(_ALPHABET)] for b in os.urandom(5))
+
+
+def draw_name(metadata: dict) -> str:
+    """The run's name as Argo gives it: ``metadata.name``, else ``generateName`` + 5 characters."""
+    return metadata.get("name") or f"{metadata.get('generateName') or 'workflow-'}{suffix()}"
+
+
+def make_run_dir(home: Path, metadata: dict) -> tuple[str, Path]:
+    """Create ``<home>/runs/<name>``, never reusing a folder; returns the name and the folder."""
+    runs = home / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    fixed = metadata.get("name")
+    base = fixed or metadata.get("generateName") or "workflow-"
+    name = draw_name(metadata)
+    while True:
+        try:
+            (runs / name).mkdir()
+            return name, runs / name
+        except FileExistsError:
+            # Never reuse a run dir: a fixed name gets a suffix, like generateName.
+            name = f"{fixed}-{suffix()}" if fixed else f"{base}{suffix()}"
+
+
+def _fnv32a(text: str) -> int:
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return value
+
+
+def node_id(workflow: str, node_name: str) -> str:
+    """Argo's node id: the workflow's name for the root node, else name + hash of the node name."""
+    return workflow if node_name == workflow else f"{workflow}-{_fnv32a(node_name)}"
+
+
+def node_folder(display_name: str, node_id: str) -> str:
+    """``<display name>-<id hash>`` under ``nodes/``: readable in a listing, unique like the id."""
+    readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in display_name)
+    readable = "-".join(part for part in readable.split("-") if part) or "node"
+    return f"{readable}-{node_id.rsplit('-', 1)[-1]}"
+
+
+class RunRecord:
+    """A run's nodes, phase and outputs, mirrored to ``<run dir>/status.json`` and the reporter."""
+
+    def __init__(self, name: str, run_dir: Path, params: dict[str, str],
+                 reporter: Callable[[RunEvent], None]) -> None:
+        self.name = name
+        self.run_dir = run_dir
+        self.params = params
+        self.reporter = reporter
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeResult] = {}
+        self.outputs: dict[str, dict[str, str]] = {}
+        self.links: dict[str, Path] = {}
+        self.started_at = now()
+        self.finished_at = None
+        self.phase = NodePhase.RUNNING
+        self.message = ""
+        # Container path -> local folder of every volume a step mounted that outlives its pod,
+        # so that workflow outputs naming such paths can be linked from the run folder.
+        self.shared_mounts = PathMap(run_dir / "fs")
+
+    # ------------------------------------------------------------------------- nodes
+
+    def add_node(self, name: str, display: str, template: str, kind: NodeType,
+                 parent: NodeResult | None) -> NodeResult:
+        node = NodeResult(node_id(self.name, name), name, display, template, kind,
+                          parent=parent.id if parent else None)
+        with self.lock:
+            self.nodes[node.id] = node
+            if parent is not None:
+                parent.children.append(node.id)
+        return node
+
+    def transition(self, node: NodeResult, phase: NodePhase, message: str = "") -> None:
+        with self.lock:
+            stamp = now()
+            if phase == NodePhase.RUNNING and node.started_at is None:
+                node.started_at = stamp
+            if phase.done:
+                node.started_at = node.started_at or stamp
+                node.finished_at = stamp
+            node.phase = phase
+            if message:
+                node.message = message
+            self.write_status()
+        self.emit(RunEvent("node", self.name, stamp, phase=phase, node=node,
+                           message=node.message))
+
+    def finish(self, node: NodeResult, phase: NodePhase, message: str = "") -> NodeResult:
+        self.transition(node, phase, message)
+        return node
+
+    def log_line(self, node: NodeResult, line: str) -> None:
+        self.emit(RunEvent("log", self.name, now(), node=node, line=line))
+
+    def set_output(self, kind: str, name: str, value: str) -> None:
+        """A workflow output (``globalName``): ``kind`` is ``parameters`` or ``artifacts``."""
+        with self.lock:
+            self.outputs.setdefault(kind, {})[name] = value
+
+    # ------------------------------------------------------------------ the workflow
+
+    def started(self) -> None:
+        self.write_status()
+        self.emit(RunEvent("workflow", self.name, self.started_at, phase=NodePhase.RUNNING))
+
+    def conclude(self, phase: NodePhase, message: str) -> None:
+        """The run's final phase; nodes still open (stopped mid-way) are closed as Failed."""
+        with self.lock:
+            for node in self.nodes.values():
+                if not node.done:
+                    node.phase = NodePhase.FAILED
+                    node.message = node.message or message or "stopped"
+                    node.finished_at = now()
+            self.phase = phase
+            self.message = message
+            self.finished_at = now()
+            self._link_outputs()
+            self.write_status()
+        self.emit(RunEvent("workflow", self.name, self.finished_at, phase=phase,
+                           message=message))
+
+    def _link_outputs(self) -> None:
+        """``outputs/<name>`` in the run folder for each workflow output parameter that names a
+        path on a volume: the one place a user is pointed to reaches the results on it."""
+        folder = self.run_dir / "outputs"
+        for name, value in (self.outputs.get("parameters") or {}).items():
+            if not value.startswith("/") or not self.shared_mounts.covers(value):
+                continue
+            target = self.shared_mounts.local(value)
+            if not target.exists() or "/" in name:
+                continue
+            folder.mkdir(exist_ok=True)
+            link = folder / name
+            with contextlib.suppress(OSError):
+                link.unlink(missing_ok=True)
+                link.symlink_to(target)
+                self.links[name] = link
+
+    # ----------------------------------------------------------------------- files
+
+    def dump_manifest(self, workflow: dict) -> None:
+        """``workflow.yaml``: the manifest as run, with its name and the parameters' values."""
+        import yaml  # loaded already by whoever read the manifest
+
+        manifest = copy.deepcopy(workflow)
+        manifest.setdefault("metadata", {})["name"] = self.name
+        manifest["metadata"].pop("generateName", None)
+        params = (manifest["spec"].get("arguments") or {}).get("parameters") or []
+        for param in params:
+            if param.get("name") in self.params:
+                param["value"] = self.params[param["name"]]
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        text = yaml.dump(manifest, Dumper=dumper, sort_keys=False)
+        (self.run_dir / "workflow.yaml").write_text(text)
+
+    def result(self) -> RunResult:
+        return RunResult(
+            name=self.name,
+            phase=self.phase,
+            message=self.message,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            run_dir=self.run_dir,
+            nodes=list(self.nodes.values()),
+            parameters=dict(self.params),
+            outputs={k: dict(v) for k, v in self.outputs.items()},
+            links=dict(self.links),
+        )
+
+    def write_status(self) -> None:
+        with self.lock:
+            data = json.dumps(self.result().to_json(), indent=1)
+            tmp = self.run_dir / "status.json.tmp"
+            tmp.write_text(data)
+            os.replace(tmp, self.run_dir / "status.json")
+
+    def emit(self, event: RunEvent) -> None:
+        with contextlib.suppress(Exception):  # a broken reporter must not break the run
+            self.reporter(event)
