@@ -71,8 +71,8 @@ TYPES_ANNOTATION = "sublimate.dev/parameter-types"
 # ---------------------------------------------------------------------------------- depends
 
 
-class DependsError(ValueError):
-    """A `depends` expression that does not parse."""
+class ExpressionError(ValueError):
+    """An expression (`depends`, `when`) that does not parse."""
 
 
 Ast = tuple  # ("ref", task, result | None) | ("not", Ast) | ("and" | "or", Ast, Ast)
@@ -87,7 +87,7 @@ def tokenize_depends(expr: str) -> list[str]:
     while pos < len(text):
         match = _DEP_TOKEN.match(text, pos)
         if not match:
-            raise DependsError(f"unexpected {text[pos:].strip()!r} in depends {expr!r}")
+            raise ExpressionError(f"unexpected {text[pos:].strip()!r} in depends {expr!r}")
         tokens.append(match.group(1) or match.group(2))
         pos = match.end()
     return tokens
@@ -107,14 +107,14 @@ class _DependsParser:
     def take(self) -> str:
         token = self.peek()
         if token is None:
-            raise DependsError(f"unexpected end of expression {self.source!r}")
+            raise ExpressionError(f"unexpected end of expression {self.source!r}")
         self.pos += 1
         return token
 
     def parse(self) -> Ast:
         ast = self.parse_or()
         if self.pos != len(self.tokens):
-            raise DependsError(f"unexpected {self.peek()!r} in expression {self.source!r}")
+            raise ExpressionError(f"unexpected {self.peek()!r} in expression {self.source!r}")
         return ast
 
     def parse_or(self) -> Ast:
@@ -138,30 +138,22 @@ class _DependsParser:
         if token == "(":
             inner = self.parse_or()
             if self.take() != ")":
-                raise DependsError(f"missing ')' in depends {self.source!r}")
+                raise ExpressionError(f"missing ')' in depends {self.source!r}")
             return inner
         if token in ("&&", "||", ")"):
-            raise DependsError(f"unexpected {token!r} in depends {self.source!r}")
-        task, dot, result = token.rpartition(".")
-        # `a.b` with an unknown suffix is a task named "a.b"? Argo's task names allow no dots,
-        # so keep the suffix as the (unknown) result for the caller to report.
-        return ("ref", task, result) if dot else ("ref", token, None)
+            raise ExpressionError(f"unexpected {token!r} in depends {self.source!r}")
+        task, _, result = token.rpartition(".")
+        if task and result in DEPENDS_RESULTS:
+            return ("ref", task, result)
+        return ("ref", token, None)  # a plain task name (`a.Bogus` is then an unknown task)
 
 
 def parse_depends(expr: str) -> Ast:
     return _DependsParser(tokenize_depends(expr), expr).parse()
 
 
-def depends_references(expr: str) -> list[tuple[str, str | None]]:
-    """``(task, result or None)`` for every reference in a `depends` expression, in order."""
-    found: list[tuple[str, str | None]] = []
-
-    def walk(node: Ast) -> None:
-        if node[0] == "ref":
-            found.append((node[1], node[2]))
-        else:
-            for child in node[1:]:
-                walk(child)
-
-    walk(parse_depends(expr))
-    return found
+def depends_references(ast: Ast) -> list[tuple[str, str | None]]:
+    """Every ``(task, result or None)`` pair a parsed `depends` mentions, in order."""
+    if ast[0] == "ref":
+        return [(ast[1], ast[2])]
+    return [ref for child in ast[1:] for ref in depends_references(child)]

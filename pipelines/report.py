@@ -8,12 +8,8 @@ names are re-exported here, where the first releases documented them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from pathlib import Path
-from typing import Any
 
 from sublimate.components.report import (
     PLOTS,
@@ -120,54 +116,3 @@ def resolve_run(reference: str, sublimate_home: Path | None = None) -> Path:
                           "or outputs/ (a run folder of `sublimate run`)")
     raise ReportError(f"run '{reference}': no such run folder (looked for the folder {path}, "
                       f"the run id {by_id} and the workflow run {by_workflow})")
-
-
-# --- sublimate report -------------------------------------------------------------------------
-
-def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``sublimate report RUN [RUN...]`` on the CLI's subparsers."""
-    parser = subparsers.add_parser(
-        "report", help="print a run's report and regenerate its plots; compare several runs",
-        description="Print the summary of one or more runs and (re)generate report/ in each "
-                    "run folder; with two or more runs also draw them side by side in one plot.")
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="the run folder `sublimate run` printed "
-                             "($SUBLIMATE_HOME/runs/<workflow>), the results folder "
-                             "($SUBLIMATE_HOME/volumes/sublimate-data/runs/<run-id>), or the "
-                             "workflow name or run id alone")
-    parser.add_argument("--output", "-o", type=Path, default=None,
-                        help="where to write the comparison PNG (default: "
-                             "$SUBLIMATE_HOME/reports/<run>-vs-<run>.png)")
-    parser.add_argument("--json", action="store_true", help="print the report(s) as JSON")
-    parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="write report.json only")
-    parser.set_defaults(handler=command_report)
-    return parser
-
-
-def command_report(args: argparse.Namespace) -> int:
-    try:
-        run_dirs = [resolve_run(reference) for reference in args.runs]
-        reports = [write_report(run_dir, plots=args.plots) for run_dir in run_dirs]
-    except ReportError as error:
-        print(f"report: error: {error}", file=sys.stderr)
-        return 2
-    comparison = None
-    if len(run_dirs) > 1 and args.plots:
-        output = args.output or home() / "reports" / (
-            "-vs-".join(run_dir.name for run_dir in run_dirs) + ".png")
-        try:
-            comparison = compare(run_dirs, output)
-        except ImportError:
-            print("report: matplotlib is not installed; no comparison plot", file=sys.stderr)
-    if args.json:
-        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
-        return 0
-    for report in reports:
-        print(format_summary(report))
-        if report["plots"]:
-            print(f"  plots: {Path(report['run_dir']) / REPORT_DIR}/"
-                  f"{{{','.join(report['plots'].values())}}}")
-    if comparison:
-        print(f"comparison: {comparison}")
-    return 0

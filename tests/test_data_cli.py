@@ -10,7 +10,7 @@ import pytest
 
 from sublimate.components.datasets import build_builtin, verify_dataset
 from sublimate.pipelines.cli import UsageError
-from sublimate.pipelines.data_cli import add_data_commands
+from sublimate.pipelines.cli.data import add_data_commands
 from tests.s3_server import SECRET_KEY, S3Server
 
 

@@ -41,3 +41,11 @@ def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None
     shared = set(constraints) & set(lock)
     assert {name for name in shared if constraints[name] != lock[name]} == set()
     assert "torch" not in constraints  # chosen per machine (CPU wheel, CUDA build) beforehand
+
+
+def test_every_pipeline_parameter_is_documented_in_the_readme() -> None:
+    from sublimate.pipelines.train import pipeline_parameters
+
+    readme = (REPO / "README.md").read_text()
+    missing = [p.name for p in pipeline_parameters() if f"`{p.name}`" not in readme]
+    assert missing == [], f"add these parameters to README.md's tables: {missing}"

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.pipelines.report import (
+from sublimate.components.report import (
     PLOTS,
     ReportError,
-    add_report_command,
     build_report,
     draw,
     draw_panel,
-    resolve_run,
     run_labels,
     write_report,
 )
+from sublimate.pipelines.cli.report import add_report_command
+from sublimate.pipelines.report import resolve_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -261,7 +261,7 @@ def test_compared_runs_are_labelled_by_what_differs(tmp_path: Path) -> None:
 
 
 def test_launch_to_first_step_is_reported_with_its_phases(tmp_path: Path) -> None:
-    from sublimate.pipelines.report import format_summary
+    from sublimate.components.report import format_summary
 
     startup = {"torchx-launch": 1.5, "imports": 3.0, "rendezvous": 2.896, "data": 0.004}
     run_dir = fake_run(tmp_path / "run", launch_to_first_step_seconds=7.4, startup=startup)

@@ -11,8 +11,9 @@ from typing import Any
 from sublimate.pipelines.argo_terms import (
     DEPENDS_RESULTS,
     TAG,
-    DependsError,
+    ExpressionError,
     depends_references,
+    parse_depends,
 )
 
 from .problems import (
@@ -293,8 +294,8 @@ def _dag_dependencies(
             deps.append(dep)
     if isinstance(depends, str):
         try:
-            references = depends_references(depends)
-        except DependsError as error:
+            references = depends_references(parse_depends(depends))
+        except ExpressionError as error:
             report.add(f"{path}.depends", str(error))
             references = []
         for dep, result in references:

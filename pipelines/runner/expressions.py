@@ -9,33 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-# The results a `depends` may test, shared with the linter through argo_terms (the lint
-# package itself is not needed to run a workflow).
-from sublimate.pipelines.argo_terms import DEPENDS_RESULTS
-
-
-class ExpressionError(ValueError):
-    pass
-
-
-# ---------------------------------------------------------------------------- depends
-
-Ast = tuple
-
-_DEP_TOKEN = re.compile(r"\s*(?:(&&|\|\||!|\(|\))|([A-Za-z0-9_][\w\-.]*))")
-
-
-def _tokenize_depends(expr: str) -> list[str]:
-    tokens: list[str] = []
-    pos = 0
-    text = expr.rstrip()
-    while pos < len(text):
-        match = _DEP_TOKEN.match(text, pos)
-        if not match:
-            raise ExpressionError(f"unexpected {text[pos:].strip()!r} in depends {expr!r}")
-        tokens.append(match.group(1) or match.group(2))
-        pos = match.end()
-    return tokens
+# The `depends` grammar is Argo's vocabulary, shared with the linter (argo_terms); the runner
+# evaluates what it parses. ExpressionError is the one error of both grammars.
+from sublimate.pipelines.argo_terms import (  # noqa: F401  (re-exported to the runner)
+    Ast,
+    ExpressionError,
+    depends_references,
+    parse_depends,
+)
 
 
 class _Parser:
@@ -57,53 +38,6 @@ class _Parser:
     def expect_end(self) -> None:
         if self.pos != len(self.tokens):
             raise ExpressionError(f"unexpected {self.peek()!r} in expression {self.source!r}")
-
-
-class _DependsParser(_Parser):
-    def parse_or(self) -> Ast:
-        left = self.parse_and()
-        while self.peek() == "||":
-            self.take()
-            left = ("or", left, self.parse_and())
-        return left
-
-    def parse_and(self) -> Ast:
-        left = self.parse_unary()
-        while self.peek() == "&&":
-            self.take()
-            left = ("and", left, self.parse_unary())
-        return left
-
-    def parse_unary(self) -> Ast:
-        token = self.take()
-        if token == "!":
-            return ("not", self.parse_unary())
-        if token == "(":
-            inner = self.parse_or()
-            if self.take() != ")":
-                raise ExpressionError(f"missing ')' in depends {self.source!r}")
-            return inner
-        if token in ("&&", "||", ")"):
-            raise ExpressionError(f"unexpected {token!r} in depends {self.source!r}")
-        name = str(token)
-        task, _, result = name.rpartition(".")
-        if task and result in DEPENDS_RESULTS:
-            return ("ref", task, result)
-        return ("ref", name, None)
-
-
-def parse_depends(expr: str) -> Ast:
-    parser = _DependsParser(_tokenize_depends(expr), expr)
-    ast = parser.parse_or()
-    parser.expect_end()
-    return ast
-
-
-def depends_references(ast: Ast) -> list[tuple[str, str | None]]:
-    """Every ``(task, result)`` pair the expression mentions, in order."""
-    if ast[0] == "ref":
-        return [(ast[1], ast[2])]
-    return [ref for child in ast[1:] for ref in depends_references(child)]
 
 
 def evaluate_depends(ast: Ast, lookup: Callable[[str, str | None], bool]) -> bool:

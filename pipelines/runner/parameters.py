@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import re
 
+from sublimate.pipelines.argo_terms import TYPES_ANNOTATION
+
 from .errors import ParameterError
 from .substitution import as_text
-
-TYPES_ANNOTATION = "sublimate.dev/parameter-types"
 
 
 def resolve_parameters(workflow: dict, overrides: dict[str, str]) -> dict[str, str]:

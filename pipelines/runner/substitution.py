@@ -5,16 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from sublimate.pipelines.argo_terms import EXPRESSION_TAG, TAG  # noqa: F401  (re-exported)
+
 from .errors import NodeError
 
 # A scope of variables by their dotted name (``inputs.parameters.x``, ``tasks.a.outputs.result``).
 Vars = dict[str, str]
 
-TAG = re.compile(r"\{\{(.*?)\}\}", re.S)
 # Only tags that look like variable references are touched; anything else (e.g. the
 # ``{{`` escapes of a Python f-string in a script) is left alone, as Argo would do.
 _VARIABLE = re.compile(r"[A-Za-z_][\w\-]*(?:\.[\w\-]+)*")
-EXPRESSION_TAG = re.compile(r"\{\{=")
 
 
 def substitute_text(text: str, scope: Mapping[str, str], where: str) -> str:

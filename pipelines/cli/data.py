@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .common import UsageError
+
 
 def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register ``data push`` and ``data ls`` on the main CLI's subparsers."""
@@ -40,7 +42,6 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _usage_error(error: Exception) -> Exception:
     from sublimate.components import object_store
-    from sublimate.pipelines.cli import UsageError  # deferred: cli imports this module
 
     return UsageError(object_store.redact(str(error)))
 

@@ -1,0 +1,71 @@
+"""The ``sublimate`` command line, shaped like the ``argo`` CLI.
+
+One module per group of commands: :mod:`.local` (run, render, lint), :mod:`.server` (submit,
+install, get, list, logs against an Argo Server), :mod:`.data` (data push/ls), :mod:`.report`
+(report); :mod:`.common` is what they share. Each command imports only what it needs:
+``sublimate run FILE.yaml`` must start in tens of milliseconds, so Hera, torch and jsonschema
+are loaded only by the commands that use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sublimate.pipelines.argo_server import ArgoServerError
+
+from .common import (
+    DEFAULT_PIPELINE,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    UsageError,
+    default_home,
+    parse_parameter_flags,
+    read_parameter_file,
+)
+
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "UsageError",
+    "build_parser",
+    "default_home",
+    "main",
+    "parse_parameter_flags",
+    "read_parameter_file",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .data import add_data_commands
+    from .local import add_local_commands
+    from .report import add_report_command
+    from .server import add_server_commands
+
+    parser = argparse.ArgumentParser(
+        prog="sublimate",
+        description="Distributed training pipelines on Argo Workflows, runnable on one machine.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_local_commands(commands)
+    add_server_commands(commands)
+    add_data_commands(commands)
+    add_report_command(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "home", "unset") is None:
+        args.home = default_home()
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except ArgoServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+        return 130

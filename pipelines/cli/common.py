@@ -1,0 +1,68 @@
+"""What every ``sublimate`` command shares: exit codes, the usage error, ``-p`` and parameter
+files, and the home folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PIPELINE = "train"
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("SUBLIMATE_HOME") or Path.home() / ".sublimate")
+
+
+def parse_parameter_flags(flags: list[str]) -> dict[str, str]:
+    parameters: dict[str, str] = {}
+    for flag in flags:
+        name, separator, value = flag.partition("=")
+        if not separator or not name.strip():
+            raise UsageError(f"-p '{flag}': expected name=value")
+        parameters[name.strip()] = value
+    return parameters
+
+
+def read_parameter_file(path: Path) -> dict[str, str]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise UsageError(f"--parameter-file {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise UsageError(f"--parameter-file {path}: not valid YAML/JSON: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--parameter-file {path}: expected a mapping of name: value")
+    parameters = {}
+    for name, value in data.items():
+        if isinstance(value, dict | list):
+            raise UsageError(f"--parameter-file {path}: parameter '{name}' must be a scalar")
+        parameters[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    return parameters
+
+
+def check_settings(workflow: dict[str, Any], parameters: dict[str, str]) -> None:
+    """For a sublimate pipeline: its parameters as the runner resolves them, then its
+    cross-setting rules, so a bad combination is refused in one line before any step runs or a
+    run folder exists. Other manifests are checked by the runner itself."""
+    from sublimate.components.settings import SettingError
+    from sublimate.pipelines.render import parameter_check
+    from sublimate.pipelines.runner import ParameterError, resolve_parameters
+
+    check = parameter_check(workflow)
+    if check is None:
+        return
+    try:
+        check(resolve_parameters(workflow, parameters))
+    except (ParameterError, SettingError) as error:
+        raise UsageError(str(error)) from error

@@ -1,0 +1,221 @@
+"""Commands that work on this machine: ``run`` (and ``run --dry-run``), ``render``, ``lint``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    DEFAULT_PIPELINE,
+    EXIT_FAILED,
+    UsageError,
+    check_settings,
+    parse_parameter_flags,
+    read_parameter_file,
+)
+
+
+def add_local_commands(commands: Any) -> None:
+    """Register ``run``, ``render`` and ``lint``."""
+    run = commands.add_parser(
+        "run", help="run a pipeline or a rendered manifest locally (no Kubernetes needed)",
+        description="Execute a pipeline's rendered Argo manifest on this machine.",
+        add_help=False)
+    run.add_argument("-h", "--help", action=_RunHelp, nargs=0,
+                     help="show this help and the default pipeline's parameters, then exit")
+    run.add_argument("target", nargs="?", default=DEFAULT_PIPELINE,
+                     help=f"pipeline name or manifest file (default: {DEFAULT_PIPELINE})")
+    run.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a workflow parameter (repeatable)")
+    run.add_argument("--parameter-file", "-f", type=Path,
+                     help="YAML or JSON file of parameter values (-p wins)")
+    run.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                     help="final status format (json: for scripts and CI)")
+    run.add_argument("--home", type=Path, default=None,
+                     help="folder for run folders and local volumes "
+                          "(default: $SUBLIMATE_HOME or ~/.sublimate)")
+    run.add_argument("--parallelism", type=int, help="most nodes running at once")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="show node phases only, not the steps' logs")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print what would start first (commands, env, mounts, deadlines) and "
+                          "what decides the rest; start nothing, create no run folder")
+    run.set_defaults(handler=command_run)
+
+    render = commands.add_parser("render", help="write the pipelines' Argo manifests")
+    render.add_argument("--output-dir", type=Path, default=Path("argo"))
+    render.add_argument("--check", action="store_true",
+                        help="write nothing; fail if the files differ from the Hera source")
+    render.set_defaults(handler=command_render)
+
+    lint = commands.add_parser("lint", help="validate Argo manifests offline")
+    lint.add_argument("paths", nargs="*", help="files or folders (default: argo/)")
+    lint.add_argument("--no-strict", dest="strict", action="store_false",
+                      help="allow fields Argo's schema does not define")
+    lint.set_defaults(handler=command_lint)
+
+
+def load_workflow(target: str) -> dict[str, Any]:
+    """A pipeline name renders its Hera definition; anything else is read as a manifest file."""
+    from sublimate.pipelines.render import PIPELINES
+
+    if target in PIPELINES:
+        from sublimate.pipelines.render import render_dict
+
+        return render_dict(target)
+    path = Path(target)
+    if not path.exists():
+        raise UsageError(f"'{target}' is neither a pipeline ({', '.join(sorted(PIPELINES))}) "
+                         "nor an existing manifest file")
+    from sublimate.pipelines.runner import ManifestError, load_manifest
+
+    try:
+        return load_manifest(path)
+    except (ManifestError, OSError) as error:
+        raise UsageError(f"{target}: {error}") from error
+
+
+def command_run(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.lint import semantic_problems
+    from sublimate.pipelines.runner import (
+        ManifestError,
+        ParameterError,
+        RunOptions,
+        console_reporter,
+        format_table,
+        run_workflow,
+    )
+
+    parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
+    parameters.update(parse_parameter_flags(args.parameter))
+    workflow = load_workflow(args.target)
+    if problems := semantic_problems(workflow, source=args.target):
+        raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
+    check_settings(workflow, parameters)
+    if args.dry_run:
+        return dry_run(workflow, parameters, args.home)
+    options = RunOptions(
+        home=args.home,
+        parallelism=args.parallelism,
+        # progress goes to stderr, so `-o json` keeps stdout machine-readable
+        reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
+        follow_logs=not args.quiet,
+    )
+    started = time.perf_counter()
+    try:
+        result = run_workflow(workflow, parameters, options)
+    except (ManifestError, ParameterError) as error:
+        raise UsageError(str(error)) from error
+    if args.output == "json":
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        print(format_table(result))
+        print(format_results(result, time.perf_counter() - started))
+    if result.phase != "Succeeded":
+        report_failures(result)
+    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) -> int:
+    """``run --dry-run``: what would start first and what decides the rest; runs nothing and
+    creates no run folder."""
+    from sublimate.pipelines.runner import ManifestError, ParameterError
+    from sublimate.pipelines.runner.preview import format_preview, preview_workflow
+
+    try:
+        preview = preview_workflow(workflow, parameters, home)
+    except (ManifestError, ParameterError) as error:
+        raise UsageError(str(error)) from error
+    print(format_preview(preview))
+    return 0
+
+
+def format_results(result: Any, seconds: float) -> str:
+    """Where everything is: the workflow's outputs (Argo's ``status.outputs``, as in ``-o json``),
+    the run folder, and the folders it links to, never shortened."""
+    from sublimate.components.run_files import holds_results
+
+    lines = []
+    if outputs := (result.outputs.get("parameters") or {}):
+        lines.append("outputs: " + ", ".join(f"{k}={v}" for k, v in outputs.items()))
+    lines.append(f"run folder: {result.run_dir} ({seconds:.1f}s)")
+    for link in result.links.values():
+        target = Path(link).resolve()
+        held = sorted(entry.name + ("/" if entry.is_dir() else "")
+                      for entry in target.iterdir()) if target.is_dir() else []
+        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+        lines.append(f"  {link.relative_to(result.run_dir)} -> {target}"
+                     + (f"  ({shown})" if shown else ""))
+        if holds_results(target):
+            lines.append(f"report: sublimate report {result.run_dir}")
+    return "\n".join(lines)
+
+
+def report_failures(result: Any, lines: int = 8) -> None:
+    """Say why the run failed: the message and the end of each failed step's log."""
+    print(f"error: {result.message or result.phase}", file=sys.stderr)
+    for node in result.nodes:
+        if node.phase in ("Failed", "Error") and node.log and not node.children:
+            log = Path(node.log)
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+            print(f"--- {node.display_name}: {node.message} (log: {log})", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
+
+
+def command_render(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.render import render_all
+
+    if args.check and not args.output_dir.is_dir():
+        raise UsageError(f"render --check: there is no {args.output_dir}/ folder here to check; "
+                         "run it in a sublimate checkout or pass --output-dir")
+    results = render_all(args.output_dir, check=args.check)
+    for path, changed in results:
+        state = ("differs from the Hera source" if args.check else "written") if changed \
+            else "up to date"
+        print(f"{path}: {state}")
+    if args.check and any(changed for _, changed in results):
+        print("error: rendered manifests are stale; run `sublimate render`", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def command_lint(args: argparse.Namespace) -> int:
+    from sublimate.pipelines.lint import lint_files
+
+    problems, documents, skipped = lint_files(args.paths or ["argo"], strict=args.strict)
+    for problem in problems:
+        print(problem)
+    for source in skipped:
+        print(f"{source}: skipped (no Workflow, WorkflowTemplate or CronWorkflow in it)",
+              file=sys.stderr)
+    if problems:
+        print(f"{len(problems)} problem(s) in {documents} Argo document(s)", file=sys.stderr)
+        return EXIT_FAILED
+    if documents == 0:
+        print("error: no Workflow, WorkflowTemplate or CronWorkflow documents found",
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{documents} Argo document(s) passed lint")
+    return 0
+
+
+class _RunHelp(argparse.Action):
+    """``run --help``: the flags, then every parameter of the default pipeline with its default.
+
+    The list is built only when asked for: it imports the Hera definition, which `run` itself
+    must not pay for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from sublimate.pipelines.parameters import describe_parameters
+        from sublimate.pipelines.train import pipeline_parameters
+
+        parser.print_help()
+        print(f"\nparameters of the '{DEFAULT_PIPELINE}' pipeline (-p NAME=VALUE):")
+        print(describe_parameters(pipeline_parameters()))
+        parser.exit()
