@@ -137,7 +137,7 @@ def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) ->
 def format_results(result: Any, seconds: float) -> str:
     """Where everything is: the workflow's outputs (Argo's ``status.outputs``, as in ``-o json``),
     the run folder, and the folders it links to, never shortened."""
-    from sublimate.components.run_files import holds_results
+    from sublimate.components import run_files
 
     lines = []
     if outputs := (result.outputs.get("parameters") or {}):
@@ -147,10 +147,16 @@ def format_results(result: Any, seconds: float) -> str:
         target = Path(link).resolve()
         held = sorted(entry.name + ("/" if entry.is_dir() else "")
                       for entry in target.iterdir()) if target.is_dir() else []
-        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+        # A run's results: what a user came for first, then how much else is there.
+        key = [f"{name}/" if f"{name}/" in held else name for name in (
+            run_files.MODEL, run_files.EVALUATION, run_files.REPORT, run_files.SUMMARY)
+            if name in held or f"{name}/" in held]
+        shown = key or held[:6]
+        more = len(held) - len(shown)
+        listing = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
         lines.append(f"  {link.relative_to(result.run_dir)} -> {target}"
-                     + (f"  ({shown})" if shown else ""))
-        if holds_results(target):
+                     + (f"  ({listing})" if listing else ""))
+        if run_files.holds_results(target):
             lines.append(f"report: sublimate report {result.run_dir}")
     return "\n".join(lines)
 
