@@ -261,3 +261,23 @@ def test_the_template_passes_per_epoch_evaluation_on_by_default() -> None:
         script = build_app(parse_args([*ARGS, "--algorithm", algorithm, "--eval-every-epoch",
                                        "false"]), "kubernetes").roles[-1].args[1]
         assert "--eval-every-epoch false" in script
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--global-batch-size", "65"],
+     "global-batch-size 65 is not divisible by nodes x procs-per-node = 2"),
+    (["--sync-period", "0"], "argument --sync-period: 0 is below the minimum 1"),
+])
+def test_the_launcher_and_the_worker_refuse_a_setting_in_the_same_words(
+        digits: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str],
+        expected: str) -> None:
+    """The settings' one declaration and rules, in both programs: what `sublimate run` refuses
+    before any step is refused again, word for word, by whichever program is run by hand."""
+    paths = ["--data-dir", str(digits), "--run-dir", str(tmp_path / "run")]
+    launcher, _ = _refused(["sublimate.components.train", *paths, *flags], tmp_path)
+    # the worker as torchrun starts it for 2 nodes x 1 process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    worker, termination = _refused(["sublimate.components.worker", *paths, *flags], tmp_path)
+    assert launcher == worker == f"train: error: {expected}"
+    assert termination == expected
