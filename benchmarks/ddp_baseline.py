@@ -18,7 +18,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main(data_dir: str, epochs: int, global_batch: int, hidden: int) -> None:
+def setup(data_dir: str, hidden: int) -> tuple[int, int, torch.Tensor, torch.Tensor,
+                                               nn.Module, torch.optim.Optimizer]:
+    """What every DDP job does before its first step: join the gloo process group, read the
+    training split, build the MLP (seeded) in DDP and its optimizer. benchmarks/startup.py
+    times exactly this, plus one step, as its bare minimum."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     metadata = json.loads((Path(data_dir) / "metadata.json").read_text())
@@ -30,6 +34,11 @@ def main(data_dir: str, epochs: int, global_batch: int, hidden: int) -> None:
         nn.Linear(x.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
         nn.Linear(hidden, metadata["num_classes"])))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    return rank, world, x, y, model, optimizer
+
+
+def main(data_dir: str, epochs: int, global_batch: int, hidden: int) -> None:
+    rank, world, x, y, model, optimizer = setup(data_dir, hidden)
     local = global_batch // world
     steps = len(y) // global_batch
     started = time.perf_counter()

@@ -42,23 +42,12 @@ BATCH = 64
 
 def bare_worker(data_dir: str) -> None:
     """The baseline's worker: the least a DDP job does before its first step."""
-    import numpy as np
-    import torch
+    # benchmarks/ is sys.path[0] when torchrun runs this file; torch loads here, timed.
     import torch.distributed as dist
+    from ddp_baseline import setup
     from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    metadata = json.loads((Path(data_dir) / "metadata.json").read_text())
-    shards = [np.load(Path(data_dir) / s["file"]) for s in metadata["splits"]["train"]["shards"]]
-    x = torch.from_numpy(np.concatenate([s["x"] for s in shards]))
-    y = torch.from_numpy(np.concatenate([s["y"] for s in shards]))
-    torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(
-        nn.Linear(x.shape[1], HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-        nn.Linear(HIDDEN, metadata["num_classes"])))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rank, world, x, y, model, optimizer = setup(data_dir, HIDDEN)
     local = BATCH // world
     rows = slice(rank * local, (rank + 1) * local)
     nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()

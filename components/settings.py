@@ -109,31 +109,24 @@ class Setting:
         convert.__name__ = self.kind
         return convert
 
-    def constraints(self) -> dict[str, object]:
-        """JSON-schema-like type and bounds (the pipeline's types annotation)."""
-        spec: dict[str, object] = {"type": self.kind}
-        if self.minimum is not None:
-            spec["minimum"] = self.minimum
-        if self.maximum is not None:
-            spec["maximum"] = self.maximum
-        if self.pattern is not None:
-            spec["pattern"] = self.pattern
-        elif self.auto:
-            spec = {"type": "string", "pattern": _auto_pattern(self.kind)}
-        return spec
+    @property
+    def auto_pattern(self) -> str | None:
+        """For a number that may also be ``auto``: the regular expression its text matches (a
+        pipeline parameter of such a setting is text, checked by this pattern); else None."""
+        if not self.auto or self.pattern is not None:
+            return None
+        number = r"[0-9]+" if self.kind == "integer" else r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+        return rf"^(auto|{number})$"
 
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _auto_pattern(kind: Kind) -> str:
-    number = r"[0-9]+" if kind == "integer" else r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
-    return rf"^(auto|{number})$"
-
-
 _PERIODIC = frozenset({"bmuf", "easgd"})
-_COLLECTIVE = frozenset({"sync", "bmuf", "easgd"})
+# The paradigms whose workers run one shared step loop under torchrun (components.worker).
+COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
+_COLLECTIVE = frozenset(COLLECTIVE_PARADIGMS)
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP all-reduce every "
@@ -221,7 +214,7 @@ def settings(reader: str | None = None, paradigm: str | None = None) -> list[Set
 
 
 def add_training_arguments(parser: argparse.ArgumentParser,
-                           paradigms: Iterable[str] = ("sync", "bmuf", "easgd")) -> None:
+                           paradigms: Iterable[str] = COLLECTIVE_PARADIGMS) -> None:
     """The flags of the settings the launcher passes to these paradigms' training processes."""
     add_arguments(parser, worker_settings(paradigms))
 

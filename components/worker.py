@@ -44,6 +44,7 @@ from sublimate.components.datasets import Split, read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
 from sublimate.components.paradigms import Paradigm, paradigm_class
 from sublimate.components.settings import (
+    COLLECTIVE_PARADIGMS,
     SettingError,
     add_training_arguments,
     check,
@@ -53,7 +54,6 @@ from sublimate.components.settings import (
 from sublimate.components.termination import OneLineParser, fail
 
 MODEL_NAME = run_files.MODEL  # kept for callers of the first releases
-COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
 # Steps between hand-overs of the step timings to Prometheus: the loop itself only adds floats.
 METRICS_FLUSH_STEPS = 16
 # The first argument that makes this module a torchrun agent rather than a worker (see agent()).

@@ -36,15 +36,14 @@ class PipelineParameter:
     @classmethod
     def from_setting(cls, setting: Setting) -> PipelineParameter:
         """The pipeline parameter of a train-step setting (its one declaration)."""
-        constraints = setting.constraints()
-        boolean = setting.kind == "boolean"
+        text = setting.auto_pattern  # "auto" or a number: text, by its pattern
         return cls(setting.name, setting.default_text(), setting.description,
-                   type=constraints["type"],  # type: ignore[arg-type]
+                   type="string" if text else setting.kind,
                    # booleans are a true/false drop-down in the Argo UI
-                   enum=("true", "false") if boolean else setting.choices,
-                   minimum=setting.minimum if "minimum" in constraints else None,
-                   maximum=setting.maximum if "maximum" in constraints else None,
-                   pattern=constraints.get("pattern"))  # type: ignore[arg-type]
+                   enum=("true", "false") if setting.kind == "boolean" else setting.choices,
+                   minimum=None if text else setting.minimum,
+                   maximum=None if text else setting.maximum,
+                   pattern=text or setting.pattern)
 
     def to_hera(self) -> Parameter:
         from hera.workflows import Parameter

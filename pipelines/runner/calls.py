@@ -7,7 +7,8 @@ failed call leaves its DAG, steps or loop going.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
@@ -19,6 +20,20 @@ from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
     from .engine import Run
+
+
+Item = TypeVar("Item")
+
+
+def run_concurrently(work: Callable[[int, Item], None], items: Sequence[Item]) -> None:
+    """``work(i, item)`` for every item, all at once, and wait for all: Argo starts a step
+    group's steps and a loop's items together (parallelism slots limit their pods)."""
+    threads = [threading.Thread(target=work, args=(i, item), daemon=True)
+               for i, item in enumerate(items)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def continues(call: dict, phase: NodePhase) -> bool:

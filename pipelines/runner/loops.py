@@ -8,13 +8,12 @@ the children's aggregated in item order as JSON lists, as Argo does.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import continues
+from .calls import continues, run_concurrently
 from .errors import NodeError
 from .model import NodeResult
 from .substitution import Vars, as_text, substitute, substitute_text
@@ -93,12 +92,7 @@ def run_loop(record: RunRecord, call: dict, items: list, name: str, display: str
         child = item_display(display, i, item)
         children[i] = run_item(f"{parent.name}.{child}", child, item_vars(item), group)
 
-    threads = [threading.Thread(target=run, args=(i, item), daemon=True)
-               for i, item in enumerate(items)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_concurrently(run, items)
     failed = [c for c in children if c is not None and c.phase.failed
               and not continues(call, c.phase)]
     if failed:

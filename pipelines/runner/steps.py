@@ -7,12 +7,11 @@ its group, and no later group starts. Later groups see earlier steps' outputs as
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import continues, parallelism_slots
+from .calls import continues, parallelism_slots, run_concurrently
 from .model import NodeResult
 from .outputs import result_vars, template_outputs
 from .scope import CancelScope
@@ -43,12 +42,7 @@ def run_steps(run: Run, template: dict, local: Vars, node: NodeResult, scope: Ca
             out[i] = run.call(step, v, f"{gn.name}.{step['name']}", step["name"], gn, scope,
                               slots, "steps")
 
-        threads = [threading.Thread(target=run_step, args=(i, s), daemon=True)
-                   for i, s in enumerate(group)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_concurrently(run_step, group)
         for step, result in zip(group, results, strict=True):
             assert result is not None
             step_vars.update(result_vars("steps", step["name"], result, record.nodes))
