@@ -60,15 +60,23 @@ class Setting:
         return f"--{self.name}"
 
     def default_text(self) -> str:
-        if isinstance(self.default, bool):
-            return "true" if self.default else "false"
-        return str(self.default)
+        return self.text(self.default)
+
+    @property
+    def default_value(self) -> Any:
+        return self.parse(self.default_text())
+
+    def text(self, value: Any) -> str:
+        """A typed value as the text of a flag or parameter (the inverse of :meth:`parse`)."""
+        if value is None and self.auto:
+            return AUTO
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
 
     def parse(self, text: str | int | float | bool) -> Any:
         """The typed value of ``text``; raises :class:`SettingError` naming the setting."""
-        if isinstance(text, bool):
-            text = "true" if text else "false"
-        text = str(text).strip()
+        text = self.text(text).strip()
         if self.auto and text == AUTO:
             return None
         value: Any
@@ -230,25 +238,27 @@ def add_arguments(parser: argparse.ArgumentParser, chosen: Iterable[Setting]) ->
     """One ``--flag`` per setting, typed and bounded by its declaration."""
     for setting in chosen:
         parser.add_argument(setting.flag, dest=setting.attribute, type=setting.argparse_type(),
-                            default=setting.parse(setting.default_text()),
+                            default=setting.default_value,
                             metavar=setting.kind.upper() if not setting.choices else None,
-                            choices=None, help=setting.description)
+                            help=setting.description)
 
 
 def to_flags(values: Mapping[str, Any], chosen: Iterable[Setting]) -> list[str]:
     """``values`` (by attribute) as the command-line flags of ``chosen``."""
     flags: list[str] = []
     for setting in chosen:
-        value = values.get(setting.attribute)
-        text = AUTO if value is None and setting.auto else (
-            ("true" if value else "false") if isinstance(value, bool) else str(value))
-        flags += [setting.flag, text]
+        flags += [setting.flag, setting.text(values.get(setting.attribute))]
     return flags
+
+
+def defaults() -> dict[str, Any]:
+    """Every setting's typed default, by attribute."""
+    return {s.attribute: s.default_value for s in SETTINGS}
 
 
 def parse_values(texts: Mapping[str, str]) -> dict[str, Any]:
     """Typed values by attribute from texts by setting name (unknown names are ignored)."""
-    values = {s.attribute: s.parse(s.default_text()) for s in SETTINGS}
+    values = defaults()
     for name, text in texts.items():
         if name in BY_NAME:
             values[BY_NAME[name].attribute] = BY_NAME[name].parse(text)
@@ -261,7 +271,7 @@ def check(values: Mapping[str, Any]) -> None:
     ``values`` are typed, by attribute (as argparse or :func:`parse_values` give them); missing
     settings take their defaults.
     """
-    merged = {s.attribute: s.parse(s.default_text()) for s in SETTINGS}
+    merged = defaults()
     merged.update({key: value for key, value in values.items() if key in merged})
     workers = merged["nodes"] * merged["procs_per_node"]
     algorithm = merged["algorithm"]
@@ -333,13 +343,13 @@ class ParadigmConfig:
 def paradigm_config(algorithm: str, values: Mapping[str, Any]) -> ParadigmConfig:
     """The settings that apply to ``algorithm`` from typed ``values`` (argparse's, by attribute);
     each is checked against its declaration, missing ones take their defaults."""
+    typed = {}
     for setting in settings(paradigm=algorithm):
         if setting.attribute in values:
             value = values[setting.attribute]
-            setting.parse(AUTO if value is None and setting.auto else
-                          ("true" if value else "false") if isinstance(value, bool) else value)
-    chosen = settings(paradigm=algorithm)
-    defaults = {s.attribute: s.parse(s.default_text()) for s in chosen}
-    typed = {key: values.get(key, default) for key, default in defaults.items()}
+            setting.parse(setting.text(value))  # refuses what the declaration does not allow
+            typed[setting.attribute] = value
+        else:
+            typed[setting.attribute] = setting.default_value
     typed["algorithm"] = algorithm
     return ParadigmConfig(algorithm, typed)
