@@ -1,7 +1,11 @@
-"""The ``evaluate`` step: test loss and accuracy of the trained model on the held-out split.
+"""The ``evaluate`` step: the trained model's metrics on the held-out split.
 
-Writes ``metrics.json`` beside the model on the shared volume and the accuracy to
-``--accuracy-path`` (the WorkflowTemplate exposes it as the ``accuracy`` output parameter).
+Three ways, the first that applies: a user's evaluation entry point (``--eval-entrypoint``, run
+here with the contract of :mod:`.contract`; it writes ``metrics.json`` into the run folder, any
+named metrics), the built-in evaluation of a sublimate model (test loss and accuracy), or the
+``metrics.json`` the user's training code wrote itself. The chosen metric (``--metric``) goes
+to ``--metric-path`` (the pipeline's ``metric`` output), the accuracy, when there is one, to
+``--accuracy-path``.
 In ``metrics.json``, ``seconds`` and ``examples_per_second`` measure the evaluation itself (the
 forward pass over the split); ``total_seconds`` adds importing torch and loading model and data.
 """
@@ -12,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 from sublimate.components import run_files
 from sublimate.components.datasets import DatasetError
@@ -51,14 +56,63 @@ def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, 
             "examples_per_second": round(len(data.y) / max(seconds, 1e-9), 1)}
 
 
-def _publish(run_dir: Path, metrics: dict[str, float | int | str]) -> None:
+def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str, Any]:
+    """Run the user's evaluation in this process with the contract; the metrics it wrote."""
+    import os
+
+    from sublimate.components.contract import DATA_DIR_ENV, RUN_DIR_ENV
+    from sublimate.components.entrypoint import is_script, run
+
+    os.environ.update({RUN_DIR_ENV: str(model_dir), DATA_DIR_ENV: str(data_dir)})
+    workdir = os.environ.get("SUBLIMATE_LOCAL_CWD")  # a local run: paths as on the laptop
+    if workdir:
+        if is_script(entrypoint) and not Path(entrypoint).is_absolute():
+            entrypoint = str(Path(workdir) / entrypoint)
+        sys.path.insert(0, workdir)
+    written = model_dir / run_files.EVALUATION
+    before = written.stat().st_mtime_ns if written.is_file() else None
+    try:
+        code = run(entrypoint, [])
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    if code:
+        raise ValueError(f"eval-entrypoint '{entrypoint}' exited with code {code}")
+    if not written.is_file() or written.stat().st_mtime_ns == before:
+        raise ValueError(f"eval-entrypoint '{entrypoint}' did not write {written}")
+    return _read_metrics(written)
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        metrics = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{path}: expected an object of named metrics")
+    return metrics
+
+
+def is_sublimate_model(model_dir: Path) -> bool:
+    """Whether the run's model.pt is one the built-in evaluation can rebuild."""
+    from sublimate.components import checkpoint
+
+    saved = checkpoint.load(model_dir / run_files.MODEL) \
+        if (model_dir / run_files.MODEL).is_file() else None
+    return isinstance(saved, dict) and "architecture" in saved
+
+
+def _publish(run_dir: Path, metrics: dict[str, Any]) -> None:
     """Test scalars into TensorBoard and the run report; never fails the step."""
     try:
         from sublimate.components.tensorboard_log import write_scalars
 
-        write_scalars(run_dir, "evaluate", int(metrics["steps"]),
-                      {f"{metrics['split']}/accuracy": float(metrics["accuracy"]),
-                       f"{metrics['split']}/loss": float(metrics["loss"])})
+        split = metrics.get("split", "test")
+        write_scalars(run_dir, "evaluate", int(metrics.get("steps", 0)),
+                      {f"{split}/{name}": float(value) for name, value in metrics.items()
+                       if isinstance(value, int | float) and not isinstance(value, bool)
+                       and name not in ("steps", "examples") and "seconds" not in name})
     except Exception as error:  # monitoring is best effort
         print(f"evaluate: no TensorBoard scalars ({error})", file=sys.stderr)
     try:
@@ -79,28 +133,46 @@ def main(argv: list[str] | None = None) -> int:
                         help="run folder on the shared volume holding model.pt")
     parser.add_argument("--data-dir", type=Path, required=True, help="staged dataset folder")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--eval-entrypoint", default="",
+                        help="your evaluation: module, module:function or script")
+    parser.add_argument("--metric", default="accuracy", help="the metric to output")
     parser.add_argument("--accuracy-path", type=Path, help="file to write the accuracy to")
+    parser.add_argument("--metric-path", type=Path, help="file to write the chosen metric to")
     args = parser.parse_args(argv)
     started = perf_counter()
+    written = args.model_dir / run_files.EVALUATION
     try:
-        metrics = evaluate(args.model_dir, args.data_dir, args.split)
+        if args.eval_entrypoint:
+            metrics = own_evaluation(args.eval_entrypoint, args.model_dir, args.data_dir)
+            source = f"eval-entrypoint {args.eval_entrypoint}"
+        elif is_sublimate_model(args.model_dir) or not written.is_file():
+            metrics = evaluate(args.model_dir, args.data_dir, args.split)
+            source = "built-in evaluation"
+        else:  # the user's training code evaluated itself
+            metrics = _read_metrics(written)
+            source = f"{written}, written by the training code"
+        if args.metric not in metrics:
+            known = ", ".join(sorted(metrics)) or "nothing"
+            raise ValueError(f"metric '{args.metric}' is not in {written} (it has: {known}); "
+                             "set -p metric to one of those")
     except (DatasetError, FileNotFoundError, ValueError) as error:
         print(f"evaluate: error: {error}", file=sys.stderr)
         return 2
     from sublimate.components import checkpoint
 
-    # The step's own cost beside the evaluation's: importing torch, loading model and data.
-    metrics["total_seconds"] = round(perf_counter() - started, 3)
-    # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are the
-    # metrics.json below, the TensorBoard scalars and the run report.
-    checkpoint.write_json(metrics, args.model_dir / run_files.EVALUATION)
+    if source == "built-in evaluation":
+        # The step's own cost beside the evaluation's: importing torch, loading model and data.
+        metrics["total_seconds"] = round(perf_counter() - started, 3)
+        # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are
+        # the metrics.json below, the TensorBoard scalars and the run report.
+        checkpoint.write_json(metrics, written)
     _publish(args.model_dir, metrics)
-    if args.accuracy_path:
-        args.accuracy_path.parent.mkdir(parents=True, exist_ok=True)
-        args.accuracy_path.write_text(f"{metrics['accuracy']}")
-    print(f"evaluate: {args.split} accuracy {metrics['accuracy']:.4f} loss {metrics['loss']:.4f} "
-          f"on {metrics['examples']} examples -> {args.model_dir / run_files.EVALUATION}",
-          flush=True)
+    for path, value in ((args.accuracy_path, metrics.get("accuracy", "")),
+                        (args.metric_path, metrics[args.metric])):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{value}")
+    print(f"evaluate: {args.metric} {metrics[args.metric]} ({source}) -> {written}", flush=True)
     return 0
 
 
@@ -109,12 +181,23 @@ if __name__ == "__main__":
 
 
 def template(name: str = "evaluate", **step_options: object):
-    """The ``evaluate`` step: inputs ``data-dir`` and ``model-dir``; output ``accuracy``."""
+    """The ``evaluate`` step: inputs ``data-dir``, ``model-dir``, ``eval-entrypoint`` and
+    ``metric``; outputs ``metric`` and ``accuracy`` (empty when the metrics have none)."""
+    from hera.workflows import Parameter
+
+    from sublimate.components import settings
     from sublimate.components.runtime import python_step
 
-    return python_step(
+    own = {setting.name: setting.default_text() for setting in settings.settings(step="evaluate")}
+    step = python_step(
         name, "sublimate.components.evaluate",
-        inputs={"data-dir": "--data-dir", "model-dir": "--model-dir"},
-        outputs={"accuracy": "--accuracy-path"},
+        inputs={"data-dir": "--data-dir", "model-dir": "--model-dir",
+                **{name: f"--{name}" for name in own}},
+        outputs={"accuracy": "--accuracy-path", "metric": "--metric-path"},
         **step_options,  # type: ignore[arg-type]
     )
+    # Inputs added after the first release default to the step's own default, so a pipeline
+    # written against the first inputs still passes Argo's argument check.
+    step.inputs = [Parameter(name=p.name, default=own[p.name]) if p.name in own else p
+                   for p in step.inputs]
+    return step

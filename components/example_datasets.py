@@ -38,3 +38,12 @@ def blobs(num_classes: int = 6, num_features: int = 20, train_per_class: int = 5
         return Split(x[order].astype(np.float32), y[order].astype(np.int64))
 
     return {"train": draw(train_per_class), "test": draw(test_per_class)}
+
+
+def digit_images(test_fraction: float = 0.2, seed: int = 0) -> dict[str, Split]:
+    """The built-in digits as 1x8x8 images (``feature_shape`` [1, 8, 8]): the image dataset of
+    the CNN example (``examples/cnn_bmuf``)."""
+    from sublimate.components.datasets import digits_splits
+
+    return {name: Split(split.x.reshape(-1, 1, 8, 8), split.y)
+            for name, split in digits_splits(test_fraction, seed).items()}

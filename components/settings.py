@@ -29,6 +29,8 @@ Kind = Literal["string", "integer", "number", "boolean"]
 PARADIGM_NAMES = ("sync", "async", "bmuf", "easgd")
 AUTO = "auto"
 RUN_ID_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+# A user's code: a module, module:function, or a script path (empty: sublimate's own).
+ENTRYPOINT_PATTERN = r"^([A-Za-z_][\w.]*(:[A-Za-z_]\w*)?|[\w./-]+\.py)?$"
 
 
 class SettingError(ValueError):
@@ -50,6 +52,7 @@ class Setting:
     # "worker": passed on to every training process; "launcher": read by the train step itself.
     reader: Literal["worker", "launcher"] = "worker"
     in_pipeline: bool = True  # False: a step flag only (no pipeline parameter)
+    step: Literal["train", "evaluate"] = "train"  # the step whose input it is
 
     @property
     def attribute(self) -> str:
@@ -141,6 +144,16 @@ SETTINGS: tuple[Setting, ...] = (
             "step); async: asynchronous SGD with a parameter server; bmuf: block-momentum SGD "
             "(Chen & Huo 2016); easgd: elastic-averaging SGD (Zhang et al. 2015).",
             choices=PARADIGM_NAMES, reader="launcher"),
+    Setting("entrypoint", "", "Your own training code, run by torchrun on every node instead of "
+            "the built-in loop: a module (mypkg.train), module:function, or a script path in "
+            "the image (train.py). It gets the contract of docs/own-code.md (dataset, run "
+            "folder, settings, TF_CONFIG). Empty: the built-in loop.",
+            pattern=ENTRYPOINT_PATTERN, reader="launcher"),
+    Setting("entrypoint-args", "", "Arguments for entrypoint, split like a shell command "
+            "line.", reader="launcher"),
+    Setting("framework", "pytorch", "What entrypoint is written with. tensorflow: the workers "
+            "also get TF_CONFIG, for MultiWorkerMirroredStrategy.",
+            choices=("pytorch", "tensorflow"), reader="launcher"),
     Setting("model", "mlp", "Model: the built-in mlp, or module:function(num_features, "
             "num_classes) returning a torch.nn.Module (importable in the image), e.g. "
             "sublimate.components.example_models:small_cnn.",
@@ -196,6 +209,9 @@ SETTINGS: tuple[Setting, ...] = (
             paradigms=frozenset({"async"})),
     Setting("eval-every-epoch", True, "Evaluate test accuracy after every epoch (rank 0), for "
             "the report's accuracy curve.", kind="boolean"),
+    Setting("collective-timeout", 300, "Seconds a collective may wait for a peer before the "
+            "job fails (and restarts, with max-restarts) instead of torch's 30 minutes.",
+            kind="number", minimum=1, paradigms=_COLLECTIVE),
     Setting("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, gloo "
             "otherwise.", choices=("auto", "gloo", "nccl"), paradigms=_COLLECTIVE),
     Setting("scheduler", "auto", "TorchX scheduler for the training job. auto: kubernetes "
@@ -211,14 +227,25 @@ SETTINGS: tuple[Setting, ...] = (
             reader="launcher"),
     Setting("image", DEFAULT_IMAGE, "Container image of the training workers (kubernetes; the "
             "steps' own image is set at install).", reader="launcher"),
+    Setting("eval-entrypoint", "", "Your own evaluation, run once after training: a module, "
+            "module:function or script that writes metrics.json (any named metrics) into "
+            "$SUBLIMATE_RUN_DIR. Empty: the built-in evaluation (accuracy, loss), or the "
+            "metrics.json your training wrote.", pattern=ENTRYPOINT_PATTERN, reader="launcher",
+            step="evaluate"),
+    Setting("metric", "accuracy", "The metric of metrics.json that the pipeline outputs as "
+            "`metric` (e.g. accuracy, loss, mAP).", pattern=r"^[A-Za-z_][\w.-]*$",
+            reader="launcher", step="evaluate"),
 )
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 
 
-def settings(reader: str | None = None, paradigm: str | None = None) -> list[Setting]:
-    """The declared settings, optionally those one reader uses or one paradigm applies."""
+def settings(reader: str | None = None, paradigm: str | None = None,
+             step: str | None = None) -> list[Setting]:
+    """The declared settings, optionally those one reader uses, one paradigm applies or one
+    step takes."""
     return [s for s in SETTINGS if (reader is None or s.reader == reader)
-            and (paradigm is None or paradigm in s.paradigms)]
+            and (paradigm is None or paradigm in s.paradigms)
+            and (step is None or s.step == step)]
 
 
 def add_training_arguments(parser: argparse.ArgumentParser,
@@ -284,6 +311,12 @@ def check(values: Mapping[str, Any]) -> None:
                      f"{merged['procs_per_node']} x {accumulation} = {divisor}")
         raise SettingError(f"global-batch-size {merged['global_batch_size']} is not divisible "
                            f"by {parts}")
+    if merged["entrypoint"] and algorithm == "async":
+        raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
+                           "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
+    if merged["framework"] != "pytorch" and not merged["entrypoint"]:
+        raise SettingError(f"framework {merged['framework']} needs your own code: set "
+                           "entrypoint (the built-in loop is PyTorch)")
     if algorithm == "bmuf" and merged["block_momentum"] is not None \
             and merged["block_momentum"] >= 1:
         raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "

@@ -605,6 +605,9 @@ def stage_entry_point(dataset: str, target: Path) -> Path:
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise DatasetError(f"dataset '{dataset}': expected py:module:function")
+    workdir = os.environ.get("SUBLIMATE_LOCAL_CWD")  # a local run imports as its user would
+    if workdir and workdir not in sys.path:
+        sys.path.append(workdir)
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:

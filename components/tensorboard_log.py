@@ -25,6 +25,23 @@ from sublimate.components.metrics import enabled
 AGGREGATE = "aggregate"
 
 
+def _without_tensorflow() -> None:
+    """Make TensorBoard's writer use its TensorFlow stub even where TensorFlow is installed.
+
+    TensorBoard imports all of TensorFlow to write event files when it can (seconds of start-up
+    and a screen of log lines per process); its ``no_tensorflow`` build marks this by the module
+    ``tensorboard.compat.notf`` existing, which is what this does. Event files are the same.
+    """
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf",
+                           types.ModuleType("tensorboard.compat.notf"))
+
+
+_without_tensorflow()  # before anything imports torch.utils.tensorboard
+
+
 def _summary_writer(log_dir: Path) -> Any:
     if not enabled():
         return None

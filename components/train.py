@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 # launcher does not).
 from sublimate.components import metrics, run_files
 from sublimate.components import settings as declared
+from sublimate.components.contract import contract_env
 from sublimate.components.runtime import DEFAULT_IMAGE
 from sublimate.components.settings import (
     SettingError,
@@ -47,6 +48,7 @@ STEP = "train"
 WORKER_MODULE = "sublimate.components.worker"
 WORKER_AGENT = "agent"  # worker.py's first argument that makes it a torchrun agent (worker.AGENT)
 ASYNC_MODULE = "sublimate.components.async_sgd"
+ENTRYPOINT_MODULE = "sublimate.components.entrypoint"  # runs a user's code (entrypoint.MODULE)
 RANK0_HOST = "${TORCHX_RANK0_HOST:=localhost}"  # set by TorchX schedulers on multi-node jobs
 # How often torchrun's agent checks its workers (torchrun's own default, made explicit: it is
 # also how soon a finished or failed worker is noticed).
@@ -99,6 +101,8 @@ def trainer(
     env: dict[str, str] | None = None,
     name: str = "sublimate-train",
     fork_workers: bool | None = None,
+    entrypoint: str = "",
+    framework: str = "pytorch",
 ) -> specs.AppDef:
     """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
@@ -119,6 +123,9 @@ def trainer(
         fork_workers: fork the workers from the torchrun agent, which has already imported
             torch, instead of starting a fresh interpreter for each (default: on CPU nodes,
             where it saves a second of start-up per worker; CUDA and fork do not mix)
+        entrypoint: your own training code instead of the built-in worker: a module,
+            ``module:function`` or script path; ``worker_args`` are then its arguments
+        framework: ``tensorflow`` also gives your code ``TF_CONFIG``
     """
     from torchx import specs
 
@@ -133,7 +140,11 @@ def trainer(
         "--max-restarts", str(max_restarts),
         "--monitor-interval", str(MONITOR_INTERVAL),
     ]
-    if fork_workers if fork_workers is not None else not gpu:
+    if entrypoint:  # a fresh interpreter per worker: the user's code imports what it needs
+        command = [python, "-m", "torch.distributed.run", *torchrun_flags,
+                   "-m", ENTRYPOINT_MODULE, "--framework", framework, "--", entrypoint,
+                   *worker_args]
+    elif fork_workers if fork_workers is not None else not gpu:
         # The worker module runs torchrun itself (worker.agent) and forks each worker.
         command = [python, "-m", WORKER_MODULE, WORKER_AGENT, *torchrun_flags, "--",
                    *worker_args]
@@ -243,7 +254,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(prog=STEP, description=__doc__.splitlines()[0])
     # Every setting of the step, typed and bounded by its one declaration; the ones the workers
     # read are passed on to them (training_flags).
-    add_arguments(parser, declared.SETTINGS)
+    add_arguments(parser, declared.settings(step=STEP))
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path,
                         help="folder for checkpoints, logs and the model (or use --runs-root)")
@@ -285,6 +296,67 @@ def training_flags(args: argparse.Namespace) -> list[str]:
     return to_flags(vars(args), worker_settings([args.algorithm]))
 
 
+def job_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The train step's settings, typed, by attribute: ``$SUBLIMATE_SETTINGS`` of the contract."""
+    return {setting.attribute: getattr(args, setting.attribute)
+            for setting in declared.settings(step=STEP)}
+
+
+def entrypoint_arguments(text: str, env: dict[str, str]) -> list[str]:
+    """``entrypoint-args`` split like a shell line, with the contract's variables expanded
+    (``--data $SUBLIMATE_DATA_DIR``), so that a script that knows nothing of sublimate can be
+    told where things are; other ``$`` text is left as it is."""
+    names = "|".join(re.escape(name) for name in env if name.startswith("SUBLIMATE_"))
+    pattern = re.compile(rf"\$(?:\{{({names})\}}|({names})\b)")
+    return [pattern.sub(lambda match: env[match.group(1) or match.group(2)], arg)
+            for arg in shlex.split(text)]
+
+
+def local_workdir() -> Path | None:
+    """Where ``sublimate run`` was started, for a local run's relative paths (None elsewhere)."""
+    folder = os.environ.get("SUBLIMATE_LOCAL_CWD")
+    return Path(folder) if folder else None
+
+
+def locate_entrypoint(entrypoint: str, local: bool) -> tuple[str, str | None]:
+    """The entry point as the workers will find it, and a folder to put on their PYTHONPATH.
+
+    A local run resolves a relative script path and imports modules from the folder where
+    ``sublimate run`` was started, as ``python train.py`` or ``python -m pkg.train`` there
+    would; in a cluster, paths and modules are the image's.
+    """
+    from sublimate.components.entrypoint import is_script
+
+    workdir = local_workdir() if local else None
+    if is_script(entrypoint):
+        path = Path(entrypoint)
+        if not path.is_absolute() and workdir is not None:
+            path = workdir / path
+        return str(path), None
+    return entrypoint, str(workdir) if workdir is not None else None
+
+
+def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
+    """Why the workers could not start ``entrypoint``, in one line (None: they can, as far as
+    the launcher can tell; in a cluster the launcher's image is the workers')."""
+    import importlib.util
+
+    from sublimate.components.entrypoint import is_script
+
+    target, pythonpath = locate_entrypoint(entrypoint, local)
+    if is_script(target):
+        return None if Path(target).is_file() else \
+            f"entrypoint '{entrypoint}': no such script ({target})"
+    module = target.partition(":")[0]
+    if pythonpath and pythonpath not in sys.path:
+        sys.path.insert(0, pythonpath)
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as error:  # a parent package is missing
+        return f"entrypoint '{entrypoint}': {error}"
+    return None if found else f"entrypoint '{entrypoint}': no module named '{module}'"
+
+
 def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     local = scheduler == "local_cwd"
     common = {
@@ -302,7 +374,20 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     }
     # Simulated nodes share one host, so each local job needs its own rendezvous port.
     port = _free_port() if local else 29500
+    # Every training process gets the contract (dataset, run folder, settings: contract.py);
+    # the built-in workers read the same through their flags.
+    common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
     paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
+    if args.entrypoint:
+        target, pythonpath = locate_entrypoint(args.entrypoint, local)
+        if pythonpath:
+            common["env"]["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
+        return trainer(
+            *entrypoint_arguments(args.entrypoint_args, common["env"]), entrypoint=target,
+            framework=args.framework,
+            nodes=args.nodes, procs_per_node=args.procs_per_node, rdzv_port=port,
+            max_restarts=args.max_restarts, **common)
     if args.algorithm == "async":
         return parameter_server(
             *paths, *training_flags(args),
@@ -452,7 +537,7 @@ def template_inputs() -> dict[str, str | None]:
     pipeline sets, from its one declaration. A setting's input defaults to its declared default,
     so a pipeline that sets only some of them still passes Argo's argument check."""
     return {"data-dir": None, "workflow-name": None,
-            **{setting.name: setting.default_text() for setting in declared.SETTINGS
+            **{setting.name: setting.default_text() for setting in declared.settings(step=STEP)
                if setting.in_pipeline}}
 
 
@@ -497,10 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     args.launch_time = launch_time
     # Refused here, in one line, before any worker starts: otherwise every worker fails with
     # its own traceback and torchrun's failure report around it.
-    problem = data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
+    problem = data_problem(args.data_dir, args.global_batch_size,
+                           args.eval_every_epoch and not args.entrypoint)
     if problem is not None:
         return fail(STEP, problem)
-    if args.model != "mlp":  # the built-in needs no check (nor the torch import resolve costs)
+    if args.entrypoint:
+        problem = entrypoint_problem(args.entrypoint,
+                                     choose_scheduler(args.scheduler) != "kubernetes")
+        if problem is not None:
+            return fail(STEP, problem)
+    elif args.model != "mlp":  # the built-in needs no check (nor the torch import resolve costs)
         from sublimate.components.models import resolve
 
         try:

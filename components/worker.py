@@ -26,7 +26,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -38,24 +37,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from sublimate.components import checkpoint, run_files
+from sublimate.components import checkpoint, run_files, training
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import Split, read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
-from sublimate.components.paradigms import Paradigm, paradigm_class
+from sublimate.components.paradigms import Paradigm
 from sublimate.components.settings import (
     COLLECTIVE_PARADIGMS,
     SettingError,
     add_training_arguments,
     check,
     data_problem,
-    paradigm_config,
 )
 from sublimate.components.termination import OneLineParser, fail
+from sublimate.components.training import ProcessGroup, log
 
 MODEL_NAME = run_files.MODEL  # kept for callers of the first releases
-# Steps between hand-overs of the step timings to Prometheus: the loop itself only adds floats.
-METRICS_FLUSH_STEPS = 16
+METRICS_FLUSH_STEPS = training.METRICS_FLUSH_STEPS
 # The first argument that makes this module a torchrun agent rather than a worker (see agent()).
 AGENT = "agent"
 STEP = "train"  # the step a refused input is reported for (train: error: ...)
@@ -64,7 +62,7 @@ STEP = "train"  # the step a refused input is reported for (train: error: ...)
 # They are imported in the background while the process waits for the other nodes (_preload).
 PRELOAD = (
     "torch._dynamo", "torch.nn.parallel", "torch.distributed.algorithms.ddp_comm_hooks",
-    "torch.utils.tensorboard", "sublimate.components.tensorboard_log",
+    "sublimate.components.tensorboard_log", "torch.utils.tensorboard",
     "sublimate.components.paradigms.sync_sgd", "sublimate.components.paradigms.bmuf",
     "sublimate.components.paradigms.easgd",
     "prometheus_client", "prometheus_client.exposition", "prometheus_client.process_collector",
@@ -112,62 +110,6 @@ def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> 
     return target
 
 
-def _device_and_backend(requested: str) -> tuple[torch.device, str]:
-    use_cuda = torch.cuda.is_available() and requested != "gloo"
-    if requested == "nccl" and not use_cuda:
-        raise RuntimeError("backend 'nccl' needs a GPU, and none is visible to this worker")
-    if use_cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
-class CommClock:
-    """Seconds spent in DDP's gradient all-reduce, which runs inside ``backward()``."""
-
-    __slots__ = ("seconds",)
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
-def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
-    """Wrap DDP's default all-reduce in a comm hook that adds its in-flight time to ``clock``.
-
-    The future's callback runs when the bucket's all-reduce completes, and DDP waits for it
-    before ``backward()`` returns, so the clock is complete at the end of every step. With
-    several buckets the all-reduce overlaps the backward pass; that overlap counts as comm.
-    """
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        return False
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    # No annotations: DDP checks them against the real classes, and this module's are strings.
-    def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-
-        def finished(future: torch.futures.Future) -> torch.Tensor:
-            clock.seconds += time.perf_counter() - started
-            return future.value()
-
-        return default_hooks.allreduce_hook(state, bucket).then(finished)
-
-    model.register_comm_hook(None, timed_allreduce)
-    return True
-
-
-def _log(rank: int, message: str) -> None:
-    if rank == 0:
-        print(message, flush=True)
-
-
 def fault_injection_step(rank: int) -> int | None:
     """Resilience testing: the step at which to SIGKILL this worker (first attempt only).
 
@@ -213,36 +155,6 @@ class Evaluation:
         return correct.item() / max(len(self.labels), 1)
 
 
-class Checkpointer:
-    """Saves and restores one worker's full training state at committed steps."""
-
-    def __init__(self, args: argparse.Namespace, rank: int, world: int) -> None:
-        self.args, self.rank, self.world = args, rank, world
-
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             paradigm: Paradigm, train_seconds: float) -> None:
-        checkpoint.save_rank(self.args.run_dir, step, self.rank, {
-            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "paradigm": paradigm.state_dict(), "rng": torch.get_rng_state(),
-            "train_seconds": train_seconds,
-        })
-        dist.barrier()  # every rank's file is on the volume before the step is committed
-        if self.rank == 0:
-            checkpoint.commit(self.args.run_dir, step, self.world, self.args.algorithm)
-
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                paradigm: Paradigm) -> tuple[int, float]:
-        state = checkpoint.load_rank(self.args.run_dir, self.rank, self.world,
-                                     self.args.algorithm)
-        if state is None:
-            return 0, 0.0
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        paradigm.load_state_dict(state["paradigm"])
-        torch.set_rng_state(state["rng"])
-        return state["step"], state["train_seconds"]
-
-
 def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = None,
           ) -> dict[str, Any]:
     """Train to the end (resuming from the run's last checkpoint) and return the summary.
@@ -257,28 +169,15 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = No
     return run.finish()
 
 
-@dataclass(slots=True)
-class ProcessGroup:
-    """Where this worker trains: its device, the collective backend, its rank and the world."""
-
-    device: torch.device
-    backend: str
-    rank: int
-    world: int
-
-
 def join_process_group(args: argparse.Namespace, startup: monitoring.StartupClock,
                        ) -> ProcessGroup:
     """Join the job's process group (start-up phase ``process_group``)."""
-    device, backend = _device_and_backend(args.backend)
     # DDP's import of torch._dynamo (over a second) loads while this process waits for its
     # peers; the main thread imports nothing meanwhile. A forked worker has it already.
     preloading = _preload()
-    _wait_for_store()
-    dist.init_process_group(backend=backend)
+    group = training.join(args.backend, args.collective_timeout)
     if preloading is not None:
         preloading.join()
-    group = ProcessGroup(device, backend, dist.get_rank(), dist.get_world_size())
     startup.mark("process_group")
     return group
 
@@ -324,7 +223,7 @@ class Learner:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     paradigm: Paradigm
-    checkpointer: Checkpointer
+    checkpointer: training.Checkpointer
 
 
 def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingData) -> Learner:
@@ -335,47 +234,9 @@ def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingD
     model = build_model(architecture, config).to(group.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
                                 momentum=args.momentum, weight_decay=args.weight_decay)
-    paradigm = paradigm_class(args.algorithm)(model, optimizer,
-                                              paradigm_config(args.algorithm, vars(args)))
+    paradigm = training.make_paradigm(args.algorithm, model, optimizer, vars(args))
     return Learner(architecture, config, model, optimizer, paradigm,
-                   Checkpointer(args, group.rank, group.world))
-
-
-@dataclass(slots=True)
-class Monitors:
-    """Where the run reports: Prometheus (None when off), the epoch log, the step timings."""
-
-    metrics: monitoring.WorkerMetrics | None
-    epoch_log: Any  # tensorboard_log.EpochLog, imported with monitoring
-    comm_clock: CommClock  # DDP's all-reduce time inside backward(), timed with metrics on
-    times: monitoring.StepTimes
-
-    def close(self) -> None:
-        """Close the epoch log and stop serving metrics."""
-        self.epoch_log.close()
-        if self.metrics is not None:
-            self.metrics.close()
-
-
-def start_monitoring(args: argparse.Namespace, group: ProcessGroup, training_model: nn.Module,
-                     ) -> Monitors:
-    """Serve this rank's metrics, open its epoch log and time DDP's all-reduce."""
-    from sublimate.components.tensorboard_log import EpochLog
-
-    rank = group.rank
-    metrics = monitoring.serve_worker(
-        args.run_dir, str(rank), f"node{os.environ.get('GROUP_RANK', '0')}",
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        gpu_index=group.device.index if group.device.type == "cuda" else None,
-        addr=args.metrics_addr, port=args.metrics_port, key=f"rank-{rank}")
-    if metrics is not None and metrics.address:
-        _log(rank, f"metrics: http://{metrics.address}/metrics (every rank: "
-                   f"{args.run_dir / monitoring.ENDPOINTS_FILE})")
-    epoch_log = EpochLog(args.run_dir, f"rank-{rank}", aggregate=rank == 0)
-    comm_clock = CommClock()
-    if metrics is not None:
-        time_ddp_allreduce(training_model, comm_clock)
-    return Monitors(metrics, epoch_log, comm_clock, monitoring.StepTimes())
+                   training.Checkpointer(args.run_dir, group.rank, group.world, args.algorithm))
 
 
 def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group: ProcessGroup,
@@ -383,15 +244,17 @@ def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group:
     """Build the model or restore it from the last checkpoint, and start monitoring (start-up
     phase ``setup``)."""
     learner = build_learner(args, group, data)
-    step, train_seconds = learner.checkpointer.restore(learner.model, learner.optimizer,
-                                                       learner.paradigm)
+    step, extra = learner.checkpointer.restore(learner.model, learner.optimizer,
+                                               learner.paradigm)
     if step:
-        _log(group.rank, f"resumed from checkpoint at step {step}/{data.total_steps}")
+        log(group.rank, f"resumed from checkpoint at step {step}/{data.total_steps}")
     training_model = learner.paradigm.training_model()
-    monitors = start_monitoring(args, group, training_model)
+    reporter = training.Reporter(args.run_dir, group, data.total_steps,
+                                 args.global_batch_size // group.world, training_model,
+                                 args.metrics_addr, args.metrics_port)
     startup.mark("setup")
-    return Run(args, startup, group, data, learner, training_model, monitors, step,
-               train_seconds)
+    return Run(args, startup, group, data, learner, training_model, reporter, step,
+               extra.get("train_seconds", 0.0))
 
 
 class Run:
@@ -399,10 +262,10 @@ class Run:
 
     def __init__(self, args: argparse.Namespace, startup: monitoring.StartupClock,
                  group: ProcessGroup, data: TrainingData, learner: Learner,
-                 training_model: nn.Module, monitors: Monitors, step: int,
+                 training_model: nn.Module, reporter: training.Reporter, step: int,
                  train_seconds: float) -> None:
         self.args, self.startup, self.group, self.data = args, startup, group, data
-        self.learner, self.training_model, self.monitors = learner, training_model, monitors
+        self.learner, self.training_model, self.reporter = learner, training_model, reporter
         self.loss_fn = nn.CrossEntropyLoss()
         self.fail_at = fault_injection_step(group.rank)
         # Progress, counted from the run's start (a resumed launch starts at first_step).
@@ -421,15 +284,15 @@ class Run:
         script, so it is written like one: everything a step touches is a local bound here,
         and a step makes no call, look-up or allocation that such a script would not.
         """
-        args, data, learner, monitors = self.args, self.data, self.learner, self.monitors
+        args, data, learner, reporter = self.args, self.data, self.learner, self.reporter
         features, labels, micro_batch, local_batch = (data.features, data.labels,
                                                       data.micro_batch, data.local_batch)
         steps_per_epoch, total_steps = data.steps_per_epoch, data.total_steps
         optimizer, paradigm, training_model = learner.optimizer, learner.paradigm, \
             self.training_model
-        loss_fn, metrics, comm_clock, times = self.loss_fn, monitors.metrics, \
-            monitors.comm_clock, monitors.times
-        rank, world, fail_at, lr = self.group.rank, self.group.world, self.fail_at, self.lr
+        # The reporter's per-step bookkeeping, inlined (Reporter.step does the same).
+        loss_fn, metrics, times = self.loss_fn, reporter.metrics, reporter.times
+        rank, fail_at, lr = self.group.rank, self.fail_at, self.lr
         global_batch, accumulation_steps = args.global_batch_size, args.accumulation_steps
         accumulate, checkpoint_every = accumulation_steps > 1, args.checkpoint_every
         step, pending_startup = self.step, self.pending_startup
@@ -478,7 +341,7 @@ class Run:
             times.compute += computed - loaded
             times.steps += 1
             if times.steps == METRICS_FLUSH_STEPS:
-                times.flush(metrics, comm_clock.take(), global_batch // world, step, total_steps)
+                reporter.flush(step)
             if step == fail_at:
                 _kill_self(rank, step)
             if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
@@ -488,33 +351,18 @@ class Run:
 
     def close_epoch(self, epoch: int, position: int, epoch_loss: torch.Tensor,
                     epoch_seconds: float) -> None:
-        """End an epoch: its one all-reduce (mean loss and time split), its log line, rank 0's
-        evaluation and the epoch's record."""
-        args, data, group, monitors = self.args, self.data, self.group, self.monitors
+        """End an epoch: rank 0's evaluation, then the reporter's one all-reduce (mean loss and
+        time split), log line and record."""
+        data = self.data
         self.train_seconds += epoch_seconds
-        monitors.times.flush(monitors.metrics, monitors.comm_clock.take(),
-                             args.global_batch_size // group.world, self.step, data.total_steps)
         epoch_steps = data.steps_per_epoch - position
-        # Loss and the time split travel in the one all-reduce the epoch already had.
-        local = torch.cat([(epoch_loss / epoch_steps).reshape(1),
-                           torch.tensor(monitors.times.take_epoch(), device=group.device)])
-        reduced = local.clone()
-        dist.all_reduce(reduced)
-        local_values, mean_values = local.tolist(), [v / group.world for v in reduced.tolist()]
-        samples_per_second = epoch_steps * args.global_batch_size / max(epoch_seconds, 1e-9)
-        split = monitoring.time_split(*mean_values[1:])
-        message = (f"epoch {epoch + 1}/{args.epochs} step {self.step}/{data.total_steps} "
-                   f"loss {mean_values[0]:.4f} lr {self.lr:.4g} "
-                   f"samples/s {samples_per_second:.0f} | {monitoring.format_split(split)}")
         accuracy = self.evaluate()
-        if accuracy is not None:
-            message += f" test-accuracy {accuracy:.4f}"
-        _log(group.rank, message)
-        _record_epoch(monitors.epoch_log, monitors.metrics, epoch + 1, self.step, self.lr,
-                      local_values, mean_values, samples_per_second,
-                      epoch_steps * data.local_batch / max(epoch_seconds, 1e-9), epoch_seconds,
-                      accuracy, self.launch_to_first_step
-                      if epoch == self.first_step // data.steps_per_epoch else None)
+        first = epoch == self.first_step // data.steps_per_epoch
+        self.reporter.end_epoch(
+            epoch, self.step, epoch_loss / epoch_steps, epoch_seconds, epoch_steps,
+            total_epochs=self.args.epochs, accuracy=accuracy, learning_rate=self.lr,
+            extra={"launch_to_first_step_seconds": self.launch_to_first_step}
+            if first and self.launch_to_first_step is not None else None)
 
     def evaluate(self) -> float | None:
         """Rank 0's test accuracy after an epoch, added to the accuracy curve; None on the
@@ -533,7 +381,7 @@ class Run:
         """Checkpoint every rank's state at ``step`` and commit it (a collective)."""
         learner = self.learner
         learner.checkpointer.save(step, learner.model, learner.optimizer, learner.paradigm,
-                                  train_seconds)
+                                  train_seconds=train_seconds)
 
     def finish(self) -> dict[str, Any]:
         """Save the last checkpoint and, on rank 0, the model and the summary; leave the
@@ -542,14 +390,14 @@ class Run:
         self.save_checkpoint(self.step, self.train_seconds)
         summary = self.summary()
         if self.group.rank == 0:
-            checkpoint.save({"architecture": learner.architecture, "config": learner.config,
-                             "state_dict": learner.paradigm.result_model().state_dict(),
-                             "algorithm": args.algorithm, "steps": self.step,
-                             "dataset": self.data.metadata["name"]}, args.run_dir / MODEL_NAME)
+            training.save_model(args.run_dir, learner.paradigm.result_model(),
+                                architecture=learner.architecture, config=learner.config,
+                                algorithm=args.algorithm, steps=self.step,
+                                dataset=self.data.metadata["name"])
             checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
         dist.barrier()
         dist.destroy_process_group()
-        self.monitors.close()
+        self.reporter.close()
         return summary
 
     def summary(self) -> dict[str, Any]:
@@ -587,38 +435,6 @@ def _first_step_done(startup: monitoring.StartupClock,
     return total
 
 
-def _record_epoch(epoch_log: Any, metrics: monitoring.WorkerMetrics | None, epoch: int,
-                  step: int, lr: float, local: list[float], mean: list[float],
-                  samples_per_second: float, local_samples_per_second: float,
-                  seconds: float, accuracy: float | None,
-                  launch_to_first_step: float | None = None) -> None:
-    """The epoch's JSONL record, TensorBoard scalars and Prometheus gauges."""
-    local_split = monitoring.time_split(*local[1:])
-    mean_split = monitoring.time_split(*mean[1:])
-    record = {"epoch": epoch, "step": step, "time": round(time.time(), 3),
-              "seconds": round(seconds, 4), "loss": round(mean[0], 6),
-              "local_loss": round(local[0], 6), "learning_rate": lr,
-              "samples_per_second": round(samples_per_second, 1),
-              "local_samples_per_second": round(local_samples_per_second, 1),
-              **{f"{phase}_seconds": round(value, 5)
-                 for phase, value in zip(monitoring.PHASES, local[1:], strict=True)}}
-    if accuracy is not None:
-        record["test_accuracy"] = round(accuracy, 4)
-    if launch_to_first_step is not None:  # in the record of the epoch that took the first step
-        record["launch_to_first_step_seconds"] = launch_to_first_step
-    scalars = {"train/loss": local[0], "train/samples_per_second": local_samples_per_second,
-               "train/learning_rate": lr,
-               **{f"time/{phase}_fraction": value for phase, value in local_split.items()}}
-    aggregate = {"train/loss": mean[0], "train/samples_per_second": samples_per_second,
-                 "train/learning_rate": lr,
-                 **{f"time/{phase}_fraction": value for phase, value in mean_split.items()}}
-    if accuracy is not None:
-        aggregate["test/accuracy"] = accuracy
-    epoch_log.write(record, step, scalars, aggregate if epoch_log.aggregate else None)
-    if metrics is not None:
-        metrics.observe_epoch(epoch, mean[0], lr)
-
-
 def refusal(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot train, in one line (None if they can).
 
@@ -635,26 +451,6 @@ def refusal(args: argparse.Namespace) -> str | None:
     except SettingError as error:
         return str(error)
     return data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
-
-
-def _wait_for_store(timeout: float = 60.0) -> None:
-    """Wait until rank 0's process-group store listens, probing every 10 ms.
-
-    Rank 0 starts the store that init_process_group meets at; torch's client retries a refused
-    connection only after half a second, so a worker that arrives a few milliseconds before
-    rank 0 would lose that half second at every start. A probe that finds nothing within
-    ``timeout`` leaves the matter (and the error) to init_process_group.
-    """
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port or os.environ.get("RANK", "0") == "0":
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, int(port)), timeout=1.0):
-                return
-        except OSError:
-            time.sleep(0.01)
 
 
 def _preload() -> threading.Thread | None:
@@ -701,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         return fail(STEP, problem)
     summary = train(args, startup)
-    _log(int(os.environ.get("RANK", "0")),
+    log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
          f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")
     return 0

@@ -85,6 +85,9 @@ def train_pipeline(
         with DAG(name="train-pipeline", outputs=[
             Parameter(name="accuracy", global_name="accuracy", value_from=ValueFrom(
                 parameter="{{tasks.evaluate.outputs.parameters.accuracy}}")),
+            # The metric chosen by the `metric` parameter (accuracy, loss, mAP, ...).
+            Parameter(name="metric", global_name="metric", value_from=ValueFrom(
+                parameter="{{tasks.evaluate.outputs.parameters.metric}}")),
             Parameter(name="results", global_name="results", value_from=ValueFrom(
                 parameter="{{tasks.train.outputs.parameters.run-dir}}")),
         ]):
@@ -95,6 +98,7 @@ def train_pipeline(
                 "workflow-name": "{{workflow.name}}",
             })
             evaluated = evaluate_step(arguments={
+                **{s.name: parameter[s.name] for s in declared.settings(step="evaluate")},
                 "data-dir": staged.get_parameter("dataset-dir"),
                 "model-dir": trained.get_parameter("run-dir"),
             })

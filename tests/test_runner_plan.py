@@ -547,7 +547,7 @@ def test_a_pod_request_is_resolved_and_rewritten(tmp_path: Path) -> None:
         ("/work", fs / "work", "", False),
     ]
     assert request.runner_env["SUBLIMATE_TERMINATION_LOG"] == str(request.termination_log)
-    assert request.runner_env["SUBLIMATE_RUN_DIR"] == str(result.run_dir)
+    assert request.runner_env["SUBLIMATE_LOCAL_RUN_FOLDER"] == str(result.run_dir)
     assert node.log == request.log
     # the pod wrote no output: the node errs, as with a real process
     assert node.phase == NodePhase.ERROR

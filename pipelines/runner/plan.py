@@ -11,6 +11,7 @@ needs in one value (see ``executor``).
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -108,7 +109,10 @@ class PodRequest:
         """What the local runner adds to every step's environment, after the template's."""
         return {
             "SUBLIMATE_LOCAL_RUN": "1",
-            "SUBLIMATE_RUN_DIR": str(self.run_dir),
+            "SUBLIMATE_LOCAL_RUN_FOLDER": str(self.run_dir),
+            # Where `sublimate run` was started: a step resolves a user's relative paths
+            # (e.g. the train step's entrypoint=examples/x/train.py) from there, as on a laptop.
+            "SUBLIMATE_LOCAL_CWD": os.getcwd(),
             "SUBLIMATE_TERMINATION_LOG": str(self.termination_log),
         }
 
