@@ -70,6 +70,11 @@ class Contract:
                    int(env.get("LOCAL_RANK", "0")), int(env.get("GROUP_RANK", "0")))
 
 
+def is_script(target: str) -> bool:
+    """An entry point that is a script path rather than a module (``train.py``, ``a/b.py``)."""
+    return target.endswith(".py") or "/" in target
+
+
 def contract_env(data_dir: Path, run_dir: Path, settings: Mapping[str, Any]) -> dict[str, str]:
     """The launcher's side: the variables every training process of the job gets."""
     return {DATA_DIR_ENV: str(data_dir), RUN_DIR_ENV: str(run_dir),

@@ -18,14 +18,9 @@ import runpy
 import sys
 from pathlib import Path
 
-from sublimate.components.contract import TF_CONFIG_ENV
+from sublimate.components.contract import TF_CONFIG_ENV, is_script
 
 MODULE = "sublimate.components.entrypoint"
-
-
-def is_script(target: str) -> bool:
-    """A script path rather than a module name (``train.py``, ``examples/x/train.py``)."""
-    return target.endswith(".py") or "/" in target
 
 
 def run(target: str, args: list[str]) -> int:

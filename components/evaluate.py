@@ -60,8 +60,8 @@ def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str
     """Run the user's evaluation in this process with the contract; the metrics it wrote."""
     import os
 
-    from sublimate.components.contract import DATA_DIR_ENV, RUN_DIR_ENV
-    from sublimate.components.entrypoint import is_script, run
+    from sublimate.components.contract import DATA_DIR_ENV, RUN_DIR_ENV, is_script
+    from sublimate.components.entrypoint import run
 
     os.environ.update({RUN_DIR_ENV: str(model_dir), DATA_DIR_ENV: str(data_dir)})
     workdir = os.environ.get("SUBLIMATE_LOCAL_CWD")  # a local run: paths as on the laptop

@@ -212,6 +212,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("collective-timeout", 300, "Seconds a collective may wait for a peer before the "
             "job fails (and restarts, with max-restarts) instead of torch's 30 minutes.",
             kind="number", minimum=1, paradigms=_COLLECTIVE),
+    Setting("stall-seconds", 300, "Seconds without a step from any rank before the launcher's "
+            "watchdog stops the job, names the ranks and nodes that stopped, and relaunches it "
+            "from the last checkpoint (max-restarts times); 0: no watchdog.", kind="number",
+            minimum=0, reader="launcher", paradigms=_COLLECTIVE),
+    Setting("startup-seconds", 900, "Seconds the watchdog allows for start-up, rendezvous, "
+            "restarts, evaluation and checkpoints.", kind="number", minimum=1,
+            reader="launcher", paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("progress-every", 5, "Seconds between a rank's heartbeats to the watchdog.",
+            kind="number", minimum=0.01, paradigms=_COLLECTIVE, in_pipeline=False),
     Setting("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, gloo "
             "otherwise.", choices=("auto", "gloo", "nccl"), paradigms=_COLLECTIVE),
     Setting("scheduler", "auto", "TorchX scheduler for the training job. auto: kubernetes "

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 # Only light imports here: everything before the job's submission is start-up time the user
 # waits through, and torch alone takes about a second to import (the workers need it, the
 # launcher does not).
-from sublimate.components import metrics, run_files
+from sublimate.components import metrics, run_files, watchdog
 from sublimate.components import settings as declared
 from sublimate.components.contract import contract_env
 from sublimate.components.runtime import DEFAULT_IMAGE
@@ -325,7 +325,7 @@ def locate_entrypoint(entrypoint: str, local: bool) -> tuple[str, str | None]:
     ``sublimate run`` was started, as ``python train.py`` or ``python -m pkg.train`` there
     would; in a cluster, paths and modules are the image's.
     """
-    from sublimate.components.entrypoint import is_script
+    from sublimate.components.contract import is_script
 
     workdir = local_workdir() if local else None
     if is_script(entrypoint):
@@ -341,7 +341,7 @@ def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
     the launcher can tell; in a cluster the launcher's image is the workers')."""
     import importlib.util
 
-    from sublimate.components.entrypoint import is_script
+    from sublimate.components.contract import is_script
 
     target, pythonpath = locate_entrypoint(entrypoint, local)
     if is_script(target):
@@ -459,55 +459,44 @@ def follow_logs(runner: object, handle: str, app: specs.AppDef,
     return threads
 
 
-def launch(args: argparse.Namespace) -> int:
-    from torchx.specs import AppState
+def make_watchdog(args: argparse.Namespace, attempt: str) -> watchdog.Watchdog | None:
+    """The launcher's progress watchdog for one attempt (None: off, or async, whose processes
+    write no heartbeats)."""
+    if args.algorithm == "async" or not args.stall_seconds:
+        return None
+    world = args.nodes * args.procs_per_node
+    return watchdog.Watchdog(args.run_dir, args.stall_seconds, world,
+                             startup_seconds=args.startup_seconds, attempt=attempt,
+                             nodes={rank: f"node{rank // args.procs_per_node}"
+                                    for rank in range(world)})
 
+
+def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
+    """Whether to judge progress now: own code that does not use sublimate's library writes no
+    heartbeats, so its watchdog waits for the first one."""
+    if dog is None:
+        return False
+    return not args.entrypoint or any(watchdog.progress_dir(args.run_dir).glob("rank-*.json"))
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Submit the job and wait for it; relaunch it from the last checkpoint when the watchdog
+    finds it stalled (``max-restarts`` times: torchrun's own restarts cover crashes)."""
     scheduler = choose_scheduler(args.scheduler)
-    app = build_app(args, scheduler)
-    cfg = scheduler_config(args, scheduler)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     with make_runner(scheduler) as runner:  # type: ignore[attr-defined]
-        if args.dryrun:
-            print(runner.dryrun(app, scheduler, cfg=cfg))
-            return 0
-        started = time.perf_counter()
-        for role in app.roles:  # the end of the launcher's own share of the start-up
-            role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
-        handle = runner.run(app, scheduler, cfg=cfg)
-        print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} procs, "
-              f"algorithm {args.algorithm})", flush=True)
-        stop = threading.Event()
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        streams = follow_logs(runner, handle, app, scheduler)
-        status = None
-        poll = POLL_SECONDS.get(scheduler, 0.25)
-        try:
-            while not stop.is_set():
-                status = runner.status(handle)
-                if status is None or status.is_terminal():
-                    break
-                stop.wait(poll)  # a SIGTERM ends the wait at once
-        except KeyboardInterrupt:
-            stop.set()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if stop.is_set():
-            runner.cancel(handle)
-            print("train: stopped; cancelled the training job", file=sys.stderr)
-            return 143
-        for stream in streams:
-            stream.join(timeout=5)
-        if status is None or status.state != AppState.SUCCEEDED:
-            state = status.state.name if status else "UNKNOWN"
-            runner.cancel(handle)  # stop the replicas that are still running
-            print(f"train: error: training job {handle} ended {state}", file=sys.stderr)
-            for role in status.roles if status else []:
-                for replica in role.replicas:
-                    if replica.state != AppState.SUCCEEDED:
-                        print(f"train: {role.role} replica {replica.id} ended "
-                              f"{replica.state.name}",
-                              file=sys.stderr)
-            return 1
+        for attempt in range(args.max_restarts + 1):
+            outcome = run_attempt(runner, args, scheduler, attempt)
+            if outcome != STALLED:
+                break
+            if attempt < args.max_restarts:
+                print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} of "
+                      f"{args.max_restarts})", file=sys.stderr, flush=True)
+        if outcome != SUCCEEDED:
+            return 143 if outcome == STOPPED else 1
+    if args.dryrun:
+        return 0
     startup = _startup_line(args.run_dir)
     if startup:
         print(f"train: {startup}", flush=True)
@@ -519,6 +508,71 @@ def launch(args: argparse.Namespace) -> int:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(str(value))
     return 0
+
+
+SUCCEEDED, FAILED, STALLED, STOPPED = "succeeded", "failed", "stalled", "stopped"
+
+
+def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
+    """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
+    STALLED (the watchdog stopped it) or STOPPED (the step was stopped)."""
+    from torchx.specs import AppState
+
+    app = build_app(args, scheduler)
+    cfg = scheduler_config(args, scheduler)
+    if args.dryrun:
+        print(runner.dryrun(app, scheduler, cfg=cfg))  # type: ignore[attr-defined]
+        return SUCCEEDED
+    attempt_id = f"{os.getpid()}-{attempt}-{time.time():.3f}"
+    for role in app.roles:  # the end of the launcher's own share of the start-up
+        role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
+        role.env[watchdog.ATTEMPT_ENV] = attempt_id
+    dog = make_watchdog(args, attempt_id)
+    handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+    print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} procs, "
+          f"algorithm {args.algorithm})", flush=True)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    streams = follow_logs(runner, handle, app, scheduler)
+    status, stalled = None, None
+    poll = POLL_SECONDS.get(scheduler, 0.25)
+    next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
+    try:
+        while not stop.is_set():
+            status = runner.status(handle)  # type: ignore[attr-defined]
+            if status is None or status.is_terminal():
+                break
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
+                stalled = dog.check() if _watched(args, dog) else None  # type: ignore[union-attr]
+                if stalled is not None:
+                    break
+            stop.wait(poll)  # a SIGTERM ends the wait at once
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stop.is_set():
+        runner.cancel(handle)  # type: ignore[attr-defined]
+        print("train: stopped; cancelled the training job", file=sys.stderr)
+        return STOPPED
+    if stalled is not None:
+        runner.cancel(handle)  # type: ignore[attr-defined]
+        print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
+        return STALLED
+    for stream in streams:
+        stream.join(timeout=5)
+    if status is None or status.state != AppState.SUCCEEDED:
+        state = status.state.name if status else "UNKNOWN"
+        runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running
+        print(f"train: error: training job {handle} ended {state}", file=sys.stderr)
+        for role in status.roles if status else []:
+            for replica in role.replicas:
+                if replica.state != AppState.SUCCEEDED:
+                    print(f"train: {role.role} replica {replica.id} ended "
+                          f"{replica.state.name}", file=sys.stderr)
+        return FAILED
+    return SUCCEEDED
 
 
 def _startup_line(run_dir: Path) -> str | None:

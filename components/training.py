@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sublimate.components import checkpoint, run_files
+from sublimate.components import checkpoint, run_files, stragglers, watchdog
 from sublimate.components import metrics as monitoring
 from sublimate.components.contract import Contract
 from sublimate.components.paradigms import Paradigm, paradigm_class
@@ -140,9 +140,13 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, rank: int, world: int, kind: str) -> None:
         self.run_dir, self.rank, self.world, self.kind = Path(run_dir), rank, world, kind
+        # Told before a save, so that a slow volume is not taken for a hang (set by Job).
+        self.progress: watchdog.ProgressReporter | None = None
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              paradigm: Paradigm | None = None, **extra: Any) -> None:
+        if self.progress is not None:
+            self.progress.pause(step, "checkpoint")
         checkpoint.save_rank(self.run_dir, step, self.rank, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "paradigm": paradigm.state_dict() if paradigm is not None else None,
@@ -231,13 +235,18 @@ class Reporter:
 
     def __init__(self, run_dir: Path, group: ProcessGroup, total_steps: int,
                  samples_per_step: int, training_model: nn.Module | None = None,
-                 metrics_addr: str | None = None, metrics_port: int | None = None) -> None:
+                 metrics_addr: str | None = None, metrics_port: int | None = None,
+                 progress_every: float = watchdog.EVERY_SECONDS, first_step: int = 0) -> None:
         from sublimate.components.tensorboard_log import EpochLog
 
         self.run_dir, self.group, self.total_steps = Path(run_dir), group, total_steps
         self.samples_per_step = samples_per_step  # this rank's examples per optimizer step
         rank = group.rank
-        self.node = f"node{os.environ.get('GROUP_RANK', '0')}"
+        self.node_index = int(os.environ.get("GROUP_RANK", "0"))
+        self.node = f"node{self.node_index}"
+        # The heartbeat the launcher's watchdog reads (a step every few seconds, on the volume).
+        self.progress = watchdog.ProgressReporter(self.run_dir, rank, self.node, progress_every,
+                                                  step=first_step)
         self.metrics = monitoring.serve_worker(
             self.run_dir, str(rank), self.node, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             gpu_index=group.device.index if group.device.type == "cuda" else None,
@@ -261,6 +270,11 @@ class Reporter:
         times.steps += 1
         if times.steps == METRICS_FLUSH_STEPS:
             self.flush(step)
+        self.progress.step(step)
+
+    def pause(self, step: int, what: str) -> None:
+        """Tell the watchdog a long non-step phase starts (evaluation, checkpoint)."""
+        self.progress.pause(step, what)
 
     def flush(self, step: int) -> None:
         """Hand the steps since the last flush to Prometheus (the loop calls this in bulk)."""
@@ -283,11 +297,19 @@ class Reporter:
         loss_tensor = loss.detach().reshape(1).to(group.device, torch.float32) \
             if isinstance(loss, torch.Tensor) \
             else torch.tensor([float(loss)], device=group.device)
-        local = torch.cat([loss_tensor, torch.tensor(self.times.take_epoch(),
-                                                     device=group.device)])
-        reduced = local.clone()
-        dist.all_reduce(reduced)
-        local_values, mean_values = local.tolist(), [v / group.world for v in reduced.tolist()]
+        # The epoch's one collective: every rank's loss, time split, epoch time and node, so
+        # that every rank knows the mean and rank 0 can name a straggler.
+        local = torch.cat([loss_tensor, torch.tensor(
+            [*self.times.take_epoch(), seconds, self.node_index], device=group.device)])
+        gathered = [torch.empty_like(local) for _ in range(group.world)]
+        dist.all_gather(gathered, local)
+        rows = torch.stack(gathered).tolist()
+        local_values = rows[group.rank][:4]
+        mean_values = [sum(column) / group.world for column in zip(*(row[:4] for row in rows),
+                                                                   strict=True)]
+        # Without metrics DDP's all-reduce is not timed and waiting would read as compute.
+        finding = stragglers.find_stragglers(stragglers.timings_from_rows(rows, steps)) \
+            if self.metrics is not None else None
         samples_per_second = steps * self.samples_per_step * group.world / max(seconds, 1e-9)
         split = monitoring.time_split(*mean_values[1:])
         epochs = f"/{total_epochs}" if total_epochs else ""
@@ -297,10 +319,18 @@ class Reporter:
                    + f" samples/s {samples_per_second:.0f} | {monitoring.format_split(split)}")
         if accuracy is not None:
             message += f" test-accuracy {accuracy:.4f}"
+        if finding is not None:
+            if finding.line():
+                message += f" | {finding.line()}"
+            self.metrics.observe_step_ratio(finding.ratio_of(group.rank),  # type: ignore[union-attr]
+                                            finding.is_straggler(group.rank))
         log(group.rank, message)
+        record_extra = dict(extra or {})
+        if finding is not None and group.rank == 0:
+            record_extra["stragglers"] = finding.records()
         self._record(epoch + 1, step, learning_rate, local_values, mean_values,
                      samples_per_second, steps * self.samples_per_step / max(seconds, 1e-9),
-                     seconds, accuracy, extra)
+                     seconds, accuracy, record_extra)
         return EpochResult(mean_values[0], samples_per_second, split, local_values)
 
     def _record(self, epoch: int, step: int, lr: float | None, local: list[float],
@@ -333,8 +363,11 @@ class Reporter:
         if self.metrics is not None:
             self.metrics.observe_epoch(epoch, mean[0], lr)
 
-    def close(self) -> None:
-        """Close the epoch log and stop serving metrics."""
+    def close(self, step: int | None = None) -> None:
+        """Close the epoch log and stop serving metrics; with ``step``, tell the watchdog this
+        rank finished there."""
+        if step is not None:
+            self.progress.finish(step)
         self.epoch_log.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -375,17 +408,22 @@ class Job:
                  samples_per_step: int) -> Reporter:
         """Start monitoring this process (``samples_per_step``: this rank's batch)."""
         self._reporter = Reporter(self.run_dir, self.group, total_steps, samples_per_step,
-                                  training_model)
+                                  training_model,
+                                  progress_every=float(self.settings.get(
+                                      "progress_every", watchdog.EVERY_SECONDS)))
+        self.checkpoints.progress = self._reporter.progress
         return self._reporter
 
-    def finish(self, model: nn.Module | None = None, **info: Any) -> None:
-        """Rank 0 saves ``model`` as the run's model; every rank leaves the process group."""
+    def finish(self, model: nn.Module | None = None, step: int | None = None,
+               **info: Any) -> None:
+        """Rank 0 saves ``model`` as the run's model; every rank leaves the process group
+        (``step``: where this process ended, for the watchdog)."""
         if model is not None and self.rank == 0:
             save_model(self.run_dir, model, **info)
         dist.barrier()
         dist.destroy_process_group()
         if self._reporter is not None:
-            self._reporter.close()
+            self._reporter.close(step if step is not None else self._reporter.total_steps)
 
 
 def start(backend: str | None = None, timeout_seconds: float | None = None) -> Job:

@@ -251,7 +251,9 @@ def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group:
     training_model = learner.paradigm.training_model()
     reporter = training.Reporter(args.run_dir, group, data.total_steps,
                                  args.global_batch_size // group.world, training_model,
-                                 args.metrics_addr, args.metrics_port)
+                                 args.metrics_addr, args.metrics_port, args.progress_every,
+                                 first_step=step)
+    learner.checkpointer.progress = reporter.progress
     startup.mark("setup")
     return Run(args, startup, group, data, learner, training_model, reporter, step,
                extra.get("train_seconds", 0.0))
@@ -291,7 +293,8 @@ class Run:
         optimizer, paradigm, training_model = learner.optimizer, learner.paradigm, \
             self.training_model
         # The reporter's per-step bookkeeping, inlined (Reporter.step does the same).
-        loss_fn, metrics, times = self.loss_fn, reporter.metrics, reporter.times
+        loss_fn, metrics, times, progress = self.loss_fn, reporter.metrics, reporter.times, \
+            reporter.progress
         rank, fail_at, lr = self.group.rank, self.fail_at, self.lr
         global_batch, accumulation_steps = args.global_batch_size, args.accumulation_steps
         accumulate, checkpoint_every = accumulation_steps > 1, args.checkpoint_every
@@ -342,6 +345,8 @@ class Run:
             times.steps += 1
             if times.steps == METRICS_FLUSH_STEPS:
                 reporter.flush(step)
+            if computed >= progress.due:  # the watchdog's heartbeat, every few seconds
+                progress.step(step)
             if step == fail_at:
                 _kill_self(rank, step)
             if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
@@ -371,6 +376,7 @@ class Run:
         if test_set is None:
             return None
         # Outside the epoch's clock: evaluation is not training time.
+        self.reporter.pause(self.step, "evaluation")
         started = time.perf_counter()
         accuracy = test_set.accuracy(self.learner.paradigm.result_model())
         self.evaluation_seconds += time.perf_counter() - started
@@ -397,7 +403,7 @@ class Run:
             checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
         dist.barrier()
         dist.destroy_process_group()
-        self.reporter.close()
+        self.reporter.close(self.step)
         return summary
 
     def summary(self) -> dict[str, Any]:

@@ -1,0 +1,173 @@
+"""Bring your own training code: the worked examples run end to end under `sublimate run`, and
+the contract around them (entry points, arguments, evaluation, the chosen metric)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sublimate.components import train
+from sublimate.components.settings import SettingError, check
+from tests.conftest import REPO, run_cli
+
+PLAIN = "examples/plain_torchrun/train.py"
+PLAIN_ARGS = "--data $SUBLIMATE_DATA_DIR --out $SUBLIMATE_RUN_DIR --epochs 6"
+
+
+def _outputs(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    line = next(line for line in result.stdout.splitlines() if line.startswith("outputs: "))
+    return dict(pair.split("=", 1) for pair in line[len("outputs: "):].split(", "))
+
+
+def _results_folder(home: Path) -> Path:
+    (run,) = (home / "volumes" / "sublimate-data" / "runs").iterdir()
+    return run
+
+
+def test_a_plain_torchrun_script_runs_as_it_is(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = run_cli("run", "-p", f"entrypoint={PLAIN}", "-p", f"entrypoint-args={PLAIN_ARGS}",
+                     home=home)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    written = json.loads((_results_folder(home) / "metrics.json").read_text())
+    outputs = _outputs(result)
+    # The evaluate step reported what the script wrote, as the pipeline's chosen metric.
+    assert float(outputs["metric"]) == pytest.approx(written["accuracy"])
+    assert written["accuracy"] > 0.85
+    log = result.stdout + result.stderr
+    assert "written by the training code" in log
+    assert "[node0] epoch 6 loss" in log
+
+
+def _worker_pid(rank: int, marker: str) -> int | None:
+    """The training process of ``rank`` running ``marker`` (a user's entry point)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in command and "torch.distributed.run" not in command \
+                and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+def test_own_loop_with_the_library_bmuf_on_two_nodes_resumes_after_a_kill(
+        tmp_path: Path) -> None:
+    """The CNN example (a user's loop on sublimate.components.training): BMUF across 2 nodes,
+    image data in the layout; rank 1 is SIGKILLed after the first checkpoint, torchrun restarts
+    the workers, and the loop resumes from the committed step with its data position."""
+    home = tmp_path / "home"
+    env = {**os.environ, "SUBLIMATE_HOME": str(home)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sublimate.pipelines", "run",
+         "-p", "entrypoint=examples.cnn_bmuf.train",
+         "-p", "dataset=py:sublimate.components.example_datasets:digit_images",
+         "-p", "algorithm=bmuf", "-p", "sync-period=4", "-p", "epochs=6",
+         "-p", "checkpoint-every=20", "-p", "max-restarts=1"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed_after = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            latest = list(home.glob("volumes/sublimate-data/runs/*/checkpoints/latest.json"))
+            if latest:
+                pid = _worker_pid(1, "examples.cnn_bmuf.train")
+                if pid is not None:
+                    killed_after = json.loads(latest[0].read_text())["step"]
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            time.sleep(0.05)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert killed_after is not None, "the run ended before a checkpoint was committed"
+    assert process.returncode == 0, output[-4000:]
+    resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
+    assert resumed, output[-3000:]
+    # At most checkpoint-every steps are repeated: the resume is from the last committed step.
+    assert resumed[0] >= killed_after
+    metrics = json.loads((_results_folder(home) / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.7
+    # The library's reporter wrote the run's epoch records for every rank and the report.
+    results = _results_folder(home)
+    assert {path.name for path in (results / "metrics").glob("rank-*.jsonl")} == {
+        "rank-0.jsonl", "rank-1.jsonl"}
+    assert "epoch 6/6 step 132/132" in output
+
+
+def test_entrypoint_arguments_expand_only_the_contract() -> None:
+    env = {"SUBLIMATE_DATA_DIR": "/data/x", "SUBLIMATE_RUN_DIR": "/runs/y", "OTHER": "z"}
+    assert train.entrypoint_arguments(
+        "--data $SUBLIMATE_DATA_DIR --out=${SUBLIMATE_RUN_DIR}/m '$HOME' $OTHER", env) == [
+        "--data", "/data/x", "--out=/runs/y/m", "$HOME", "$OTHER"]
+
+
+def test_entrypoint_problems_name_the_entrypoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUBLIMATE_LOCAL_CWD", str(REPO))
+    assert train.entrypoint_problem(PLAIN, local=True) is None
+    assert train.entrypoint_problem("examples.cnn_bmuf.train", local=True) is None
+    assert train.entrypoint_problem("examples/nope.py", local=True) == \
+        f"entrypoint 'examples/nope.py': no such script ({REPO / 'examples/nope.py'})"
+    assert train.entrypoint_problem("examples.nope:main", local=True) == \
+        "entrypoint 'examples.nope:main': no module named 'examples.nope'"
+    assert "No module named 'nopkg'" in train.entrypoint_problem("nopkg.sub", local=True)
+
+
+def test_a_bad_entrypoint_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("run", "-p", "entrypoint=examples/missing.py", home=tmp_path / "home")
+    assert result.returncode != 0
+    assert "entrypoint 'examples/missing.py': no such script" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"entrypoint": "my.train", "algorithm": "async"}, "with entrypoint, use sync, bmuf or"),
+    ({"framework": "tensorflow"}, "framework tensorflow needs your own code"),
+])
+def test_rules_between_entrypoint_settings(values: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        check(values)
+    check({**values, "entrypoint": "my.train", "algorithm": "sync"})
+
+
+def _evaluate(model_dir: Path, *extra: str) -> tuple[int, str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "sublimate.components.evaluate", "--model-dir", str(model_dir),
+         "--data-dir", str(model_dir), "--metric-path", str(model_dir / "out-metric"), *extra],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_evaluate_runs_an_own_evaluation_and_outputs_the_chosen_metric(tmp_path: Path) -> None:
+    script = tmp_path / "my_eval.py"
+    script.write_text(
+        "import json, os, pathlib\n"
+        "run = pathlib.Path(os.environ['SUBLIMATE_RUN_DIR'])\n"
+        "(run / 'metrics.json').write_text(json.dumps({'mAP': 0.625, 'loss': 1.5}))\n")
+    code, output = _evaluate(tmp_path, "--eval-entrypoint", str(script), "--metric", "mAP")
+    assert code == 0, output
+    assert (tmp_path / "out-metric").read_text() == "0.625"
+    code, output = _evaluate(tmp_path, "--eval-entrypoint", str(script), "--metric", "iou")
+    assert code == 2
+    assert "metric 'iou' is not in" in output and "(it has: loss, mAP)" in output
+
+
+def test_evaluate_refuses_an_own_evaluation_that_writes_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "silent.py"
+    script.write_text("print('evaluated, but forgot to write')\n")
+    code, output = _evaluate(tmp_path, "--eval-entrypoint", str(script))
+    assert code == 2
+    assert f"did not write {tmp_path / 'metrics.json'}" in output
