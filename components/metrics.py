@@ -159,6 +159,8 @@ class WorkerMetrics:
         self.registry.register(_LabelledProcessCollector(self.labels))
         if gpu_index is not None:
             self.registry.register(_GpuCollector(self.labels, gpu_index))
+        self._step_ratio: Any = None  # created by observe_step_ratio
+        self._straggler: Any = None
         self.address: str | None = None
         self._server: Any = None
         self._last_observe = time.perf_counter()
@@ -193,6 +195,30 @@ class WorkerMetrics:
                       [*names, "phase"], registry=self.registry)
         for name, seconds in phases.items():
             phase.labels(**self.labels, phase=name).set(seconds)
+
+    def observe_step_ratio(self, ratio: float, straggler: bool) -> None:
+        """This rank's own work per step against the median rank's, and whether that makes it
+        a straggler (see :mod:`sublimate.components.stragglers`), once per epoch.
+
+        Each rank publishes its own figures, on its own endpoint: the series then carry the
+        rank's and node's labels like every other metric, and they stop changing when that
+        rank stops, instead of rank 0 speaking for peers it may have lost touch with. Every
+        rank can: the epoch's collective hands every rank all ranks' timings. The gauges are
+        created by the first call, so a process that never judges (async's ps, metrics from
+        an older loop) does not expose a misleading 0.
+        """
+        if self._step_ratio is None:
+            from prometheus_client import Gauge
+
+            names = list(self.labels)
+            self._step_ratio = Gauge(
+                STEP_RATIO_GAUGE, "this rank's own work (data + compute) per step / the median "
+                "rank's, last epoch", names, registry=self.registry).labels(**self.labels)
+            self._straggler = Gauge(
+                STRAGGLER_GAUGE, "1 when this rank was flagged as a straggler in the last "
+                "epoch", names, registry=self.registry).labels(**self.labels)
+        self._step_ratio.set(ratio)
+        self._straggler.set(1.0 if straggler else 0.0)
 
     def serve(self, addr: str | None = None, port: int | None = None,
               local_rank: int = 0) -> str:
@@ -426,6 +452,9 @@ def iter_jsonl(path: Path) -> Iterable[dict[str, Any]]:
 # --- start-up: from the train step's start to a process's first optimizer step -------------------
 
 STARTUP_GAUGE = "sublimate_launch_to_first_step_seconds"
+# Straggler detection's per-rank figures (observe_step_ratio).
+STEP_RATIO_GAUGE = "sublimate_step_time_ratio_to_median"
+STRAGGLER_GAUGE = "sublimate_straggler"
 
 
 def process_start_time() -> float:

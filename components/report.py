@@ -106,11 +106,71 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if summary.get("algorithm") == "async":
         report["async"] = {key: summary.get(key) for key in (
             "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
+    stragglers = straggler_summary(main)
+    if stragglers is not None:
+        report["stragglers"] = stragglers
     endpoints = read_json(run_dir / run_files.ENDPOINTS)
     if endpoints:
         report["metrics_endpoints"] = {key: value.get("address")
                                        for key, value in endpoints.get("endpoints", {}).items()}
     return report
+
+
+def straggler_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's stragglers, from the ``stragglers`` lists of the main epoch log's records.
+
+    Rank 0 writes, in each epoch's record, the ranks it flagged that epoch
+    (:meth:`sublimate.components.stragglers.Finding.records`; an empty list: checked, none).
+    Per flagged rank: its node, the epochs it was flagged in, its mean and largest ratio of own
+    work per step to the median rank's, its excess per step, and the phase its time went to
+    most often (with that phase's mean ratio to the median). None for runs that did not check
+    (recorded before straggler detection, or a paradigm that does not judge).
+    """
+    checked = [record for record in records if isinstance(record.get("stragglers"), list)]
+    if not checked:
+        return None
+    flagged: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for record in checked:
+        for entry in record["stragglers"]:
+            flagged.setdefault(int(entry["rank"]), []).append((record["epoch"], entry))
+    ranks = []
+    for rank, seen in flagged.items():
+        entries = [entry for _, entry in seen]
+        causes = [entry.get("cause", "?") for entry in entries]
+        cause = max(dict.fromkeys(causes), key=causes.count)  # most often; the first on a tie
+        cause_ratios = [entry["cause_ratio"] for entry in entries
+                        if entry.get("cause") == cause and entry.get("cause_ratio") is not None]
+        ranks.append({
+            "rank": rank, "node": entries[-1].get("node", "?"),
+            "epochs": [epoch for epoch, _ in seen],
+            "ratio_mean": round(sum(e["ratio"] for e in entries) / len(entries), 3),
+            "ratio_max": round(max(e["ratio"] for e in entries), 3),
+            "excess_seconds_per_step": round(
+                sum(e.get("excess_seconds_per_step", 0.0) for e in entries) / len(entries), 6),
+            "cause": cause,
+            "cause_ratio": round(sum(cause_ratios) / len(cause_ratios), 3)
+            if cause_ratios else None})
+    # the rank flagged most often first: the one to look at
+    ranks.sort(key=lambda entry: (-len(entry["epochs"]), -entry["ratio_mean"], entry["rank"]))
+    return {"epochs_checked": len(checked), "ranks": ranks}
+
+
+def _straggler_lines(stragglers: dict[str, Any]) -> list[str]:
+    """``straggler rank 3 (node1): 2.5x median work in 3/3 epochs (max 2.6x), compute 2.5x
+    median, +1.50 ms/step``; or that none was found."""
+    checked = stragglers.get("epochs_checked", 0)
+    if not stragglers.get("ranks"):
+        return [f"  stragglers: none in {checked} epoch{'s' if checked != 1 else ''}"]
+    lines = []
+    for entry in stragglers["ranks"]:
+        cause = entry["cause"] + (f" {entry['cause_ratio']:.1f}x median"
+                                  if entry.get("cause_ratio") is not None else "")
+        lines.append(
+            f"  straggler rank {entry['rank']} ({entry['node']}): {entry['ratio_mean']:.1f}x "
+            f"median work in {len(entry['epochs'])}/{checked} epochs "
+            f"(max {entry['ratio_max']:.1f}x), {cause}, "
+            f"+{entry['excess_seconds_per_step'] * 1000:.2f} ms/step")
+    return lines
 
 
 def _duration(seconds: float) -> str:
@@ -145,6 +205,8 @@ def format_summary(report: dict[str, Any]) -> str:
     for label, split in report.get("time_split", {}).items():
         lines.append(f"  {label:<10} compute {split['compute'] * 100:3.0f}%  "
                      f"comm {split['comm'] * 100:3.0f}%  data {split['data'] * 100:3.0f}%")
+    if report.get("stragglers"):
+        lines += _straggler_lines(report["stragglers"])
     if report.get("async"):
         lines.append(f"  staleness mean {report['async']['staleness_mean']}, "
                      f"max {report['async']['staleness_max']}")

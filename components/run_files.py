@@ -8,6 +8,7 @@ step and the report, and read by all of them, ``sublimate report`` and the noteb
     metrics.json                   EVALUATION         test loss and accuracy (evaluate)
     metrics/<label>.jsonl          EPOCH_LOGS         one record per epoch from every process
     metrics-endpoints.json         ENDPOINTS          the workers' Prometheus addresses
+    progress/rank-R.json           PROGRESS           each process's heartbeat (the watchdog)
     tensorboard/<label>/           TENSORBOARD        event files
     checkpoints/step-N/rank-R.pt   CHECKPOINTS        per-rank state; latest.json commits a step
     checkpoints/parameter-server.pt  SERVER_CHECKPOINT  the async server's state
@@ -24,6 +25,7 @@ SUMMARY = "train-summary.json"
 EVALUATION = "metrics.json"
 EPOCH_LOGS = "metrics"
 ENDPOINTS = "metrics-endpoints.json"
+PROGRESS = "progress"  # rank-<r>.json per process: the step it reached, and when (watchdog)
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"

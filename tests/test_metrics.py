@@ -157,3 +157,28 @@ def test_an_async_run_reports_every_process(tmp_path: Path) -> None:
     assert report["algorithm"] == "async" and report["async"]["updates_applied"] == 132
     assert sorted(report["time_split"]) == ["trainer-0", "trainer-1"]
     assert [point["epoch"] for point in report["epochs_log"]] == [1, 2, 3]
+
+
+def test_each_rank_publishes_its_ratio_to_the_median_and_whether_it_straggles() -> None:
+    from sublimate.components.stragglers import RankTiming, find_stragglers
+
+    finding = find_stragglers([RankTiming(rank, f"node{rank}", 1, 3.0, 0.0, compute, 0.0)
+                               for rank, compute in enumerate((1.0, 1.0, 1.0, 2.5))])
+    ranks = [monitoring.WorkerMetrics("run-s", str(rank), f"node{rank}") for rank in (0, 3)]
+    try:
+        urls = [f"http://{m.serve('127.0.0.1', port=0)}/metrics" for m in ranks]
+        before = monitoring.scrape(urls[1])
+        assert not any(key.startswith(monitoring.STEP_RATIO_GAUGE) for key in before)
+        for metrics in ranks:  # every rank judges the same gathered figures, publishes its own
+            rank = int(metrics.labels["rank"])
+            metrics.observe_step_ratio(finding.ratio_of(rank), finding.is_straggler(rank))
+        slow, typical = monitoring.scrape(urls[1]), monitoring.scrape(urls[0])
+        assert slow[f"{monitoring.STEP_RATIO_GAUGE}{{rank=3}}"] == 2.5
+        assert slow[f"{monitoring.STRAGGLER_GAUGE}{{rank=3}}"] == 1.0
+        assert typical[f"{monitoring.STEP_RATIO_GAUGE}{{rank=0}}"] == 1.0
+        assert typical[f"{monitoring.STRAGGLER_GAUGE}{{rank=0}}"] == 0.0
+        ranks[1].observe_step_ratio(1.1, False)  # the next epoch: caught up
+        assert monitoring.scrape(urls[1])[f"{monitoring.STRAGGLER_GAUGE}{{rank=3}}"] == 0.0
+    finally:
+        for metrics in ranks:
+            metrics.close()

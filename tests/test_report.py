@@ -316,3 +316,47 @@ def test_evaluate_times_the_evaluation_not_the_loading(
     assert metrics["seconds"] == 2.0 and metrics["examples_per_second"] == 20.0
     assert metrics["total_seconds"] == 102.0
     assert float(accuracy_path.read_text()) == metrics["accuracy"]
+
+
+def _with_stragglers(run_dir: Path, flagged: dict[int, list[dict[str, object]]]) -> Path:
+    """Rank 0's epoch records as a straggler-checking loop writes them: epoch -> flagged."""
+    log = run_dir / "metrics" / "rank-0.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()[:-1]]
+    for record in records:
+        record["stragglers"] = flagged.get(record["epoch"], [])
+    log.write_text("\n".join(json.dumps(record) for record in records) + "\n")
+    return run_dir
+
+
+def test_the_report_names_stragglers_and_where_their_time_goes(tmp_path: Path) -> None:
+    from sublimate.components.report import format_summary
+    from sublimate.components.stragglers import RankTiming, find_stragglers
+
+    def flagged(compute: float, data: float = 0.0) -> list[dict[str, object]]:
+        ranks = [RankTiming(r, f"node{r // 2}", 10, 1.0, 0.0, 0.1, 0.9) for r in range(3)]
+        ranks.append(RankTiming(3, "node1", 10, 1.0, data, compute, 0.0))
+        return find_stragglers(ranks).records()
+
+    run_dir = _with_stragglers(fake_run(tmp_path / "slow", epochs=3),
+                               {2: flagged(0.25), 3: flagged(0.3)})
+    report = write_report(run_dir, plots=False)
+    stragglers = json.loads((run_dir / "report" / "report.json").read_text())["stragglers"]
+    assert stragglers == report["stragglers"]
+    assert stragglers["epochs_checked"] == 3
+    [rank] = stragglers["ranks"]
+    assert {key: rank[key] for key in ("rank", "node", "epochs", "cause")} == \
+        {"rank": 3, "node": "node1", "epochs": [2, 3], "cause": "compute"}
+    assert (rank["ratio_mean"], rank["ratio_max"], rank["cause_ratio"]) == (2.75, 3.0, 2.75)
+    assert rank["excess_seconds_per_step"] == pytest.approx(0.0175)
+    assert ("  straggler rank 3 (node1): 2.8x median work in 2/3 epochs (max 3.0x), "
+            "compute 2.8x median, +17.50 ms/step") in format_summary(report).splitlines()
+
+
+def test_a_run_that_checked_and_found_no_straggler_says_so(tmp_path: Path) -> None:
+    from sublimate.components.report import format_summary
+
+    report = build_report(_with_stragglers(fake_run(tmp_path / "even"), {}))
+    assert report["stragglers"] == {"epochs_checked": 3, "ranks": []}
+    assert "  stragglers: none in 3 epochs" in format_summary(report).splitlines()
+    older = build_report(fake_run(tmp_path / "older"))  # recorded before straggler detection
+    assert "stragglers" not in older and "straggler" not in format_summary(older)
