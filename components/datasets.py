@@ -9,8 +9,11 @@ A dataset on the shared volume is one folder::
       test-00000-of-00001.npz
 
 ``metadata.json`` holds the format version, feature shape, class count, and for every split its
-example count and shards with their byte sizes and SHA-256 digests, so any step can verify what it
-reads. Folders are built under a temporary name and renamed into place, so a reader never sees a
+example count and shards with their byte sizes, SHA-256 digests and example counts (older folders
+lack the per-shard counts: :func:`shard_examples` then reads them from the shard headers), so any
+step can verify what it reads. ``sublimate.components.streaming`` reads the shards without
+loading a split into memory.
+Folders are built under a temporary name and renamed into place, so a reader never sees a
 half-written dataset.
 """
 
@@ -21,7 +24,10 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -66,31 +72,74 @@ def write_dataset(
     An existing complete folder at ``target`` is left untouched (and returned): staging is
     idempotent and never rewrites data that a running job may be reading.
     """
+    def shards_of(split: Split) -> Iterator[Split]:
+        count = len(split.y)
+        for start in range(0, max(count, 1), shard_size):
+            yield Split(split.x[start:start + shard_size], split.y[start:start + shard_size])
+
+    first = next(iter(splits.values()))
+    return write_shards(target, {split_name: shards_of(split)
+                                 for split_name, split in splits.items()},
+                        name=name, num_classes=num_classes,
+                        feature_shape=tuple(first.x.shape[1:]), extra=extra)
+
+
+def write_shards(
+    target: Path,
+    splits: dict[str, Iterable[Split]],
+    *,
+    name: str,
+    num_classes: int,
+    feature_shape: tuple[int, ...],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a dataset folder from splits given shard by shard, atomically.
+
+    Each split is an iterable of shards (``Split`` of one shard's rows), consumed one at a time,
+    so a generator can produce a split far larger than memory. The shard count in the file names
+    (``-of-NNNNN``) is only known at the end, so shards are renamed once their split is done.
+    Each shard's example count is recorded in the metadata (``examples``) so that a streaming
+    reader can plan an epoch without opening the shards. An existing complete folder at
+    ``target`` is left untouched (and returned).
+    """
     if (target / METADATA_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         split_meta: dict[str, Any] = {}
-        for split_name, split in splits.items():
-            count = len(split.y)
-            num_shards = max(1, -(-count // shard_size))
+        for split_name, shard_iter in splits.items():
+            written: list[tuple[Path, int]] = []
+            for index, shard in enumerate(shard_iter):
+                if tuple(shard.x.shape[1:]) != tuple(feature_shape) or len(shard.x) != len(shard.y):
+                    raise ValueError(f"split '{split_name}' shard {index}: x {shard.x.shape}, "
+                                     f"y {shard.y.shape} do not match feature_shape "
+                                     f"{tuple(feature_shape)}")
+                path = staging / f".{split_name}-{index:05d}.npz"
+                with open(path, "wb") as handle:
+                    # Uncompressed on purpose: the streaming reader memory-maps stored members.
+                    np.savez(handle, x=np.ascontiguousarray(shard.x, dtype=np.float32),
+                             y=np.ascontiguousarray(shard.y, dtype=np.int64))
+                written.append((path, len(shard.y)))
+            if not written:  # an empty split is still one (empty) shard, as before
+                path = staging / f".{split_name}-00000.npz"
+                with open(path, "wb") as handle:
+                    np.savez(handle, x=np.zeros((0, *feature_shape), np.float32),
+                             y=np.zeros(0, np.int64))
+                written.append((path, 0))
             shards = []
-            for index in range(num_shards):
-                rows = slice(index * shard_size, (index + 1) * shard_size)
-                shard_name = f"{split_name}-{index:05d}-of-{num_shards:05d}.npz"
+            for index, (path, count) in enumerate(written):
+                shard_name = f"{split_name}-{index:05d}-of-{len(written):05d}.npz"
+                path.rename(staging / shard_name)
                 shard_path = staging / shard_name
-                with open(shard_path, "wb") as handle:
-                    np.savez(handle, x=split.x[rows].astype(np.float32),
-                             y=split.y[rows].astype(np.int64))
                 shards.append({"file": shard_name, "bytes": shard_path.stat().st_size,
-                               "sha256": sha256_of(shard_path)})
-            split_meta[split_name] = {"examples": count, "shards": shards}
-        first = next(iter(splits.values()))
+                               "sha256": sha256_of(shard_path), "examples": count})
+            split_meta[split_name] = {"examples": sum(count for _, count in written),
+                                      "shards": shards}
         metadata = {
             "format_version": FORMAT_VERSION,
             "name": name,
-            "feature_shape": list(first.x.shape[1:]),
+            "feature_shape": list(feature_shape),
             "num_classes": num_classes,
             "splits": split_meta,
             **(extra or {}),
@@ -155,6 +204,109 @@ def read_split(folder: Path, split_name: str) -> Split:
             xs.append(arrays["x"])
             ys.append(arrays["y"])
     return Split(np.concatenate(xs), np.concatenate(ys))
+
+
+@dataclass(frozen=True)
+class ArrayMember:
+    """Where one array of an ``.npz`` shard lies, from its headers only (no data read)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    # Byte offset of the array's data in the .npz file when the member is stored uncompressed
+    # (np.savez), so it can be memory-mapped; None when compressed (np.savez_compressed).
+    offset: int | None
+
+
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip local file header, 30 bytes
+
+
+def npz_member(path: Path, name: str) -> ArrayMember:
+    """Shape, dtype and data offset of array ``name`` in the ``.npz`` file ``path``.
+
+    Reads the zip directory, the member's local header and its ``.npy`` header: a few hundred
+    bytes whatever the shard's size.
+    """
+    with open(path, "rb") as raw, zipfile.ZipFile(raw) as archive:
+        info = archive.getinfo(f"{name}.npy")
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(member)
+            else:
+                shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(member)
+            npy_header = member.tell()
+        offset = None
+        if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
+            # The central directory's extra field may differ from the local one (zip64), so the
+            # data offset comes from the local header itself.
+            raw.seek(info.header_offset)
+            fields = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
+            if fields[0] != b"PK\x03\x04":
+                raise DatasetError(f"{path}: member {name}.npy has a corrupt local header")
+            name_length, extra_length = fields[-2], fields[-1]
+            offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length \
+                + npy_header
+    return ArrayMember(tuple(shape), np.dtype(dtype), bool(fortran_order), offset)
+
+
+def shard_examples(folder: Path, metadata: dict[str, Any], split_name: str) -> list[int]:
+    """Example count of every shard of a split, in metadata order.
+
+    From the metadata's per-shard ``examples`` when present (folders written since they were
+    recorded); otherwise from each shard's ``y`` header, which reads a few hundred bytes per
+    shard and no data.
+    """
+    if split_name not in metadata["splits"]:
+        known = ", ".join(sorted(metadata["splits"]))
+        raise DatasetError(f"{folder}: no split '{split_name}' (has: {known})")
+    counts = []
+    for shard in metadata["splits"][split_name]["shards"]:
+        count = shard.get("examples")
+        if count is None:
+            count = npz_member(folder / shard["file"], "y").shape[0]
+        counts.append(int(count))
+    return counts
+
+
+def synthetic_shards(count: int, *, feature_shape: tuple[int, ...], num_classes: int,
+                     shard_size: int, seed: int, stream: int = 0,
+                     noise: float = 1.0) -> Iterator[Split]:
+    """``count`` examples of a learnable synthetic task, one shard at a time.
+
+    Gaussian clusters: class ``c``'s examples are a fixed random centre plus unit noise scaled by
+    ``noise``. Each shard is drawn from its own seed (``seed``, ``stream``, shard index), so a
+    shard is generated (and regenerated) without the ones before it, and only one shard is ever
+    in memory. Use different ``stream`` values for the splits of one dataset: same centres,
+    independent examples.
+    """
+    width = int(np.prod(feature_shape))
+    centres = np.random.default_rng([seed, 0xC3]).normal(size=(num_classes, width)) \
+        .astype(np.float32)
+    for index, start in enumerate(range(0, count, shard_size)):
+        rows = min(shard_size, count - start)
+        rng = np.random.default_rng([seed, stream, index])
+        y = rng.integers(num_classes, size=rows, dtype=np.int64)
+        x = rng.standard_normal((rows, width), dtype=np.float32)
+        x *= noise
+        x += centres[y]
+        yield Split(x.reshape(rows, *feature_shape), y)
+
+
+def write_synthetic_dataset(target: Path, *, train_examples: int, test_examples: int,
+                            feature_shape: tuple[int, ...] = (64,), num_classes: int = 10,
+                            shard_size: int = 4096, seed: int = 0, noise: float = 1.0,
+                            name: str = "synthetic") -> Path:
+    """Write a synthetic dataset in the layout, shard by shard: memory is one shard whatever the
+    size, so benchmarks and tests can make splits larger than memory."""
+    def split(count: int, stream: int) -> Iterator[Split]:
+        return synthetic_shards(count, feature_shape=feature_shape, num_classes=num_classes,
+                                shard_size=shard_size, seed=seed, stream=stream, noise=noise)
+
+    return write_shards(target, {"train": split(train_examples, 1),
+                                 "test": split(test_examples, 2)},
+                        name=name, num_classes=num_classes, feature_shape=tuple(feature_shape),
+                        extra={"source": f"synthetic (seed {seed}, noise {noise})"})
 
 
 def digits_splits(test_fraction: float = 0.2, seed: int = 0) -> dict[str, Split]:

@@ -212,6 +212,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("collective-timeout", 300, "Seconds a collective may wait for a peer before the "
             "job fails (and restarts, with max-restarts) instead of torch's 30 minutes.",
             kind="number", minimum=1, paradigms=_COLLECTIVE),
+    Setting("data-loading", "auto", "memory: every worker holds the training split; stream: "
+            "each rank streams its own shards from the volume through a shuffle buffer (data "
+            "larger than memory); auto: stream above 1 GiB.",
+            choices=("auto", "memory", "stream"), paradigms=_COLLECTIVE),
+    Setting("shuffle-buffer", 16384, "stream: examples in one shuffle window per rank.",
+            kind="integer", minimum=1, paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("loader-workers", 1, "stream: DataLoader worker processes per rank reading ahead.",
+            kind="integer", minimum=0, maximum=64, paradigms=_COLLECTIVE, in_pipeline=False),
     Setting("stall-seconds", 300, "Seconds without a step from any rank before the launcher's "
             "watchdog stops the job, names the ranks and nodes that stopped, and relaunches it "
             "from the last checkpoint (max-restarts times); 0: no watchdog.", kind="number",

@@ -21,8 +21,8 @@ trip to the parameter server) is their own, and a slow link is a reason to be sl
 
 A rank is a straggler when both hold:
 
-* ``work(r) >= THRESHOLD x median(work)`` (1.2: a fifth slower than the typical rank), and
-* ``work(r) - median(work) >= MIN_EXCESS_SECONDS`` per step (1 ms): on a small CPU model a step's
+* ``work(r) >= THRESHOLD x median(work)`` (1.5: half again the typical rank's work), and
+* ``work(r) - median(work) >= MIN_EXCESS_SECONDS`` per step (2 ms): on a small CPU model a step's
   work is well under a millisecond, and scheduler noise alone makes one rank 1.5x another; a
   millisecond per step is more than that noise on local runs and nothing on real models.
 
@@ -46,8 +46,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-THRESHOLD = 1.2  # own work per step, as a multiple of the median rank's
-MIN_EXCESS_SECONDS = 0.001  # and at least this much more per step than the median rank
+THRESHOLD = 1.5  # own work per step, as a multiple of the median rank's
+MIN_EXCESS_SECONDS = 0.002  # and at least this much more per step than the median rank
 PHASES = ("data", "compute", "comm")
 
 

@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -127,6 +128,27 @@ def _kill_self(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class StreamingEvaluation:
+    """The test split streamed in batches at every evaluation: memory is a few batches."""
+
+    def __init__(self, data_dir: Path, device: torch.device, batch_size: int = 8192) -> None:
+        self.data_dir, self.device, self.batch_size = data_dir, device, batch_size
+
+    def accuracy(self, model: nn.Module) -> float:
+        from sublimate.components.streaming import evaluation_batches
+
+        training = model.training
+        model.eval()
+        correct, total = 0, 0
+        with torch.inference_mode():
+            for x, y in evaluation_batches(self.data_dir, "test", self.batch_size):
+                logits = model(x.reshape(len(y), -1).to(self.device))
+                correct += int((logits.argmax(1) == y.to(self.device)).sum())
+                total += len(y)
+        model.train(training)
+        return correct / max(total, 1)
+
+
 class Evaluation:
     """The test split, read once and kept on the device, for an accuracy after every epoch.
 
@@ -187,8 +209,10 @@ class TrainingData:
     """The training split on the device, rank 0's test split, and how batches cut them."""
 
     metadata: dict[str, Any]
-    features: torch.Tensor
-    labels: torch.Tensor
+    features: torch.Tensor | None  # the split in memory (data-loading memory), else None
+    labels: torch.Tensor | None
+    reader: Any  # streaming.ShardReader when the split streams from the volume, else None
+    num_features: int
     test_set: Evaluation | None  # only rank 0 evaluates
     micro_batch: int  # rows in one forward and backward pass
     local_batch: int  # this worker's rows in one step: micro_batch x accumulation steps
@@ -200,18 +224,42 @@ def load_data(args: argparse.Namespace, group: ProcessGroup, startup: monitoring
               ) -> TrainingData:
     """Read the staged dataset onto the device (start-up phase ``data``)."""
     micro_batch = args.global_batch_size // (group.world * args.accumulation_steps)
+    local_batch = micro_batch * args.accumulation_steps
     metadata = read_metadata(args.data_dir)
-    data = read_split(args.data_dir, "train")
-    features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(group.device)
-    labels = torch.from_numpy(data.y).to(group.device)
-    # Only rank 0 evaluates; it reads the test split once, here, not after every epoch.
-    test_set = Evaluation.read(args.data_dir, group.device) \
+    num_features = math.prod(int(size) for size in metadata["feature_shape"])
+    features = labels = reader = None
+    if streams(args.data_loading, metadata):
+        from sublimate.components.streaming import ShardReader
+
+        # Each rank reads its own share of the shards, one shuffle window at a time.
+        reader = ShardReader(args.data_dir, "train", local_batch=local_batch, rank=group.rank,
+                             world=group.world, seed=args.seed, buffer_size=args.shuffle_buffer)
+        steps_per_epoch = reader.steps
+    else:
+        data = read_split(args.data_dir, "train")
+        features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(group.device)
+        labels = torch.from_numpy(data.y).to(group.device)
+        steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
+    # Only rank 0 evaluates; it reads the test split once, here, not after every epoch (or
+    # streams it, when the training split streams).
+    test_set = (StreamingEvaluation(args.data_dir, group.device) if reader is not None
+                else Evaluation.read(args.data_dir, group.device)) \
         if args.eval_every_epoch and group.rank == 0 else None
-    steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
     startup.mark("data")
-    return TrainingData(metadata, features, labels, test_set, micro_batch,
-                        micro_batch * args.accumulation_steps, steps_per_epoch,
-                        steps_per_epoch * args.epochs)
+    return TrainingData(metadata, features, labels, reader, num_features, test_set,
+                        micro_batch, local_batch, steps_per_epoch, steps_per_epoch * args.epochs)
+
+
+# A training split larger than this streams from the volume under data-loading=auto.
+STREAM_ABOVE_BYTES = 1 << 30
+
+
+def streams(data_loading: str, metadata: dict[str, Any]) -> bool:
+    """Whether the training split streams (data-loading stream, or auto and a large split)."""
+    if data_loading != "auto":
+        return data_loading == "stream"
+    shards = metadata["splits"]["train"]["shards"]
+    return sum(int(shard.get("bytes", 0)) for shard in shards) > STREAM_ABOVE_BYTES
 
 
 @dataclass(slots=True)
@@ -229,7 +277,7 @@ class Learner:
 def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingData) -> Learner:
     """The seeded model, its optimizer and the paradigm, as at step 0 (not restored yet)."""
     torch.manual_seed(args.seed)
-    architecture, config = model_spec(args.model, data.features.shape[1],
+    architecture, config = model_spec(args.model, data.num_features,
                                       data.metadata["num_classes"], args.hidden)
     model = build_model(architecture, config).to(group.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
@@ -301,9 +349,17 @@ class Run:
         step, pending_startup = self.step, self.pending_startup
         perf_counter = time.perf_counter
         epoch, position = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
-            args.seed * 100_003 + epoch)).to(self.group.device)
-        epoch_loss = torch.zeros((), device=self.group.device)
+        device = self.group.device
+        streamed = data.reader is not None
+        if streamed:  # batches from the volume; DataLoader workers read ahead
+            stream = iter(data.reader.batches(
+                epoch, position, num_workers=args.loader_workers,
+                prefetch_factor=2 if args.loader_workers else None,
+                pin_memory=device.type == "cuda"))
+        else:
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
+                args.seed * 100_003 + epoch)).to(device)
+        epoch_loss = torch.zeros((), device=device)
         epoch_started = perf_counter()
         for batch_index in range(position, steps_per_epoch):
             started = perf_counter()
@@ -312,11 +368,18 @@ class Run:
                 lr = step_lr
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
-            start = batch_index * global_batch + rank * local_batch
+            if streamed:
+                x, y = next(stream)
+                x = x.reshape(len(y), -1).to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+            else:
+                start = batch_index * global_batch + rank * local_batch
+                rows = order[start:start + local_batch]
+                x, y = features[rows], labels[rows]
             if accumulate:
-                batches = [(features[rows], labels[rows]) for rows in (
-                    order[start + micro * micro_batch:start + (micro + 1) * micro_batch]
-                    for micro in range(accumulation_steps))]
+                batches = [(x[micro * micro_batch:(micro + 1) * micro_batch],
+                            y[micro * micro_batch:(micro + 1) * micro_batch])
+                           for micro in range(accumulation_steps)]
                 loaded = perf_counter()
                 for micro, (x, y) in enumerate(batches):
                     last = micro == accumulation_steps - 1
@@ -325,8 +388,6 @@ class Run:
                         (loss / accumulation_steps).backward()
                     epoch_loss += loss.detach() / accumulation_steps
             else:  # the common case stays as lean as a hand-written loop
-                rows = order[start:start + local_batch]
-                x, y = features[rows], labels[rows]
                 loaded = perf_counter()
                 loss = loss_fn(training_model(x), y)
                 loss.backward()

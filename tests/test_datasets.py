@@ -9,8 +9,12 @@ from sublimate.components.datasets import (
     DatasetError,
     build_builtin,
     digits_splits,
+    npz_member,
+    read_metadata,
     read_split,
+    shard_examples,
     verify_dataset,
+    write_synthetic_dataset,
 )
 
 
@@ -55,3 +59,47 @@ def test_incomplete_folder_and_unknown_builtin(tmp_path: Path) -> None:
         verify_dataset(tmp_path / "half")
     with pytest.raises(DatasetError, match="unknown built-in dataset 'mnist'"):
         build_builtin("mnist", tmp_path / "mnist")
+
+
+def test_shards_record_their_example_counts_and_old_metadata_reads_them(tmp_path: Path) -> None:
+    folder = build_builtin("digits", tmp_path / "digits")
+    metadata = verify_dataset(folder)
+    counts = [shard["examples"] for shard in metadata["splits"]["train"]["shards"]]
+    assert counts == [1024, 414] and shard_examples(folder, metadata, "train") == counts
+    for shard in metadata["splits"]["train"]["shards"]:
+        del shard["examples"]  # metadata written before the counts were recorded
+    assert shard_examples(folder, metadata, "train") == counts  # read from the shard headers
+
+
+def test_npz_member_finds_the_data_offset_of_stored_arrays(tmp_path: Path) -> None:
+    folder = write_synthetic_dataset(tmp_path / "s", train_examples=700, test_examples=10,
+                                     feature_shape=(1, 4, 4), shard_size=300)
+    for shard in read_metadata(folder)["splits"]["train"]["shards"]:
+        path = folder / shard["file"]
+        with np.load(path) as arrays:
+            for name in ("x", "y"):
+                member = npz_member(path, name)
+                assert member.offset is not None and member.shape == arrays[name].shape
+                mapped = np.memmap(path, dtype=member.dtype, mode="r", offset=member.offset,
+                                   shape=member.shape)
+                np.testing.assert_array_equal(mapped, arrays[name])
+    np.savez_compressed(tmp_path / "c.npz", x=np.ones((3, 2), np.float32))
+    assert npz_member(tmp_path / "c.npz", "x").offset is None  # compressed: cannot be mapped
+
+
+def test_synthetic_dataset_is_written_shard_by_shard_and_reproducible(tmp_path: Path) -> None:
+    first = write_synthetic_dataset(tmp_path / "a", train_examples=1000, test_examples=100,
+                                    feature_shape=(8,), shard_size=256, seed=4)
+    second = write_synthetic_dataset(tmp_path / "b", train_examples=1000, test_examples=100,
+                                     feature_shape=(8,), shard_size=256, seed=4)
+    metadata = verify_dataset(first)
+    assert metadata["feature_shape"] == [8] and metadata["num_classes"] == 10
+    assert [s["examples"] for s in metadata["splits"]["train"]["shards"]] == [256] * 3 + [232]
+    assert [s["sha256"] for s in metadata["splits"]["train"]["shards"]] == \
+        [s["sha256"] for s in read_metadata(second)["splits"]["train"]["shards"]]
+    train, test = read_split(first, "train"), read_split(first, "test")
+    assert not np.array_equal(train.x[:100], test.x)  # the splits are independent draws
+    # Learnable: the nearest class centre (estimated on train) labels test well.
+    centres = np.stack([train.x[train.y == c].mean(0) for c in range(10)])
+    nearest = ((test.x[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
+    assert (nearest == test.y).mean() > 0.6  # chance is 0.1

@@ -135,10 +135,9 @@ def test_joining_the_process_group_imports_nothing() -> None:
     # that is safe only while the main thread imports nothing meanwhile (module-lock order).
     program = (
         "import sys\n"
-        "from sublimate.components import worker\n"
+        "from sublimate.components import training, worker\n"
         "before = set(sys.modules)\n"
-        "worker._wait_for_store()\n"
-        "worker.dist.init_process_group('gloo')\n"
+        "training.join('gloo', timeout_seconds=300)\n"
         "print(sorted(set(sys.modules) - before))\n"
         "worker.dist.destroy_process_group()\n")
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"}

@@ -1,0 +1,295 @@
+"""Faults on a running ``local_netns`` job (kill, cut, slow) and ``sublimate fault``.
+
+The jobs are real (namespaces, links, cgroups): like tests/test_netns_scheduler.py, these need
+root; outside CI a missing prerequisite skips them, in CI it fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sublimate.components import faults
+from sublimate.pipelines.cli import main
+from sublimate.pipelines.cli.fault import duration
+from tests.test_netns_scheduler import (
+    REPO,
+    app_of,
+    assert_no_leaks,
+    cluster_file,
+    log_of,
+    netns,
+    python_role,
+    runner,
+    snapshot,
+    wait_for,
+)
+
+__all__ = ["netns"]  # the fixture, imported for the tests below
+
+
+def test_kill_a_node_fails_its_replica(netns: None, tmp_path: Path) -> None:
+    code = """
+    import os, time
+    time.sleep(2 if os.environ["SUBLIMATE_NODE_ADDR"].endswith(".1") else 60)
+    """
+    before = snapshot()
+    with runner() as r:
+        handle = r.run(app_of(python_role(code, 2)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        cluster = faults.load_running(tmp_path)  # found from the run folder (log_dir = it)
+        faults.kill_node(cluster, 1)
+        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 5,
+                 "the killed node's replica to fail")
+        assert r.status(handle).roles[0].replicas[0].state.name == "RUNNING"
+        assert [n.state for n in faults.list_nodes(faults.Cluster.load(cluster.path))] == [
+            "running", "killed"]
+        status = r.wait(handle, wait_interval=0.05)
+    assert status.state.name == "FAILED"
+    success = json.loads((cluster.path.parent / "SUCCESS").read_text())
+    assert [replica["exitcode"] != 0 for replica in success["roles"]["node"]] == [False, True]
+    assert [n.state for n in faults.list_nodes(faults.Cluster.load(cluster.path))] == [
+        "ended", "killed"]
+    assert_no_leaks(before)
+
+
+# Node 1 streams 1 KB every 20 ms to node 0 for 4 s; node 0 reports the longest silence.
+STREAM = """
+import os, socket, time
+rank0, me = os.environ["TORCHX_RANK0_HOST"], os.environ["SUBLIMATE_NODE_ADDR"]
+COUNT, SIZE = 200, 1024
+if me == rank0:
+    conn, _ = socket.create_server((me, 7002)).accept()
+    print("CONNECTED", flush=True)
+    received, last, longest = 0, time.monotonic(), 0.0
+    while chunk := conn.recv(1 << 16):
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+        received += len(chunk)
+    print(f"STREAM {received} bytes, longest silence {longest:.2f} s", flush=True)
+else:
+    for _ in range(200):
+        try:
+            conn = socket.create_connection((rank0, 7002))
+            break
+        except OSError:
+            time.sleep(0.02)
+    for _ in range(COUNT):
+        conn.sendall(b"x" * SIZE)
+        time.sleep(0.02)
+    conn.close()
+"""
+
+
+def test_cut_stalls_a_stream_which_then_resumes(netns: None, tmp_path: Path) -> None:
+    before = snapshot()
+    with runner() as r:
+        handle = r.run(app_of(python_role(STREAM, 2)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        wait_for(lambda: "CONNECTED" in log_of(tmp_path, handle, "node", 0), 10, "the stream")
+        time.sleep(0.3)
+        cluster = faults.load_running(tmp_path)
+        ticks: list[float] = []
+        started = time.monotonic()
+        faults.cut_link(cluster, 1, 2.0, progress=ticks.append)  # blocks for the cut
+        blocked = time.monotonic() - started
+        assert faults.Cluster.load(cluster.path).nodes[1].faults == {"cut": False}
+        status = r.wait(handle, wait_interval=0.05)
+    log = log_of(tmp_path, handle, "node", 0)
+    assert status.state.name == "SUCCEEDED", log
+    match = re.search(r"STREAM (\d+) bytes, longest silence (\S+) s", log)
+    assert match, log
+    received, silence = int(match.group(1)), float(match.group(2))
+    print(f"2 s cut: the stream stalled {silence:.2f} s, then resumed; all {received} bytes")
+    assert 1.9 <= blocked < 2.5 and len(ticks) >= 2
+    assert received == 200 * 1024  # resumed: nothing lost
+    assert 1.8 <= silence < 8  # stalled for the cut, resumed within a retransmission or so
+    assert_no_leaks(before)
+
+
+# Each node waits for a file on the shared volume, then runs a fixed CPU-bound loop in a *new*
+# child process (which must inherit the node's cgroup) and reports its wall time.
+SPIN = """
+import os, pathlib, subprocess, sys, time
+go = pathlib.Path("/mnt/sublimate-test/go")
+while not go.exists():
+    time.sleep(0.01)
+started = time.perf_counter()
+subprocess.run([sys.executable, "-c", "for i in range(15_000_000): pass"], check=True)
+print(f"SPIN {time.perf_counter() - started:.3f} s", flush=True)
+"""
+
+
+def test_slow_caps_the_cpu_of_every_process_of_a_node(netns: None, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    before = snapshot()
+    with runner() as r:
+        handle = r.run(app_of(python_role(SPIN, 2)), "local_netns", cfg={
+            "log_dir": str(tmp_path / "logs"), "volume": f"{shared}:/mnt/sublimate-test"})
+        cluster = faults.load_running(tmp_path)
+        faults.slow_node(cluster, 1, cpu=0.25)
+        group = Path(faults.Cluster.load(cluster.path).nodes[1].cgroup or "")
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "25000"
+        (shared / "go").touch()
+        status = r.wait(handle, wait_interval=0.05)
+    logs = [log_of(tmp_path / "logs", handle, "node", k) for k in range(2)]
+    assert status.state.name == "SUCCEEDED", logs
+    fast, slow = (float(re.search(r"SPIN (\S+) s", log).group(1)) for log in logs)  # type: ignore[union-attr]
+    print(f"cpu=0.25: the same loop took {slow:.2f} s on the slowed node, {fast:.2f} s on "
+          f"the other ({slow / fast:.1f}x)")
+    assert slow >= 2 * fast
+    assert not group.exists()  # the job's end removed the cgroup (and the quota with it)
+    assert_no_leaks(before)
+
+
+def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
+    with runner() as r:
+        handle = r.run(app_of(python_role("import time; time.sleep(30)", 2)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        cluster = faults.load_running(tmp_path)
+        faults.slow_node(cluster, 0, cpu=0.5)
+        faults.link_down(cluster, 0)
+        node = faults.Cluster.load(cluster.path).nodes[0]
+        assert node.faults == {"cpu": 0.5, "cut": True}
+        bridge = faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "reading")
+        assert "DOWN" in bridge
+        faults.restore_node(cluster, 0)
+        assert Path(node.cgroup or "", "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert "DOWN" not in faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "r")
+        assert faults.Cluster.load(cluster.path).nodes[0].faults == {}
+        r.cancel(handle)
+
+
+def test_delay_needs_netem(netns: None, tmp_path: Path) -> None:
+    if faults.kernel_has_netem():
+        pytest.skip("this kernel has netem")
+    with runner() as r:
+        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        cluster = faults.load_running(tmp_path)
+        with pytest.raises(faults.FaultError, match="--delay=50ms needs the netem qdisc"):
+            faults.slow_node(cluster, 0, delay="50ms")
+        r.cancel(handle)
+
+
+def sublimate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
+    """``sublimate fault ...`` against a run folder whose logs/ is the job's log_dir."""
+    run = tmp_path / "run"
+    before = snapshot()
+    with runner() as r:
+        handle = r.run(app_of(python_role("import time; time.sleep(30)", 2)), "local_netns",
+                       cfg={"log_dir": str(run / "logs")})
+        listed = sublimate("fault", "list", str(run))
+        assert listed.returncode == 0, listed.stderr
+        cluster = faults.Cluster.load(cluster_file(run / "logs", handle))
+        assert f"{cluster.app_id}: running, subnet {cluster.subnet}" in listed.stdout
+        assert re.search(rf"1\s+node/1\s+{re.escape(cluster.nodes[1].addr)}\s+running",
+                         listed.stdout), listed.stdout
+
+        slowed = sublimate("fault", "slow", str(run), "--node", "1", "--cpu", "0.25",
+                           "--for", "300ms")
+        assert slowed.returncode == 0, slowed.stderr
+        assert "slowed to 0.25 cores for 0.3 s" in slowed.stdout and "restored" in slowed.stdout
+
+        bad_node = sublimate("fault", "kill", str(run), "--node", "5")
+        assert bad_node.returncode == 2
+        assert bad_node.stderr.strip() == f"error: --node 5: the job {cluster.app_id} has " \
+                                          "nodes 0..1"
+        killed = sublimate("fault", "kill", str(run), "--node", "1")
+        assert killed.returncode == 0, killed.stderr
+        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 5,
+                 "the kill")
+        listed = json.loads(sublimate("fault", "list", str(run), "--json").stdout)
+        assert [n["state"] for n in listed["nodes"]] == ["running", "killed"]
+        r.cancel(handle)
+    ended = sublimate("fault", "cut", str(run), "--node", "0", "--for", "1s")
+    assert ended.returncode == 2
+    assert ended.stderr.strip() == f"error: job {cluster.app_id} is ended: no faults to inject"
+    assert_no_leaks(before)
+
+
+def test_cli_bad_input_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    assert main(["fault", "list", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}: no local_netns job here")
+    assert main(["fault", "slow", str(tmp_path), "--node", "0"]) == 2
+    assert "give --cpu CORES (e.g. 0.25) and/or --delay TIME" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["fault", "cut", str(tmp_path), "--node", "0", "--for", "soon"])
+    assert exit_.value.code == 2
+    assert "argument --for: 'soon' is not a duration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fault", "slow", str(tmp_path), "--node", "0", "--cpu", "-1"])
+    assert "'-1' is not a CPU share" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("20s", 20), ("500ms", 0.5), ("2m", 120),
+                                               ("3", 3), ("1.5s", 1.5)])
+def test_durations(text: str, seconds: float) -> None:
+    assert duration(text) == pytest.approx(seconds)
+
+
+def test_qdisc_scripts() -> None:
+    assert faults.qdisc_script("eth0", "50mbit", None, None) == \
+        "tc qdisc replace dev eth0 root tbf rate 50mbit burst 25000 latency 50ms\n"
+    assert faults.qdisc_script("n1", "100kbit", "2ms", "1%") == (
+        "tc qdisc replace dev n1 root handle 1: netem delay 2ms loss 1%\n"
+        "tc qdisc replace dev n1 parent 1:1 handle 10: tbf rate 100kbit burst 4096 latency 50ms\n")
+    assert "qdisc del" in faults.qdisc_script("eth0", None, None, None)
+    assert faults.rate_bits("1gbit") == 1e9 and faults.rate_bits("10mbps") == 80e6
+
+
+def test_find_cluster_prefers_the_running_job(tmp_path: Path) -> None:
+    for app, state in (("a-1", faults.ENDED), ("b-2", faults.RUNNING)):
+        folder = tmp_path / "logs" / "torchx" / app
+        folder.mkdir(parents=True)
+        faults.Cluster(path=folder / faults.CLUSTER_FILE, app_id=app, state=state).save()
+    assert faults.find_cluster(tmp_path).parent.name == "b-2"
+    assert faults.find_cluster(tmp_path, "a-1").parent.name == "a-1"
+    assert faults.find_cluster(tmp_path / "logs").parent.name == "b-2"
+    with pytest.raises(faults.FaultError, match="no job c-3 here"):
+        faults.find_cluster(tmp_path, "c-3")
+
+
+def test_a_cut_returns_the_link_even_when_interrupted(netns: None, tmp_path: Path) -> None:
+    with runner() as r:
+        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        cluster = faults.load_running(tmp_path)
+
+        def interrupt(left: float) -> None:
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            faults.cut_link(cluster, 0, 10, progress=interrupt)
+        assert "DOWN" not in faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "r")
+        r.cancel(handle)
+
+
+def test_the_supervisor_alone_tears_a_cluster_down(netns: None, tmp_path: Path) -> None:
+    """What runs when the launcher dies: EOF on the supervisor's stdin, then teardown."""
+    with runner() as r:
+        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+                       cfg={"log_dir": str(tmp_path)})
+        path = cluster_file(tmp_path, handle)
+        done = threading.Event()
+        supervisor = subprocess.Popen([sys.executable, "-m", "sublimate.components.faults",
+                                       "supervise", str(path)], stdin=subprocess.PIPE, cwd=REPO)
+        supervisor.stdin.close()  # type: ignore[union-attr]
+        assert supervisor.wait(timeout=20) == 0
+        done.set()
+        assert faults.Cluster.load(path).state == faults.ENDED
+        wait_for(lambda: r.status(handle).is_terminal(), 5, "the job to notice")
