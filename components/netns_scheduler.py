@@ -101,17 +101,23 @@ def forward(signum, frame):
         os.kill(-1, signum)  # from PID 1: every other process of the node's PID namespace
     except ProcessLookupError:
         pass
+# A stop signal from here until the child exists would find no one to forward to: hold them
+# (blocked, pending) across the fork. The child restores the defaults before unblocking, so a
+# pending stop ends it as it would end the command.
+signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
 for s in STOP:
     signal.signal(s, forward)
 child = os.fork()
 if child == 0:
     for s in (*STOP, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(s, signal.SIG_DFL)  # Python ignores SIGPIPE; the command must not
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)
     try:
         os.execvp(command[0], command)
     except OSError as error:
         print(f"local_netns: cannot run {command[0]}: {error}", file=sys.stderr, flush=True)
         os._exit(127)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)
 while True:  # as PID 1 it also reaps every orphan of the node
     pid, status = os.wait()
     if pid == child:

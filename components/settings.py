@@ -232,8 +232,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, gloo "
             "otherwise.", choices=("auto", "gloo", "nccl"), paradigms=_COLLECTIVE),
     Setting("scheduler", "auto", "TorchX scheduler for the training job. auto: kubernetes "
-            "inside a cluster, local_cwd on one machine.",
-            choices=("auto", "local_cwd", "kubernetes"), reader="launcher"),
+            "inside a cluster, local_cwd on one machine; local_netns: every node in its own "
+            "network namespace on a bridge, with link-rate (needs root).",
+            choices=("auto", "local_cwd", "local_netns", "kubernetes"), reader="launcher"),
+    Setting("link-rate", "", "local_netns: each node's link rate, both ways (tc syntax: "
+            "100mbit, 1gbit); empty: unlimited.", pattern=r"^([0-9]+(\.[0-9]+)?[kmg]?(bit|bps))?$",
+            reader="launcher"),
+    Setting("link-delay", "", "local_netns: added one-way delay per link (e.g. 2ms; needs "
+            "the kernel's netem).", pattern=r"^([0-9]+(\.[0-9]+)?(us|ms|s))?$",
+            reader="launcher"),
+    Setting("link-loss", "", "local_netns: packet loss per link (e.g. 0.1%; needs netem).",
+            pattern=r"^([0-9]+(\.[0-9]+)?%)?$", reader="launcher"),
     Setting("cpu-per-node", 1, "CPUs requested per training node.", kind="integer", minimum=1,
             reader="launcher"),
     Setting("gpus-per-node", 0, "GPUs requested per training node.", kind="integer", minimum=0,
@@ -331,6 +340,10 @@ def check(values: Mapping[str, Any]) -> None:
     if merged["entrypoint"] and algorithm == "async":
         raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
                            "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
+    links = [name for name in ("link_rate", "link_delay", "link_loss") if merged[name]]
+    if links and merged["scheduler"] != "local_netns":
+        raise SettingError(f"{links[0].replace('_', '-')} shapes the links of local_netns "
+                           "nodes: set scheduler to local_netns")
     if merged["framework"] != "pytorch" and not merged["entrypoint"]:
         raise SettingError(f"framework {merged['framework']} needs your own code: set "
                            "entrypoint (the built-in loop is PyTorch)")

@@ -55,7 +55,9 @@ RANK0_HOST = "${TORCHX_RANK0_HOST:=localhost}"  # set by TorchX schedulers on mu
 MONITOR_INTERVAL = 0.1
 # How often the launcher asks the scheduler whether the job ended: a local process table is
 # cheap to poll, a Kubernetes API server is not.
-POLL_SECONDS = {"local_cwd": 0.05, "kubernetes": 0.25}
+POLL_SECONDS = {"local_cwd": 0.05, "local_netns": 0.05, "kubernetes": 0.25}
+# Schedulers that run the nodes on this machine (the launcher's Python, its folders).
+LOCAL_SCHEDULERS = ("local_cwd", "local_netns")
 
 
 def _worker_env(gpu: int, env: dict[str, str] | None) -> dict[str, str]:
@@ -230,6 +232,10 @@ def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> obj
 def make_runner(scheduler: str) -> object:
     from torchx.runner import Runner, get_runner
 
+    if scheduler == "local_netns":
+        from sublimate.components.netns_scheduler import create_scheduler
+
+        return Runner("sublimate", {"local_netns": create_scheduler})
     if scheduler != "kubernetes":
         return get_runner()
     return Runner("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
@@ -238,6 +244,11 @@ def make_runner(scheduler: str) -> object:
 def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
     if scheduler == "local_cwd":
         return {"log_dir": str(args.run_dir / run_files.LOGS)}
+    if scheduler == "local_netns":
+        return {"log_dir": str(args.run_dir / run_files.LOGS),
+                **{option: value for option, value in (
+                    ("link_rate", args.link_rate), ("link_delay", args.link_delay),
+                    ("link_loss", args.link_loss)) if value}}
     namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
     # The job runs next to the workflow, in the namespace of the pod that launches it.
     namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
@@ -358,7 +369,7 @@ def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
 
 
 def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
-    local = scheduler == "local_cwd"
+    local = scheduler in LOCAL_SCHEDULERS
     common = {
         "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
         "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
@@ -423,7 +434,7 @@ def log_streams(scheduler: str) -> tuple[object, ...]:
     # The local scheduler's combined.log is copied from stdout/stderr by a background thread
     # that can lag the process by 0.1 s, so a job that just ended may miss its last lines
     # there; the per-stream files are written by the process itself and are complete.
-    return (Stream.STDOUT, Stream.STDERR) if scheduler == "local_cwd" else (None,)
+    return (Stream.STDOUT, Stream.STDERR) if scheduler in LOCAL_SCHEDULERS else (None,)
 
 
 def _stream_logs(runner: object, handle: str, role: str, replica: int, scheduler: str,
@@ -432,7 +443,7 @@ def _stream_logs(runner: object, handle: str, role: str, replica: int, scheduler
         chunks = runner.log_lines(  # type: ignore[attr-defined]
             handle, role, k=replica, should_tail=True, streams=stream)
         # Kubernetes yields whole lines without their newline; the local scheduler, file chunks.
-        lines = whole_lines(chunks) if scheduler == "local_cwd" else chunks
+        lines = whole_lines(chunks) if scheduler in LOCAL_SCHEDULERS else chunks
         for line in lines:
             # One write per line under a lock, so lines from different nodes never interleave.
             with _OUTPUT_LOCK:
@@ -481,7 +492,8 @@ def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
 
 def launch(args: argparse.Namespace) -> int:
     """Submit the job and wait for it; relaunch it from the last checkpoint when the watchdog
-    finds it stalled (``max-restarts`` times: torchrun's own restarts cover crashes)."""
+    finds it stalled or a node is lost (``max-restarts`` times; torchrun's own restarts cover
+    a crashed worker on a node that is still there)."""
     scheduler = choose_scheduler(args.scheduler)
     args.run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -513,6 +525,20 @@ def launch(args: argparse.Namespace) -> int:
 SUCCEEDED, FAILED, STALLED, STOPPED = "succeeded", "failed", "stalled", "stopped"
 
 
+def lost_replicas(status: object) -> list[str]:
+    """Nodes that failed while others still run, as ``node<i> (<address>)`` (schedulers that
+    report replicas one by one: local_netns, kubernetes)."""
+    from torchx.specs import AppState
+
+    roles = getattr(status, "roles", None) or []
+    replicas = [replica for role in roles for replica in role.replicas]
+    if not any(replica.state == AppState.RUNNING for replica in replicas):
+        return []  # the job as a whole ended: its own state says how
+    return [f"node{replica.id}" + (f" ({replica.hostname})" if replica.hostname else "")
+            for role in roles for replica in role.replicas
+            if replica.state == AppState.FAILED and role.role == "worker"]
+
+
 def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
     """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
     STALLED (the watchdog stopped it) or STOPPED (the step was stopped)."""
@@ -534,13 +560,16 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     streams = follow_logs(runner, handle, app, scheduler)
-    status, stalled = None, None
+    status, stalled, lost = None, None, []
     poll = POLL_SECONDS.get(scheduler, 0.25)
     next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
     try:
         while not stop.is_set():
             status = runner.status(handle)  # type: ignore[attr-defined]
             if status is None or status.is_terminal():
+                break
+            lost = lost_replicas(status)
+            if lost:  # a node died while the others wait for it (in rendezvous or a collective)
                 break
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
@@ -559,6 +588,11 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     if stalled is not None:
         runner.cancel(handle)  # type: ignore[attr-defined]
         print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
+        return STALLED
+    if lost:
+        runner.cancel(handle)  # type: ignore[attr-defined]
+        print(f"train: error: lost {', '.join(lost)} while the job ran; stopped the others",
+              file=sys.stderr, flush=True)
         return STALLED
     for stream in streams:
         stream.join(timeout=5)
