@@ -36,6 +36,7 @@ import pprint
 import queue
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -73,6 +74,7 @@ CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "nsenter": "util-linux",
          "setpriv": "util-linux", "mount": "mount"}
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}  # what a node's init forwards
 # How long to wait for a new namespace's holder to be in place.
 START_SECONDS = 10.0
 
@@ -90,6 +92,7 @@ def leave(signum, frame):
     os._exit(128 + signum)
 for s in STOP:
     signal.signal(s, leave)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)  # blocked by the launcher until the handlers
 if os.read(go, 1) != b"1":
     os._exit(125)  # the launcher failed to set the node up, or died: nothing to run
 os.close(go)
@@ -327,6 +330,12 @@ class _Spawner:
         return future.result()
 
     def _serve(self) -> None:
+        # The processes forked here start with the stop signals blocked (the mask survives
+        # fork and exec, and `unshare` gives its child the mask it got). A PID-namespace init
+        # drops the signals it has no handler for, so a SIGTERM arriving while a node's init
+        # is still starting would be lost (and a cancel would wait 10 s for TorchX's SIGKILL);
+        # blocked, it waits until the init has its handlers and unblocks it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         while True:
             future, function = self._requests.get()
             try:

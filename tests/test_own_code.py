@@ -171,3 +171,21 @@ def test_evaluate_refuses_an_own_evaluation_that_writes_nothing(tmp_path: Path) 
     code, output = _evaluate(tmp_path, "--eval-entrypoint", str(script))
     assert code == 2
     assert f"did not write {tmp_path / 'metrics.json'}" in output
+
+
+def test_keras_with_multiworkermirroredstrategy_runs_under_sublimate_run(tmp_path: Path) -> None:
+    """The TensorFlow example through the real path: the shim builds TF_CONFIG on each node."""
+    from tests.test_example_tensorflow import _require_tensorflow
+
+    _require_tensorflow()
+    home = tmp_path / "home"
+    result = run_cli("run", "-p", "entrypoint=examples/keras_multiworker/train.py",
+                     "-p", "framework=tensorflow", "-p", "epochs=3", "-p", "learning-rate=0.05",
+                     home=home, timeout=400)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    written = json.loads((_results_folder(home) / "metrics.json").read_text())
+    assert float(_outputs(result)["metric"]) == pytest.approx(written["accuracy"])
+    assert written["accuracy"] > 0.8
+    # Both nodes' workers joined one strategy: the example prints its replica count.
+    assert re.search(r"\[node0\].*2 replicas", log), log[-3000:]
