@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -176,12 +177,33 @@ class Checkpointer:
 
 
 class CommClock:
-    """Seconds spent in DDP's gradient all-reduce, which runs inside ``backward()``."""
+    """Seconds during which DDP's gradient all-reduce is in flight (it runs inside
+    ``backward()``).
 
-    __slots__ = ("seconds",)
+    A model large enough for several gradient buckets has several all-reduces in flight at
+    once; the clock counts the union of their intervals, not their sum, which would exceed the
+    step itself on a slow link.
+    """
+
+    __slots__ = ("_in_flight", "_lock", "_since", "seconds")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self._in_flight = 0
+        self._since = 0.0
+        self._lock = threading.Lock()  # buckets start in autograd's thread, end in gloo's
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._in_flight == 0:
+                self._since = time.perf_counter()
+            self._in_flight += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.seconds += time.perf_counter() - self._since
 
     def take(self) -> float:
         seconds, self.seconds = self.seconds, 0.0
@@ -189,11 +211,11 @@ class CommClock:
 
 
 def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
-    """Wrap DDP's default all-reduce in a comm hook that adds its in-flight time to ``clock``.
+    """Wrap DDP's default all-reduce in a comm hook that times it on ``clock``.
 
     The future's callback runs when the bucket's all-reduce completes, and DDP waits for it
-    before ``backward()`` returns, so the clock is complete at the end of every step. With
-    several buckets the all-reduce overlaps the backward pass; that overlap counts as comm.
+    before ``backward()`` returns, so the clock is complete at the end of every step. The
+    all-reduce overlaps the rest of the backward pass; that overlap counts as comm.
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -203,10 +225,10 @@ def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
 
     # No annotations: DDP checks them against the real classes, and this module's are strings.
     def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
+        clock.begin()
 
         def finished(future: torch.futures.Future) -> torch.Tensor:
-            clock.seconds += time.perf_counter() - started
+            clock.end()
             return future.value()
 
         return default_hooks.allreduce_hook(state, bucket).then(finished)
