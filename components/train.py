@@ -512,8 +512,9 @@ def launch(args: argparse.Namespace) -> int:
     startup = _startup_line(args.run_dir)
     if startup:
         print(f"train: {startup}", flush=True)
-    print(f"train: finished in {time.perf_counter() - started:.1f}s; model at "
-          f"{args.run_dir / run_files.MODEL}", flush=True)
+    where = f"results in {args.run_dir}" if args.entrypoint and not (
+        args.run_dir / run_files.MODEL).is_file() else f"model at {args.run_dir / run_files.MODEL}"
+    print(f"train: finished in {time.perf_counter() - started:.1f}s; {where}", flush=True)
     for output, value in ((args.model_path_output, args.run_dir / run_files.MODEL),
                           (args.run_dir_output, args.run_dir)):
         if output:
@@ -555,8 +556,9 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         role.env[watchdog.ATTEMPT_ENV] = attempt_id
     dog = make_watchdog(args, attempt_id)
     handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+    what = f"entrypoint {args.entrypoint}" if args.entrypoint else f"algorithm {args.algorithm}"
     print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} procs, "
-          f"algorithm {args.algorithm})", flush=True)
+          f"{what})", flush=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     streams = follow_logs(runner, handle, app, scheduler)
