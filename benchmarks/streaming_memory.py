@@ -2,35 +2,36 @@
 
 1. Generates a synthetic dataset in the layout (``datasets.write_synthetic_dataset``, shard by
    shard) of ``--size-factor`` x ``--cap-mb`` bytes of training rows (``--features`` float32 each).
-2. Runs the training child under the cap, ``--rounds`` times, alternating which goes first:
-   (a) **streaming**: ``streaming.ShardReader``, ``--workers`` DataLoader workers; in the first
-       round one full epoch (so it reads the whole split, ``--size-factor`` times the cap), in
-       the others ``--warmup`` + ``--steps`` steps like the in-memory run;
+2. Runs three training children, each under the cap, the same MLP (``--features`` ->
+   ``--hidden`` -> ``--hidden`` -> 10, ReLU) and the built-in loop's step (forward, CrossEntropy,
+   backward, SGD step):
+   (a) **streaming**: ``streaming.ShardReader`` over one full epoch of the whole split
+       (``--size-factor`` times the cap), ``--workers`` DataLoader workers: its peak memory;
    (b) **in-memory**: the built-in loop's way (the split as one tensor, rows of a seeded
-       permutation) on a prefix of the same data that fits: ``--prefix-mb``.
-   Both train the same MLP (``--features`` -> ``--hidden`` -> ``--hidden`` -> 10, ReLU) with the
-   built-in loop's step: forward, CrossEntropy, backward, SGD step. Before each streaming run the
-   shards are evicted from the page cache (``posix_fadvise(DONTNEED)``), so it reads from the disk
-   and the pages it reads are charged to its own cgroup.
-3. Prints, per mode, the peak RSS of the training process and of its largest DataLoader worker
-   (``ru_maxrss``: anonymous memory plus the mapped file pages it touched), the cgroup's peak
-   charge (page cache included), samples/s once warm (after ``--warmup`` steps), the share of a
-   step spent waiting for data, and the streaming / in-memory samples/s ratio as min / median /
-   max over rounds (the target is >= 0.9).
+       permutation) on a prefix of the same data that fits (``--prefix-mb``): its peak memory;
+   (c) **paired** (``--rounds`` of them): both sources in one process, ``--pairs`` x 2 blocks of
+       ``--block`` steps, alternating which goes first. Throughput is compared here, block
+       against neighbouring block: on a shared host other processes' load swings samples/s by
+       several times from one run to the next, far less between neighbouring blocks.
+   Before (a) and (c) the shards are evicted from the page cache (``posix_fadvise(DONTNEED)``),
+   so streaming reads the disk and the pages it reads are charged to its own cgroup.
+3. Prints the peak RSS of the training process and of its largest DataLoader worker
+   (``ru_maxrss``), the cgroup's peak charge (page cache included), samples/s once warm (after
+   ``--warmup`` steps), the share of a step spent waiting for data, and the streaming /
+   in-memory samples/s ratio over the paired blocks as median (min, max); the target is >= 0.9.
 
 The cap is a cgroup memory limit: cgroup v1 (``/sys/fs/cgroup/memory``) or v2, made per child,
 which needs root. Without one it falls back to ``RLIMIT_AS`` of cap + ``--as-slack-mb``, because
 torch alone reserves ~0.8 GB of address space that it never touches (so an address-space cap is a
 much weaker statement: it bounds mappings, not resident memory), and says so.
 
-Usage: python benchmarks/streaming_memory.py [--cap-mb 512] [--size-factor 4] [--rounds 3]
-           [--workers 1] [--features 1024] [--hidden 512] [--batch 256] [--data-dir DIR]
+Usage: python benchmarks/streaming_memory.py [--cap-mb 512] [--size-factor 4] [--rounds 1]
+           [--workers 0] [--features 1024] [--hidden 512] [--batch 256] [--data-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import resource
@@ -91,23 +92,18 @@ def child(args: argparse.Namespace) -> None:
             steps += 1
         return steps
 
-    if args.child == "streaming":
+    def streaming():  # type: ignore[no-untyped-def]
         reader = ShardReader(args.data_dir, local_batch=args.batch, seed=0,
                              buffer_size=args.buffer)
-        loader = reader.batches(0, num_workers=args.workers,
-                                prefetch_factor=args.prefetch if args.workers else None)
-        batches = iter(loader)
-        # A full epoch reads the whole split (size-factor x the cap); other rounds take as many
-        # steps as the in-memory run.
-        steps = train(batches if args.full_epoch else
-                      itertools.islice(batches, args.warmup + args.steps))
-        del batches, loader  # joins the DataLoader workers: RUSAGE_CHILDREN has their peak
-    else:
-        # The prefix: the first shards, up to --prefix-mb of rows, as one tensor (the built-in).
-        shards = metadata["splits"]["train"]["shards"]
+        return reader.batches(0, num_workers=args.workers,
+                              prefetch_factor=args.prefetch if args.workers else None)
+
+    def in_memory():  # type: ignore[no-untyped-def]
+        """The built-in loop's data: a prefix of the split as one tensor, rows of a seeded
+        permutation (the first shards, up to --prefix-mb of rows)."""
         rows = args.prefix_mb * MB // (4 * width)
         xs, ys, held = [], [], 0
-        for shard in shards:
+        for shard in metadata["splits"]["train"]["shards"]:
             with np.load(args.data_dir / shard["file"]) as arrays:
                 xs.append(torch.from_numpy(arrays["x"][:rows - held].reshape(-1, width).copy()))
                 ys.append(torch.from_numpy(arrays["y"][:rows - held].copy()))
@@ -116,22 +112,50 @@ def child(args: argparse.Namespace) -> None:
                 break
         features, labels = torch.cat(xs), torch.cat(ys)
         del xs, ys
+        epoch = 0
+        while True:
+            order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
+                100_003 + epoch))
+            for start in range(0, len(labels) - args.batch + 1, args.batch):
+                chosen = order[start:start + args.batch]
+                yield features[chosen], labels[chosen]
+            epoch += 1
 
-        def in_memory():  # type: ignore[no-untyped-def]
-            epoch = 0
-            while True:
-                order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
-                    100_003 + epoch))
-                for start in range(0, len(labels) - args.batch + 1, args.batch):
-                    rows_ = order[start:start + args.batch]
-                    yield features[rows_], labels[rows_]
-                epoch += 1
-
-        batches = in_memory()
-        steps = train(next(batches) for _ in range(args.steps + args.warmup))
+    result: dict = {}
+    if args.child == "streaming":  # the whole split (size-factor x the cap), for its memory
+        loader = streaming()
+        steps = train(iter(loader))
+        del loader  # joins the DataLoader workers: RUSAGE_CHILDREN has their peak
+    elif args.child == "in-memory":
+        source = in_memory()
+        steps = train(next(source) for _ in range(args.warmup + args.steps))
+    else:
+        # Paired: blocks of --block steps from each source in turn, in one process, so both
+        # see the same machine (other processes' load on a shared host swings samples/s by
+        # several times between runs, not between neighbouring blocks).
+        streamed, held = iter(streaming()), in_memory()
+        sources = {"streaming": streamed, "in-memory": held}
+        for name in sources:  # warm both: first mapping, first permutation, allocator
+            train(next(sources[name]) for _ in range(args.warmup))
+        pairs = []
+        for pair in range(args.pairs):
+            rates = {}
+            for name in (("streaming", "in-memory") if pair % 2 == 0 else
+                         ("in-memory", "streaming")):
+                waits.clear()
+                computes.clear()
+                train(next(sources[name]) for _ in range(args.block))
+                rates[name] = (args.block * args.batch / (sum(waits) + sum(computes)),
+                               sum(waits) / (sum(waits) + sum(computes)))
+            pairs.append(rates)
+        result["pairs"] = pairs
+        steps = args.pairs * args.block * 2
+        waits.extend([0.0] * args.warmup)  # (the summary below is not used for paired runs)
+        computes.extend([0.0] * args.warmup)
     warm_waits, warm_computes = waits[args.warmup:], computes[args.warmup:]
     seconds = sum(warm_waits) + sum(warm_computes)
     print(json.dumps({
+        **result,
         "steps": steps,
         "samples_per_second": len(warm_waits) * args.batch / max(seconds, 1e-9),
         "data_wait_share": sum(warm_waits) / max(seconds, 1e-9),
@@ -210,17 +234,18 @@ def evict(folder: Path) -> None:
             os.close(fd)
 
 
-def run_child(mode: str, args: argparse.Namespace, full_epoch: bool = False) -> dict:
+def run_child(mode: str, args: argparse.Namespace) -> dict:
     cap = Cap(args.cap_mb * MB, args.as_slack_mb * MB)
     try:
-        if mode == "streaming":
+        if mode != "in-memory":
             evict(args.data_dir)
         command = [sys.executable, str(Path(__file__).resolve()), "--child", mode,
                    "--data-dir", str(args.data_dir), "--batch", str(args.batch),
                    "--hidden", str(args.hidden), "--workers", str(args.workers),
                    "--prefetch", str(args.prefetch), "--buffer", str(args.buffer),
                    "--prefix-mb", str(args.prefix_mb), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), *(["--full-epoch"] if full_epoch else [])]
+                   "--warmup", str(args.warmup), "--pairs", str(args.pairs),
+                   "--block", str(args.block)]
         started = time.perf_counter()
         completed = subprocess.run(command, env=ENV, capture_output=True, text=True,
                                    preexec_fn=cap.enter, timeout=args.timeout)
@@ -273,61 +298,55 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--shard-rows", type=int, default=8192)
     parser.add_argument("--buffer", type=int, default=8192, help="shuffle window, in examples")
-    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers (streaming)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (streaming)")
     parser.add_argument("--prefetch", type=int, default=4, help="DataLoader prefetch_factor")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="paired runs")
     parser.add_argument("--warmup", type=int, default=30, help="steps not timed")
-    parser.add_argument("--steps", type=int, default=300,
-                        help="timed steps (streaming: in rounds after the first)")
+    parser.add_argument("--steps", type=int, default=300, help="timed steps, in-memory run")
     parser.add_argument("--as-slack-mb", type=int, default=1024,
                         help="address space added to the cap when falling back to RLIMIT_AS")
     parser.add_argument("--data-dir", type=Path, help="keep (and reuse) the dataset here")
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--full-epoch", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--child", choices=("streaming", "in-memory"), help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, default=8, help="paired blocks per paired run")
+    parser.add_argument("--block", type=int, default=40, help="steps in one paired block")
+    parser.add_argument("--child", choices=("streaming", "in-memory", "paired"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
     started = time.perf_counter()
     args.data_dir = make_data(args)
-    results: dict[str, list[dict]] = {"streaming": [], "in-memory": []}
-    for round_index in range(args.rounds):
-        order = ("streaming", "in-memory") if round_index % 2 == 0 else \
-            ("in-memory", "streaming")
-        for mode in order:
-            results[mode].append(run_child(mode, args, full_epoch=round_index == 0))
-        print(f"round {round_index + 1}: " + ", ".join(
-            f"{mode} {results[mode][-1]['samples_per_second']:.0f} samples/s"
-            for mode in order), flush=True)
+    runs = {mode: [run_child(mode, args) for _ in range(args.rounds if mode == "paired" else 1)]
+            for mode in ("streaming", "in-memory", "paired")}
     split_mb = sum(p.stat().st_size for p in args.data_dir.glob("train-*.npz")) / MB
-    kind = results["streaming"][0]["cap_kind"]
-    print(f"\ncap {args.cap_mb} MB per training child ({kind}); training split {split_mb:,.0f} MB "
-          f"({split_mb / args.cap_mb:.1f}x the cap); MLP {args.features}-{args.hidden}-"
-          f"{args.hidden}-10, batch {args.batch}; streaming: buffer {args.buffer}, "
-          f"{args.workers} worker(s), prefetch {args.prefetch}; in-memory: {args.prefix_mb} MB "
-          f"prefix; median (min-max) over {args.rounds} rounds")
-    print(f"{'':<12}{'samples/s':>22}{'data wait':>12}{'peak RSS MB':>14}"
-          f"{'worker RSS MB':>15}{'cgroup MB':>12}{'steps':>8}")
-    for mode, runs in results.items():
-        workers = [r["peak_rss_worker_mb"] for r in runs] \
-            if mode == "streaming" and args.workers else []
-        cgroup = [r["cgroup_peak_mb"] for r in runs if r["cgroup_peak_mb"] is not None]
-        print(f"{mode:<12}{_spread([r['samples_per_second'] for r in runs]):>22}"
-              f"{statistics.median(r['data_wait_share'] for r in runs):>11.1%} "
-              f"{max(r['peak_rss_mb'] for r in runs):>13.0f}"
-              f"{max(workers) if workers else float('nan'):>15.0f}"
-              f"{max(cgroup) if cgroup else float('nan'):>12.0f}"
-              f"{max(r['steps'] for r in runs):>8}")
-    ratios = [s["samples_per_second"] / m["samples_per_second"]
-              for s, m in zip(results["streaming"], results["in-memory"], strict=True)]
+    streaming, in_memory = runs["streaming"][0], runs["in-memory"][0]
+    print(f"cap {args.cap_mb} MB per training child ({streaming['cap_kind']}); training split "
+          f"{split_mb:,.0f} MB ({split_mb / args.cap_mb:.1f}x the cap); MLP {args.features}-"
+          f"{args.hidden}-{args.hidden}-10, batch {args.batch}; streaming: buffer {args.buffer}, "
+          f"{args.workers} DataLoader worker(s), prefetch {args.prefetch}; in-memory: "
+          f"{args.prefix_mb} MB prefix")
+    print(f"{'':<28}{'steps':>7}{'peak RSS MB':>13}{'worker RSS MB':>15}{'cgroup MB':>11}"
+          f"{'samples/s':>11}{'data wait':>11}")
+    for name, run in (("streaming, whole split", streaming), ("in-memory, prefix", in_memory)):
+        worker = run["peak_rss_worker_mb"] if name.startswith("streaming") and args.workers \
+            else float("nan")
+        print(f"{name:<28}{run['steps']:>7}{run['peak_rss_mb']:>13.0f}{worker:>15.0f}"
+              f"{run['cgroup_peak_mb'] or float('nan'):>11.0f}"
+              f"{run['samples_per_second']:>11.0f}{run['data_wait_share']:>11.1%}")
+    pairs = [pair for run in runs["paired"] for pair in run["pairs"]]
+    ratios = [pair["streaming"][0] / pair["in-memory"][0] for pair in pairs]
+    waits = {name: statistics.median(pair[name][1] for pair in pairs)
+             for name in ("streaming", "in-memory")}
+    print(f"paired blocks ({len(pairs)} pairs of {args.block} steps, alternating, one capped "
+          f"process): streaming {_spread([p['streaming'][0] for p in pairs])} samples/s, "
+          f"in-memory {_spread([p['in-memory'][0] for p in pairs])}; data wait "
+          f"{waits['streaming']:.1%} vs {waits['in-memory']:.1%}")
     print(f"streaming / in-memory samples/s: median {statistics.median(ratios):.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f}; target >= 0.9), per round "
-          + ", ".join(f"{r:.3f}" for r in ratios))
-    print("peak RSS: max over rounds (ru_maxrss: anonymous memory + mapped file pages touched); "
-          "cgroup: peak charge, page cache included")
+          f"(min {min(ratios):.3f}, max {max(ratios):.3f}; target >= 0.9)")
+    print("peak RSS: ru_maxrss (anonymous memory + mapped file pages touched, shared library "
+          "pages included); cgroup: peak charge, page cache included (reclaimable)")
     print(f"total {time.perf_counter() - started:.0f} s")
-
 
 if __name__ == "__main__":
     main()

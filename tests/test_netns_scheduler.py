@@ -480,8 +480,11 @@ def test_without_root_a_submission_fails_with_the_error(netns: None, tmp_path: P
     with Runner("torchx", {{"local_netns": create_scheduler}}) as runner:
         runner.run(specs.AppDef("x", roles=[role]), "local_netns", cfg={{"log_dir": "{tmp_path}"}})
     """)
+    # Only CAP_DAC_READ_SEARCH is kept (ambient, so it survives exec): nobody must still read
+    # the interpreter's environment, which CI builds in a root-only temporary folder.
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           "--inh-caps=-all", sys.executable, "-c", code],
+                           "--inh-caps=-all,+dac_read_search",
+                           "--ambient-caps=+dac_read_search", sys.executable, "-c", code],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode != 0
     assert ("NetnsError: local_netns needs root or CAP_NET_ADMIN: running as uid 65534 "

@@ -60,11 +60,19 @@ def test_dag_is_stage_train_evaluate_on_one_shared_volume(manifest: dict) -> Non
 def test_accuracy_is_an_output_of_evaluate_and_of_the_pipeline(manifest: dict) -> None:
     templates = _templates(manifest)
     evaluate_outputs = templates["evaluate"]["outputs"]["parameters"]
-    assert evaluate_outputs == [{"name": "accuracy",
-                                 "valueFrom": {"path": "/tmp/outputs/accuracy"}}]
-    pipeline_outputs = templates["train-pipeline"]["outputs"]["parameters"]
-    assert pipeline_outputs[0]["valueFrom"]["parameter"] == \
+    assert evaluate_outputs == [
+        {"name": "accuracy", "valueFrom": {"path": "/tmp/outputs/accuracy"}},
+        {"name": "metric", "valueFrom": {"path": "/tmp/outputs/metric"}}]
+    pipeline_outputs = {p["name"]: p for p in templates["train-pipeline"]["outputs"]["parameters"]}
+    assert pipeline_outputs["accuracy"]["valueFrom"]["parameter"] == \
         "{{tasks.evaluate.outputs.parameters.accuracy}}"
+    # -p metric chooses which of metrics.json's values the workflow outputs as `metric`.
+    assert pipeline_outputs["metric"]["valueFrom"]["parameter"] == \
+        "{{tasks.evaluate.outputs.parameters.metric}}"
+    assert pipeline_outputs["metric"]["globalName"] == "metric"
+    inputs = {p["name"]: p.get("value", p.get("default")) for p in
+              templates["evaluate"]["inputs"]["parameters"]}
+    assert inputs["metric"] == "accuracy" and inputs["eval-entrypoint"] == ""
 
 
 def test_every_parameter_is_described_with_enums_for_closed_sets(manifest: dict) -> None:
