@@ -80,11 +80,21 @@ def latest(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+# Paradigms whose checkpoints resume on another number of workers.
+RESIZABLE = ("sync",)
+
+
 def load_rank(run_dir: Path, rank: int, world_size: int, algorithm: str) -> dict[str, Any] | None:
     """The state this rank saved at the last committed step, or None for a fresh start."""
     committed = latest(run_dir)
     if committed is None:
         return None
+    if committed["world_size"] != world_size and committed["algorithm"] == algorithm \
+            and algorithm in RESIZABLE:
+        # Synchronous SGD keeps every rank's model and optimizer identical, so any rank's state
+        # resumes any rank: an elastic job that lost (or gained) a node goes on from the step.
+        return load(step_path(run_dir, committed["step"],
+                              min(rank, committed["world_size"] - 1)))
     if committed["world_size"] != world_size or committed["algorithm"] != algorithm:
         raise ValueError(
             f"{run_dir / CHECKPOINTS / LATEST}: written by {committed['world_size']} "

@@ -37,6 +37,27 @@ class SettingError(ValueError):
     """A setting's value is refused; the message is one line that names the setting."""
 
 
+class NodeRange(int):
+    """A node count: the int is the most nodes; ``minimum`` is fewer for an elastic job
+    (``nodes=2:4``: start with up to 4, go on while at least 2 remain)."""
+
+    minimum: int
+
+    def __new__(cls, maximum: int, minimum: int | None = None) -> NodeRange:
+        value = super().__new__(cls, maximum)
+        value.minimum = maximum if minimum is None else minimum
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum < int(self)
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{int(self)}" if self.elastic else str(int(self))
+
+    __repr__ = __str__
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -53,6 +74,7 @@ class Setting:
     reader: Literal["worker", "launcher"] = "worker"
     in_pipeline: bool = True  # False: a step flag only (no pipeline parameter)
     step: Literal["train", "evaluate"] = "train"  # the step whose input it is
+    elastic: bool = False  # an integer that may also be a range MIN:MAX (a NodeRange)
 
     @property
     def attribute(self) -> str:
@@ -82,6 +104,8 @@ class Setting:
         text = self.text(text).strip()
         if self.auto and text == AUTO:
             return None
+        if self.elastic:
+            return self._parse_range(text)
         value: Any
         try:
             if self.kind == "integer":
@@ -110,6 +134,24 @@ class Setting:
             raise SettingError(f"{self.name}: '{text}' does not match {self.pattern}")
         return value
 
+    def _parse_range(self, text: str) -> NodeRange:
+        low, _, high = text.partition(":")
+        try:
+            minimum, maximum = int(low), int(high or low)
+        except ValueError:
+            raise SettingError(f"{self.name}: '{text}' is not an integer or a range MIN:MAX "
+                               "(e.g. 2:4)") from None
+        for value in (minimum, maximum):
+            if self.minimum is not None and value < self.minimum:
+                raise SettingError(f"{self.name}: {text} is below the minimum "
+                                   f"{_number(self.minimum)}")
+            if self.maximum is not None and value > self.maximum:
+                raise SettingError(f"{self.name}: {text} is above the maximum "
+                                   f"{_number(self.maximum)}")
+        if minimum > maximum:
+            raise SettingError(f"{self.name}: {text}: the minimum is above the maximum")
+        return NodeRange(maximum, minimum)
+
     def argparse_type(self) -> Any:
         def convert(text: str) -> Any:
             try:
@@ -124,6 +166,8 @@ class Setting:
     def auto_pattern(self) -> str | None:
         """For a number that may also be ``auto``: the regular expression its text matches (a
         pipeline parameter of such a setting is text, checked by this pattern); else None."""
+        if self.elastic:
+            return r"^[0-9]+(:[0-9]+)?$"
         if not self.auto or self.pattern is not None:
             return None
         number = r"[0-9]+" if self.kind == "integer" else r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
@@ -161,8 +205,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("run-id", "", "Name of the run's folder on the shared volume (default: the "
             "workflow's name). Submit again with a previous run's id to resume it from its last "
             "checkpoint.", pattern=RUN_ID_PATTERN, reader="launcher"),
-    Setting("nodes", 2, "Training nodes (one torchrun agent each).", kind="integer", minimum=1,
-            maximum=512, reader="launcher"),
+    Setting("nodes", 2, "Training nodes (one torchrun agent each); MIN:MAX (e.g. 2:4) for "
+            "elastic training: the job goes on from its last checkpoint while at least MIN "
+            "nodes remain, and a node that comes back rejoins (sync only).", kind="integer",
+            minimum=1, maximum=512, reader="launcher", elastic=True),
+    Setting("rendezvous-timeout", 300, "Seconds the nodes may take to meet (at start and after "
+            "a restart) before the job fails.", kind="number", minimum=10, reader="launcher",
+            paradigms=_COLLECTIVE),
     Setting("procs-per-node", 1, "Worker processes per node (one per GPU on GPU nodes).",
             kind="integer", minimum=1, maximum=64, reader="launcher"),
     Setting("epochs", 20, "Passes over the training set.", kind="integer", minimum=1,
@@ -326,17 +375,28 @@ def check(values: Mapping[str, Any]) -> None:
     """
     merged = defaults()
     merged.update({key: value for key, value in values.items() if key in merged})
-    workers = merged["nodes"] * merged["procs_per_node"]
+    nodes = merged["nodes"]
     algorithm = merged["algorithm"]
+    minimum = getattr(nodes, "minimum", nodes)
+    if minimum < nodes and algorithm != "sync":
+        raise SettingError(f"nodes {nodes}: elastic training needs algorithm sync ({algorithm} "
+                           "keeps per-worker state that cannot be re-divided among fewer nodes)")
+    if minimum < nodes and merged["max_restarts"] < 1:
+        raise SettingError(f"nodes {nodes}: elastic training needs max-restarts of at least 1 "
+                           "(the nodes that remain restart their workers after a loss)")
     accumulation = merged["accumulation_steps"] if algorithm in _COLLECTIVE else 1
-    divisor = workers * accumulation
-    if merged["global_batch_size"] % divisor:
-        parts = f"nodes x procs-per-node = {workers}"
-        if accumulation > 1:
-            parts = (f"nodes x procs-per-node x accumulation-steps = {merged['nodes']} x "
-                     f"{merged['procs_per_node']} x {accumulation} = {divisor}")
-        raise SettingError(f"global-batch-size {merged['global_batch_size']} is not divisible "
-                           f"by {parts}")
+    for count in range(int(nodes), minimum - 1, -1):  # every size an elastic job can have
+        workers = count * merged["procs_per_node"]
+        divisor = workers * accumulation
+        if merged["global_batch_size"] % divisor:
+            parts = f"nodes x procs-per-node = {workers}"
+            if accumulation > 1:
+                parts = (f"nodes x procs-per-node x accumulation-steps = {count} x "
+                         f"{merged['procs_per_node']} x {accumulation} = {divisor}")
+            if minimum < nodes:
+                parts += f" (nodes {nodes} may run on {count})"
+            raise SettingError(f"global-batch-size {merged['global_batch_size']} is not "
+                               f"divisible by {parts}")
     if merged["entrypoint"] and algorithm == "async":
         raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
                            "entrypoint, use sync, bmuf or easgd (the library's paradigms)")

@@ -76,9 +76,15 @@ def _metrics_port() -> int:
     return metrics.DEFAULT_PORT  # declared on the role so the pods expose the workers' endpoints
 
 
+# torchrun's rendezvous options; a scheduler may already have set some in $PET_RDZV_CONF
+# (local_netns: is_host), which an explicit --rdzv-conf would otherwise replace.
+RDZV_CONF = "${PET_RDZV_CONF:+$PET_RDZV_CONF,}"
+
+
 def _shell(command: list[str]) -> list[str]:
-    # The rendezvous host is a shell expansion, so only arguments holding it stay unquoted.
-    return ["-c", " ".join(arg if RANK0_HOST in arg else shlex.quote(arg) for arg in command)]
+    # Shell expansions (the rendezvous host, the scheduler's rendezvous options) stay unquoted.
+    return ["-c", " ".join(arg if RANK0_HOST in arg or arg.startswith(RDZV_CONF)
+                           else shlex.quote(arg) for arg in command)]
 
 
 def _mounts(mounts: list[str] | None) -> list[specs.Mount]:
@@ -105,6 +111,8 @@ def trainer(
     fork_workers: bool | None = None,
     entrypoint: str = "",
     framework: str = "pytorch",
+    min_nodes: int | None = None,
+    rendezvous_timeout: int = 300,
 ) -> specs.AppDef:
     """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
@@ -128,13 +136,25 @@ def trainer(
         entrypoint: your own training code instead of the built-in worker: a module,
             ``module:function`` or script path; ``worker_args`` are then its arguments
         framework: ``tensorflow`` also gives your code ``TF_CONFIG``
+        min_nodes: fewer nodes the job may go on with (elastic: ``--nnodes min:max``); the
+            TorchX role starts ``nodes`` replicas and needs ``min_nodes``
+        rendezvous_timeout: seconds the nodes may take to meet, at start and after a restart
     """
     from torchx import specs
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
+    min_nodes = nodes if min_nodes is None else min_nodes
+    if not 1 <= min_nodes <= nodes:
+        raise ValueError(f"min_nodes must be between 1 and nodes ({nodes})")
+    # An elastic job notices a lost node within a few seconds (keep-alive every second, three
+    # misses) and closes a rendezvous that has its minimum soon after, not torch's 30 s.
+    rdzv_conf = f"join_timeout={int(rendezvous_timeout)}" + (
+        ",last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
+        if min_nodes < nodes else "")
     torchrun_flags = [
-        "--nnodes", str(nodes),
+        "--nnodes", f"{min_nodes}:{nodes}" if min_nodes < nodes else str(nodes),
+        "--rdzv-conf", RDZV_CONF + rdzv_conf,
         "--nproc-per-node", str(procs_per_node),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{RANK0_HOST}:{rdzv_port}",
@@ -155,7 +175,8 @@ def trainer(
                    "-m", WORKER_MODULE, *worker_args]
     return specs.AppDef(name=name, roles=[specs.Role(
         name="worker", image=image, entrypoint="bash", args=_shell(command),
-        num_replicas=nodes, resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
+        num_replicas=nodes, min_replicas=min_nodes if min_nodes < nodes else None,
+        resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB),
         env=_worker_env(gpu, env), port_map={"c10d": rdzv_port, "metrics": _metrics_port()},
         mounts=_mounts(mounts),
     )])
@@ -389,6 +410,10 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     # the built-in workers read the same through their flags.
     common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
     paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
+    layout = {"nodes": int(args.nodes), "min_nodes": getattr(args.nodes, "minimum", args.nodes),
+              "procs_per_node": args.procs_per_node, "rdzv_port": port,
+              "max_restarts": args.max_restarts,
+              "rendezvous_timeout": int(args.rendezvous_timeout)}
     if args.entrypoint:
         target, pythonpath = locate_entrypoint(args.entrypoint, local)
         if pythonpath:
@@ -396,17 +421,13 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
                 filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
         return trainer(
             *entrypoint_arguments(args.entrypoint_args, common["env"]), entrypoint=target,
-            framework=args.framework,
-            nodes=args.nodes, procs_per_node=args.procs_per_node, rdzv_port=port,
-            max_restarts=args.max_restarts, **common)
+            framework=args.framework, **layout, **common)
     if args.algorithm == "async":
         return parameter_server(
             *paths, *training_flags(args),
-            trainers=args.nodes * args.procs_per_node, rpc_port=port, **common)
-    return trainer(
-        "--algorithm", args.algorithm, *paths, *training_flags(args),
-        nodes=args.nodes, procs_per_node=args.procs_per_node, rdzv_port=port,
-        max_restarts=args.max_restarts, **common)
+            trainers=int(args.nodes) * args.procs_per_node, rpc_port=port, **common)
+    return trainer("--algorithm", args.algorithm, *paths, *training_flags(args), **layout,
+                   **common)
 
 
 _OUTPUT_LOCK = threading.Lock()
@@ -475,7 +496,8 @@ def make_watchdog(args: argparse.Namespace, attempt: str) -> watchdog.Watchdog |
     write no heartbeats)."""
     if args.algorithm == "async" or not args.stall_seconds:
         return None
-    world = args.nodes * args.procs_per_node
+    # An elastic job may go on with fewer nodes: only the ranks it always has are judged.
+    world = getattr(args.nodes, "minimum", args.nodes) * args.procs_per_node
     return watchdog.Watchdog(args.run_dir, args.stall_seconds, world,
                              startup_seconds=args.startup_seconds, attempt=attempt,
                              nodes={rank: f"node{rank // args.procs_per_node}"
@@ -526,14 +548,27 @@ def launch(args: argparse.Namespace) -> int:
 SUCCEEDED, FAILED, STALLED, STOPPED = "succeeded", "failed", "stalled", "stopped"
 
 
-def lost_replicas(status: object) -> list[str]:
-    """Nodes that failed while others still run, as ``node<i> (<address>)`` (schedulers that
-    report replicas one by one: local_netns, kubernetes)."""
+def enough_nodes(args: argparse.Namespace, status: object) -> bool:
+    """Whether an elastic job still has its minimum of nodes (running or finished well)."""
+    from torchx.specs import AppState
+
+    minimum = getattr(args.nodes, "minimum", args.nodes)
+    if minimum >= int(args.nodes):
+        return False
+    replicas = [replica for role in getattr(status, "roles", None) or []
+                if role.role == "worker" for replica in role.replicas]
+    return sum(replica.state in (AppState.RUNNING, AppState.SUCCEEDED)
+               for replica in replicas) >= minimum
+
+
+def lost_replicas(status: object, ended: bool = False) -> list[str]:
+    """Nodes that failed (while others still run, unless ``ended``), as ``node<i>
+    (<address>)``, from schedulers that report replicas one by one (local_netns, kubernetes)."""
     from torchx.specs import AppState
 
     roles = getattr(status, "roles", None) or []
     replicas = [replica for role in roles for replica in role.replicas]
-    if not any(replica.state == AppState.RUNNING for replica in replicas):
+    if not ended and not any(replica.state == AppState.RUNNING for replica in replicas):
         return []  # the job as a whole ended: its own state says how
     return [f"node{replica.id}" + (f" ({replica.hostname})" if replica.hostname else "")
             for role in roles for replica in role.replicas
@@ -571,8 +606,10 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
             if status is None or status.is_terminal():
                 break
             lost = lost_replicas(status)
-            if lost:  # a node died while the others wait for it (in rendezvous or a collective)
-                break
+            if lost and enough_nodes(args, status):
+                lost = []  # elastic: the others go on without it
+            if lost:
+                break  # a node died while the others wait for it (rendezvous or a collective)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
                 stalled = dog.check() if _watched(args, dog) else None  # type: ignore[union-attr]
@@ -598,6 +635,12 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         return STALLED
     for stream in streams:
         stream.join(timeout=5)
+    lost = lost_replicas(status, ended=True)
+    if status is not None and status.state == AppState.FAILED and lost \
+            and enough_nodes(args, status):
+        print(f"train: finished on {int(args.nodes) - len(lost)} of {int(args.nodes)} nodes "
+              f"(elastic, lost {', '.join(lost)})", flush=True)
+        return SUCCEEDED
     if status is None or status.state != AppState.SUCCEEDED:
         state = status.state.name if status else "UNKNOWN"
         runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running

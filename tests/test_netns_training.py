@@ -134,3 +134,27 @@ def test_a_slowed_node_is_named_as_the_straggler(tmp_path: Path) -> None:
     report = json.loads((_results(home) / "report" / "report.json").read_text())
     (straggler,) = report["stragglers"]["ranks"]
     assert (straggler["rank"], straggler["node"], straggler["cause"]) == (2, "node2", "compute")
+
+
+def test_an_elastic_job_loses_a_node_and_finishes_on_the_minimum(tmp_path: Path) -> None:
+    """nodes=2:3: node 2 is killed after the first checkpoint; the two that remain notice
+    (collective timeout, rendezvous keep-alive), meet again as a world of 2 and resume from the
+    committed step with the data re-divided (each rank's share of the global batch grows)."""
+    home = tmp_path / "home"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sublimate.pipelines", "run", "-p", "scheduler=local_netns",
+         "-p", "nodes=2:3", "-p", "global-batch-size=60", "-p", "epochs=12",
+         "-p", "checkpoint-every=20", "-p", "max-restarts=2", "-p", "collective-timeout=5"],
+        cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir, committed = _first_checkpoint(home, process)
+    faults.kill_node(faults.load_running(run_dir), 2)
+    output = _finish(process)
+    assert process.returncode == 0, output[-4000:]
+    assert re.search(r"train: finished on 2 of 3 nodes \(elastic, lost node2", output), \
+        output[-3000:]
+    resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
+    assert resumed and resumed[0] >= committed, output[-3000:]
+    summary = json.loads((_results(home) / "train-summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 276
+    assert summary["resumed_from_step"] >= committed
