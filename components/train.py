@@ -154,10 +154,10 @@ def trainer(
         if min_nodes < nodes else "")
     torchrun_flags = [
         "--nnodes", f"{min_nodes}:{nodes}" if min_nodes < nodes else str(nodes),
-        "--rdzv-conf", RDZV_CONF + rdzv_conf,
         "--nproc-per-node", str(procs_per_node),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{RANK0_HOST}:{rdzv_port}",
+        "--rdzv-conf", RDZV_CONF + rdzv_conf,
         "--rdzv-id", specs.macros.app_id,
         "--max-restarts", str(max_restarts),
         "--monitor-interval", str(MONITOR_INTERVAL),

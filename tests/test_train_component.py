@@ -22,6 +22,18 @@ from sublimate.components.train import (
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1"]
 
 
+def test_an_elastic_trainer_starts_the_most_nodes_and_needs_the_fewest() -> None:
+    (role,) = trainer("--epochs", "3", nodes=4, min_nodes=2, rendezvous_timeout=60).roles
+    assert (role.num_replicas, role.min_replicas) == (4, 2)
+    script = role.args[1]
+    assert "--nnodes 2:4 " in script
+    # a lost node is noticed in seconds, and a rendezvous with its minimum closes soon after
+    assert ("join_timeout=60,last_call_timeout=2,keep_alive_interval=1,"
+            "keep_alive_max_attempt=3") in script
+    with pytest.raises(ValueError, match="min_nodes must be between 1 and nodes"):
+        trainer(nodes=2, min_nodes=3)
+
+
 def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     app = trainer("--epochs", "3", nodes=3, procs_per_node=2, cpu=4, memMB=8192)
     (role,) = app.roles
@@ -33,6 +45,9 @@ def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     # the rank-0 host must stay a shell expansion, everything else quoted
     assert "--rdzv-endpoint ${TORCHX_RANK0_HOST:=localhost}:29500" in script
     assert "--max-restarts 0 --monitor-interval 0.1" in script
+    # rendezvous options go after what a scheduler put in $PET_RDZV_CONF (local_netns: is_host)
+    assert "--rdzv-conf ${PET_RDZV_CONF:+$PET_RDZV_CONF,}join_timeout=300 " in script
+    assert role.min_replicas is None
     assert script.endswith(" -- --epochs 3")
     assert role.resource.cpu == 4 and role.resource.memMB == 8192
     assert role.env["OMP_NUM_THREADS"] == "1"
