@@ -51,8 +51,9 @@ def baseline(data_dir: Path, args: argparse.Namespace) -> float:
 
 def component(algorithm: str, data_dir: Path, run_dir: Path, args: argparse.Namespace,
               evaluate: bool = False, epochs: int | None = None, metrics: bool = True,
-              extra: tuple[str, ...] = ("--checkpoint-every", "0")) -> dict:
-    command = [sys.executable, "-m", "sublimate.components.train", "--algorithm", algorithm,
+              extra: tuple[str, ...] = ("--checkpoint-every", "0"),
+              python: str = sys.executable) -> dict:
+    command = [python, "-m", "sublimate.components.train", "--algorithm", algorithm,
                "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--nodes", "2",
                "--epochs", str(epochs or args.epochs), "--global-batch-size", str(args.batch),
                "--hidden", str(args.hidden), *extra, "--scheduler", "local_cwd",
