@@ -95,8 +95,7 @@ def child(args: argparse.Namespace) -> None:
     def streaming():  # type: ignore[no-untyped-def]
         reader = ShardReader(args.data_dir, local_batch=args.batch, seed=0,
                              buffer_size=args.buffer)
-        return reader.batches(0, num_workers=args.workers,
-                              prefetch_factor=args.prefetch if args.workers else None)
+        return reader.batches(0, num_workers=args.workers, prefetch_factor=args.prefetch)
 
     def in_memory():  # type: ignore[no-untyped-def]
         """The built-in loop's data: a prefix of the split as one tensor, rows of a seeded

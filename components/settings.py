@@ -267,7 +267,8 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("auto", "memory", "stream"), paradigms=_COLLECTIVE),
     Setting("shuffle-buffer", 16384, "stream: examples in one shuffle window per rank.",
             kind="integer", minimum=1, paradigms=_COLLECTIVE, in_pipeline=False),
-    Setting("loader-workers", 1, "stream: DataLoader worker processes per rank reading ahead.",
+    Setting("loader-workers", 0, "stream: DataLoader worker processes per rank (0: a thread "
+            "of the worker reads 4 batches ahead; processes pay off when cores are spare).",
             kind="integer", minimum=0, maximum=64, paradigms=_COLLECTIVE, in_pipeline=False),
     Setting("stall-seconds", 300, "Seconds without a step from any rank before the launcher's "
             "watchdog stops the job, names the ranks and nodes that stopped, and relaunches it "

@@ -42,7 +42,7 @@ touches, whole.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -363,12 +363,14 @@ class ShardReader:
 
     def batches(self, epoch: int, start_batch: int = 0, *, num_workers: int = 0,
                 prefetch_factor: int | None = None, pin_memory: bool = False,
-                ) -> torch.utils.data.DataLoader:
+                ) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         """A DataLoader yielding ``(x, y)`` tensors: batches ``start_batch .. steps-1`` of
         ``epoch``, in order, whatever ``num_workers`` is.
 
         ``x`` is ``(B, *feature_shape)`` float32 (images keep their shape), ``y`` ``(B,)`` int64.
-        ``pin_memory`` pins them for an asynchronous host-to-GPU copy.
+        ``pin_memory`` pins them for an asynchronous host-to-GPU copy. With no workers and a
+        ``prefetch_factor``, a thread of this process reads that many batches ahead
+        (:class:`ThreadPrefetch`).
         """
         from torch.utils.data import DataLoader
 
@@ -376,9 +378,62 @@ class ShardReader:
         if not 0 <= start_batch <= len(batches):
             raise ValueError(f"start_batch {start_batch} is outside epoch's {len(batches)} "
                              f"batches")
-        return DataLoader(batches, batch_size=None, sampler=range(start_batch, len(batches)),
-                          num_workers=num_workers, pin_memory=pin_memory,
-                          prefetch_factor=prefetch_factor if num_workers else None)
+        loader = DataLoader(batches, batch_size=None, sampler=range(start_batch, len(batches)),
+                            num_workers=num_workers, pin_memory=pin_memory,
+                            prefetch_factor=prefetch_factor if num_workers else None)
+        if num_workers == 0 and prefetch_factor:
+            return ThreadPrefetch(loader, prefetch_factor)
+        return loader
+
+
+class ThreadPrefetch:
+    """Iterates ``source`` in a background thread, up to ``depth`` items ahead.
+
+    Reading a batch is mostly page faults on the mapped shards and numpy copies, which release
+    the GIL, so a thread overlaps them with the training step without the cost of a DataLoader
+    worker process (on a small machine a worker process competes with training for the cores).
+    Items come in order; an exception in the thread is raised at the consumer.
+    """
+
+    _DONE = object()
+
+    def __init__(self, source: Iterable[Any], depth: int = 2) -> None:
+        self.source, self.depth = source, max(1, depth)
+
+    def __iter__(self) -> Iterator[Any]:
+        import queue
+        import threading
+
+        items: queue.Queue[Any] = queue.Queue(self.depth)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for item in self.source:
+                    while not stop.is_set():
+                        try:
+                            items.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                items.put(self._DONE)
+            except BaseException as error:  # handed to the consumer, raised there
+                items.put(error)
+
+        thread = threading.Thread(target=produce, name="sublimate-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = items.get()
+                if item is self._DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # a consumer that stops early (a resumed epoch, an error) ends the thread
 
 
 def evaluation_batches(folder: Path, split: str = "test", batch_size: int = 8192, *,

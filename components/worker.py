@@ -352,9 +352,9 @@ class Run:
         device = self.group.device
         streamed = data.reader is not None
         if streamed:  # batches from the volume; DataLoader workers read ahead
+            # Without loader workers a thread reads ahead (streaming.ThreadPrefetch).
             stream = iter(data.reader.batches(
-                epoch, position, num_workers=args.loader_workers,
-                prefetch_factor=2 if args.loader_workers else None,
+                epoch, position, num_workers=args.loader_workers, prefetch_factor=4,
                 pin_memory=device.type == "cuda"))
         else:
             order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(

@@ -4,6 +4,8 @@ checked example by example against the split it came from."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -190,3 +192,26 @@ def test_evaluation_streams_the_split_in_order(uneven: Path) -> None:
     batches = ids_of(evaluation_batches(uneven, "test", batch_size=16))
     assert [len(b) for b in batches] == [16, 16, 16, 2]
     np.testing.assert_array_equal(np.concatenate(batches), np.arange(10**6, 10**6 + 50))
+
+
+def test_a_thread_reads_ahead_in_order_and_hands_over_errors() -> None:
+    from sublimate.components.streaming import ThreadPrefetch
+
+    assert list(ThreadPrefetch(range(100), depth=3)) == list(range(100))
+
+    def failing():  # type: ignore[no-untyped-def]
+        yield 1
+        raise OSError("shard unreadable")
+
+    items = iter(ThreadPrefetch(failing(), depth=2))
+    assert next(items) == 1
+    with pytest.raises(OSError, match="shard unreadable"):
+        next(items)
+    # A consumer that stops early (a resumed or failed epoch) ends the reading thread.
+    early = iter(ThreadPrefetch(range(10_000), depth=2))
+    assert next(early) == 0
+    early.close()
+    deadline = time.monotonic() + 5
+    while any(t.name == "sublimate-prefetch" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the prefetch thread did not end"
+        time.sleep(0.01)
