@@ -29,6 +29,17 @@ def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def stop_run(process: subprocess.Popen[str]) -> None:
+    """Stop a `sublimate run` that a failed test leaves behind, as Ctrl-C would: the runner
+    stops its steps and the train step cancels its job (a SIGKILL would orphan them)."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A real S3 server (SeaweedFS) on 127.0.0.1, shared by the storage tests, stopped at exit."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components import faults
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, stop_run
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and not os.environ.get("CI"),
@@ -77,7 +77,7 @@ def _finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
         output, _ = process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
-            process.kill()
+            stop_run(process)
     return output
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from sublimate.components import train
 from sublimate.components.settings import SettingError, check
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, stop_run
 
 PLAIN = "examples/plain_torchrun/train.py"
 PLAIN_ARGS = "--data $SUBLIMATE_DATA_DIR --out $SUBLIMATE_RUN_DIR --epochs 6"
@@ -92,7 +92,7 @@ def test_own_loop_with_the_library_bmuf_on_two_nodes_resumes_after_a_kill(
         output, _ = process.communicate(timeout=300)
     finally:
         if process.poll() is None:
-            process.kill()
+            stop_run(process)
     assert killed_after is not None, "the run ended before a checkpoint was committed"
     assert process.returncode == 0, output[-4000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
@@ -189,3 +189,42 @@ def test_keras_with_multiworkermirroredstrategy_runs_under_sublimate_run(tmp_pat
     assert written["accuracy"] > 0.8
     # Both nodes' workers joined one strategy: the example prints its replica count.
     assert re.search(r"\[node0\].*2 replicas", log), log[-3000:]
+
+
+def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
+        tmp_path: Path) -> None:
+    """Rank 1 freezes (SIGSTOP) with the collective timeout far away: every rank stops stepping,
+    the launcher's watchdog stops the job after stall-seconds with one message naming the ranks,
+    their nodes and the step, and relaunches it from the last checkpoint."""
+    home = tmp_path / "home"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sublimate.pipelines", "run", "-p", "epochs=12",
+         "-p", "checkpoint-every=20", "-p", "max-restarts=1", "-p", "stall-seconds=6",
+         "-p", "collective-timeout=600"],
+        cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    frozen = None
+    try:
+        deadline = time.monotonic() + 240
+        while frozen is None and time.monotonic() < deadline and process.poll() is None:
+            # The heartbeat names its process (a worker forked by its agent has the agent's
+            # command line and environment in /proc).
+            for beat in home.glob("volumes/sublimate-data/runs/*/progress/rank-1.json"):
+                if json.loads(beat.read_text())["step"] > 20:
+                    frozen = json.loads(beat.read_text())["pid"]
+            time.sleep(0.05)
+        assert frozen is not None, "no checkpoint before the end"
+        stopped_at = time.monotonic()
+        os.kill(frozen, signal.SIGSTOP)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            stop_run(process)
+    assert process.returncode == 0, output[-4000:]
+    message = re.search(r"train: error: training stalled: no progress for (\d+)s: ranks 0,1 "
+                        r"\(node0, node1\) stopped reporting at step (\d+)", output)
+    assert message, output[-3000:]
+    assert int(message.group(1)) >= 6
+    assert "relaunching from the last checkpoint (relaunch 1 of 1)" in output
+    assert re.search(r"resumed from checkpoint at step \d+", output)
+    assert time.monotonic() - stopped_at > 6
