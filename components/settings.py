@@ -231,8 +231,9 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=0),
     Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
             "at the end).", kind="integer", minimum=0),
-    Setting("max-restarts", 0, "Times torchrun restarts the workers after one fails; they "
-            "resume from the last checkpoint.", kind="integer", minimum=0, maximum=100,
+    Setting("max-restarts", 0, "Times torchrun restarts the workers after one fails, and times "
+            "the launcher relaunches a stalled job or one that lost a node; they resume from the "
+            "last checkpoint.", kind="integer", minimum=0, maximum=100,
             reader="launcher"),
     Setting("lr-scaling", "linear", "Scale the learning rate with global-batch-size / "
             "reference-batch-size (Goyal et al. 2017); async scales with each trainer's batch.",

@@ -522,7 +522,7 @@ def launch(args: argparse.Namespace) -> int:
     with make_runner(scheduler) as runner:  # type: ignore[attr-defined]
         for attempt in range(args.max_restarts + 1):
             outcome = run_attempt(runner, args, scheduler, attempt)
-            if outcome != STALLED:
+            if outcome not in (STALLED, LOST):
                 break
             if attempt < args.max_restarts:
                 print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} of "
@@ -545,7 +545,8 @@ def launch(args: argparse.Namespace) -> int:
     return 0
 
 
-SUCCEEDED, FAILED, STALLED, STOPPED = "succeeded", "failed", "stalled", "stopped"
+# How one attempt ended; a stalled job or a lost node is relaunched from the last checkpoint.
+SUCCEEDED, FAILED, STALLED, LOST, STOPPED = "succeeded", "failed", "stalled", "lost", "stopped"
 
 
 def enough_nodes(args: argparse.Namespace, status: object) -> bool:
@@ -577,7 +578,8 @@ def lost_replicas(status: object, ended: bool = False) -> list[str]:
 
 def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
     """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
-    STALLED (the watchdog stopped it) or STOPPED (the step was stopped)."""
+    STALLED (the watchdog stopped it), LOST (a node died while the others waited for it) or
+    STOPPED (the step was stopped)."""
     from torchx.specs import AppState
 
     app = build_app(args, scheduler)
@@ -632,7 +634,7 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         runner.cancel(handle)  # type: ignore[attr-defined]
         print(f"train: error: lost {', '.join(lost)} while the job ran; stopped the others",
               file=sys.stderr, flush=True)
-        return STALLED
+        return LOST
     for stream in streams:
         stream.join(timeout=5)
     lost = lost_replicas(status, ended=True)
