@@ -266,7 +266,12 @@ def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]
     if scheduler == "local_cwd":
         return {"log_dir": str(args.run_dir / run_files.LOGS)}
     if scheduler == "local_netns":
-        return {"log_dir": str(args.run_dir / run_files.LOGS),
+        from sublimate.components.runtime import SHARED_VOLUME_PATH
+
+        # Each node sees the shared volume at its cluster path too, as a pod would.
+        volume = {"volume": f"{args.runs_root.parent}:{SHARED_VOLUME_PATH}"} \
+            if args.runs_root else {}
+        return {"log_dir": str(args.run_dir / run_files.LOGS), **volume,
                 **{option: value for option, value in (
                     ("link_rate", args.link_rate), ("link_delay", args.link_delay),
                     ("link_loss", args.link_loss)) if value}}
