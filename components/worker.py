@@ -137,7 +137,7 @@ class StreamingEvaluation:
     def accuracy(self, model: nn.Module) -> float:
         from sublimate.components.streaming import evaluation_batches
 
-        training = model.training
+        was_training = model.training
         model.eval()
         correct, total = 0, 0
         with torch.inference_mode():
@@ -145,7 +145,7 @@ class StreamingEvaluation:
                 logits = model(x.reshape(len(y), -1).to(self.device))
                 correct += int((logits.argmax(1) == y.to(self.device)).sum())
                 total += len(y)
-        model.train(training)
+        model.train(was_training)
         return correct / max(total, 1)
 
 
@@ -166,14 +166,14 @@ class Evaluation:
         return cls(read_split(data_dir, "test"), device)
 
     def accuracy(self, model: nn.Module) -> float:
-        training = model.training
+        was_training = model.training
         model.eval()  # dropout and batch-norm statistics as at test time
         correct = torch.zeros((), dtype=torch.int64, device=self.labels.device)
         with torch.inference_mode():
             for start in range(0, len(self.labels), self.batch_size):
                 logits = model(self.features[start:start + self.batch_size])
                 correct += (logits.argmax(1) == self.labels[start:start + self.batch_size]).sum()
-        model.train(training)
+        model.train(was_training)
         return correct.item() / max(len(self.labels), 1)
 
 
