@@ -209,7 +209,8 @@ def test_submit_wait_follows_the_workflow_to_its_end(argo: FakeArgoServer,
 def test_bad_parameters_never_reach_the_server(argo: FakeArgoServer,
                                                capsys: pytest.CaptureFixture) -> None:
     assert main(["submit", "-p", "nodes=many", *argo.flags()]) == 2
-    assert "parameter 'nodes': 'many' does not match pattern '^[0-9]+(:[0-9]+)?$'" in capsys.readouterr().err
+    assert "parameter 'nodes': 'many' does not match pattern '^[0-9]+(:[0-9]+)?$'" \
+        in capsys.readouterr().err
     # the train step's cross-setting rules, with the same one line as `sublimate run`
     assert main(["submit", "-p", "global-batch-size=65", *argo.flags()]) == 2
     assert capsys.readouterr().err == \
