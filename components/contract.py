@@ -33,6 +33,8 @@ RUN_DIR_ENV = "SUBLIMATE_RUN_DIR"
 SETTINGS_ENV = "SUBLIMATE_SETTINGS"
 METRICS_PORT_ENV = "SUBLIMATE_METRICS_PORT"  # read by metrics.base_port
 TF_CONFIG_ENV = "TF_CONFIG"
+# Set by the local runner: where `sublimate run` was started (pipelines/runner/plan.py).
+LOCAL_CWD_ENV = "SUBLIMATE_LOCAL_CWD"
 
 
 class ContractError(RuntimeError):
@@ -73,6 +75,28 @@ class Contract:
 def is_script(target: str) -> bool:
     """An entry point that is a script path rather than a module (``train.py``, ``a/b.py``)."""
     return target.endswith(".py") or "/" in target
+
+
+def local_workdir() -> Path | None:
+    """Where ``sublimate run`` was started, for a local run's relative paths (None elsewhere)."""
+    folder = os.environ.get(LOCAL_CWD_ENV)
+    return Path(folder) if folder else None
+
+
+def locate_entrypoint(entrypoint: str, local: bool = True) -> tuple[str, str | None]:
+    """A user's entry point as its process will find it, and a folder to import modules from.
+
+    A local run resolves a relative script path and imports modules from the folder where
+    ``sublimate run`` was started, as ``python train.py`` or ``python -m pkg.train`` there
+    would; in a cluster (``local`` false, or no local run), paths and modules are the image's.
+    """
+    workdir = local_workdir() if local else None
+    if is_script(entrypoint):
+        path = Path(entrypoint)
+        if not path.is_absolute() and workdir is not None:
+            path = workdir / path
+        return str(path), None
+    return entrypoint, str(workdir) if workdir is not None else None
 
 
 def contract_env(data_dir: Path, run_dir: Path, settings: Mapping[str, Any]) -> dict[str, str]:

@@ -60,19 +60,17 @@ def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str
     """Run the user's evaluation in this process with the contract; the metrics it wrote."""
     import os
 
-    from sublimate.components.contract import DATA_DIR_ENV, RUN_DIR_ENV, is_script
+    from sublimate.components.contract import DATA_DIR_ENV, RUN_DIR_ENV, locate_entrypoint
     from sublimate.components.entrypoint import run
 
     os.environ.update({RUN_DIR_ENV: str(model_dir), DATA_DIR_ENV: str(data_dir)})
-    workdir = os.environ.get("SUBLIMATE_LOCAL_CWD")  # a local run: paths as on the laptop
-    if workdir:
-        if is_script(entrypoint) and not Path(entrypoint).is_absolute():
-            entrypoint = str(Path(workdir) / entrypoint)
-        sys.path.insert(0, workdir)
+    target, pythonpath = locate_entrypoint(entrypoint)  # a local run: paths as on the laptop
+    if pythonpath:
+        sys.path.insert(0, pythonpath)
     written = model_dir / run_files.EVALUATION
     before = written.stat().st_mtime_ns if written.is_file() else None
     try:
-        code = run(entrypoint, [])
+        code = run(target, [])
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     if code:

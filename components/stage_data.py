@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sublimate.components import object_store
+from sublimate.components.contract import local_workdir
 from sublimate.components.datasets import (
     BUILTIN_DATASETS,
     FORMAT_VERSION,
@@ -605,9 +606,9 @@ def stage_entry_point(dataset: str, target: Path) -> Path:
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise DatasetError(f"dataset '{dataset}': expected py:module:function")
-    workdir = os.environ.get("SUBLIMATE_LOCAL_CWD")  # a local run imports as its user would
-    if workdir and workdir not in sys.path:
-        sys.path.append(workdir)
+    workdir = local_workdir()  # a local run imports as its user would, from where it started
+    if workdir is not None and str(workdir) not in sys.path:
+        sys.path.append(str(workdir))
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 # launcher does not).
 from sublimate.components import metrics, run_files, watchdog
 from sublimate.components import settings as declared
-from sublimate.components.contract import contract_env
+from sublimate.components.contract import contract_env, is_script, locate_entrypoint
 from sublimate.components.runtime import DEFAULT_IMAGE
 from sublimate.components.settings import (
     SettingError,
@@ -349,36 +349,10 @@ def entrypoint_arguments(text: str, env: dict[str, str]) -> list[str]:
             for arg in shlex.split(text)]
 
 
-def local_workdir() -> Path | None:
-    """Where ``sublimate run`` was started, for a local run's relative paths (None elsewhere)."""
-    folder = os.environ.get("SUBLIMATE_LOCAL_CWD")
-    return Path(folder) if folder else None
-
-
-def locate_entrypoint(entrypoint: str, local: bool) -> tuple[str, str | None]:
-    """The entry point as the workers will find it, and a folder to put on their PYTHONPATH.
-
-    A local run resolves a relative script path and imports modules from the folder where
-    ``sublimate run`` was started, as ``python train.py`` or ``python -m pkg.train`` there
-    would; in a cluster, paths and modules are the image's.
-    """
-    from sublimate.components.contract import is_script
-
-    workdir = local_workdir() if local else None
-    if is_script(entrypoint):
-        path = Path(entrypoint)
-        if not path.is_absolute() and workdir is not None:
-            path = workdir / path
-        return str(path), None
-    return entrypoint, str(workdir) if workdir is not None else None
-
-
 def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
     """Why the workers could not start ``entrypoint``, in one line (None: they can, as far as
     the launcher can tell; in a cluster the launcher's image is the workers')."""
     import importlib.util
-
-    from sublimate.components.contract import is_script
 
     target, pythonpath = locate_entrypoint(entrypoint, local)
     if is_script(target):
