@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,48 @@ def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
     env = {**os.environ, "SUBLIMATE_HOME": str(home), **(env or {})}
     return subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_outputs(text: str) -> dict[str, str]:
+    """The workflow's outputs from `sublimate run`'s `outputs: a=1, b=2` line."""
+    line = next(line for line in text.splitlines() if line.startswith("outputs: "))
+    return dict(pair.split("=", 1) for pair in line[len("outputs: "):].split(", "))
+
+
+def results_folder(home: Path) -> Path:
+    """The one run's folder on the local shared volume of ``home``."""
+    (run,) = (home / "volumes" / "sublimate-data" / "runs").iterdir()
+    return run
+
+
+def start_run(home: Path, *args: str) -> subprocess.Popen[str]:
+    """`sublimate run ARGS` in the background (output merged), for a test that acts on it while
+    it runs; end it with :func:`finish_run`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sublimate.pipelines", "run", *args], cwd=REPO,
+        env={**os.environ, "SUBLIMATE_HOME": str(home)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def first_checkpoint(home: Path, process: subprocess.Popen[str],
+                     timeout: float = 180) -> tuple[Path, int]:
+    """Wait for the run's first committed checkpoint: (its results folder, the step)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        for latest in home.glob("volumes/sublimate-data/runs/*/checkpoints/latest.json"):
+            return latest.parents[1], json.loads(latest.read_text())["step"]
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint was committed: " + (process.communicate()[0] or "")[-3000:])
+
+
+def finish_run(process: subprocess.Popen[str], timeout: float = 300) -> str:
+    """Wait for a background run and return its output; stop it if the wait fails."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            stop_run(process)
+    return output
 
 
 def stop_run(process: subprocess.Popen[str]) -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,23 +14,20 @@ from pathlib import Path
 import pytest
 
 from sublimate.components import faults
-from tests.conftest import REPO, run_cli, stop_run
+from tests.conftest import (
+    finish_run,
+    first_checkpoint,
+    results_folder,
+    run_cli,
+    run_outputs,
+    start_run,
+)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and not os.environ.get("CI"),
     reason="local_netns needs root (CAP_NET_ADMIN); CI runs as root, where this must not skip")
 
 THREE_NODES = ["-p", "scheduler=local_netns", "-p", "nodes=3", "-p", "global-batch-size=60"]
-
-
-def _outputs(text: str) -> dict[str, str]:
-    line = next(line for line in text.splitlines() if line.startswith("outputs: "))
-    return dict(pair.split("=", 1) for pair in line[len("outputs: "):].split(", "))
-
-
-def _results(home: Path) -> Path:
-    (run,) = (home / "volumes" / "sublimate-data" / "runs").iterdir()
-    return run
 
 
 def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> None:
@@ -42,13 +38,13 @@ def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> No
     plain = run_cli("run", *settings, "-p", "scheduler=local_cwd", home=tmp_path / "cwd")
     assert plain.returncode == 0, plain.stderr[-3000:]
     # Same seed, same data order, same world: synchronous SGD lands on the same model.
-    assert float(_outputs(shaped.stdout)["metric"]) == pytest.approx(
-        float(_outputs(plain.stdout)["metric"]), abs=0.01)
-    summary = json.loads((_results(tmp_path / "netns") / "train-summary.json").read_text())
+    assert float(run_outputs(shaped.stdout)["metric"]) == pytest.approx(
+        float(run_outputs(plain.stdout)["metric"]), abs=0.01)
+    summary = json.loads((results_folder(tmp_path / "netns") / "train-summary.json").read_text())
     assert summary["world_size"] == 3
     # The job's cluster was torn down with it (tests/test_netns_scheduler.py checks for leaks
     # of namespaces, links and processes in every way a job can end).
-    (state,) = _results(tmp_path / "netns").glob("logs/**/cluster.json")
+    (state,) = results_folder(tmp_path / "netns").glob("logs/**/cluster.json")
     cluster = json.loads(state.read_text())
     assert cluster["state"] != faults.RUNNING
     assert all(faults.process_start(node["init_pid"]) != node["init_start"]
@@ -56,38 +52,16 @@ def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> No
 
 
 def _start(home: Path, *params: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "sublimate.pipelines", "run", *THREE_NODES, *params],
-        cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _first_checkpoint(home: Path, process: subprocess.Popen[str],
-                      timeout: float = 180) -> tuple[Path, int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        for latest in home.glob("volumes/sublimate-data/runs/*/checkpoints/latest.json"):
-            return latest.parents[1], json.loads(latest.read_text())["step"]
-        time.sleep(0.05)
-    raise AssertionError("no checkpoint was committed: " + (process.communicate()[0] or "")[-3000:])
-
-
-def _finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            stop_run(process)
-    return output
+    return start_run(home, *THREE_NODES, *params)
 
 
 def test_a_killed_node_is_relaunched_from_the_last_checkpoint(tmp_path: Path) -> None:
     home = tmp_path / "home"
     process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
                      "-p", "max-restarts=1")
-    run_dir, committed = _first_checkpoint(home, process)
+    run_dir, committed = first_checkpoint(home, process)
     faults.kill_node(faults.load_running(run_dir), 1)  # every process of node 1
-    output = _finish(process)
+    output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"lost node1 \(10\.[0-9.]+\)", output), output[-3000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
@@ -101,12 +75,12 @@ def test_a_link_cut_longer_than_the_collective_timeout_fails_fast_and_resumes(
     home = tmp_path / "home"
     process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
                      "-p", "max-restarts=2", "-p", "collective-timeout=4")
-    run_dir, committed = _first_checkpoint(home, process)
+    run_dir, committed = first_checkpoint(home, process)
     cluster = faults.load_running(run_dir)
     cut_at = time.monotonic()
     cutter = threading.Thread(target=faults.cut_link, args=(cluster, 1, 12.0))
     cutter.start()
-    output = _finish(process)
+    output = finish_run(process)
     cutter.join()
     assert process.returncode == 0, output[-4000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
@@ -119,19 +93,18 @@ def test_a_slowed_node_is_named_as_the_straggler(tmp_path: Path) -> None:
     process = _start(home, "-p", "epochs=30", "-p", "checkpoint-every=0",
                      "-p", "eval-every-epoch=false")
     deadline = time.monotonic() + 120
-    run_dir = None
-    while run_dir is None and time.monotonic() < deadline and process.poll() is None:
+    running = False
+    while not running and time.monotonic() < deadline and process.poll() is None:
         found = list(home.glob("volumes/sublimate-data/runs/*/logs/**/cluster.json"))
-        if found and json.loads(found[0].read_text()).get("state") == faults.RUNNING:
-            run_dir = found[0].parents[0]
+        running = bool(found) and json.loads(found[0].read_text()).get("state") == faults.RUNNING
         time.sleep(0.05)
-    assert run_dir is not None
-    faults.slow_node(faults.load_running(_results(home)), 2, cpu=0.15)
-    output = _finish(process)
+    assert running, "the cluster never came up"
+    faults.slow_node(faults.load_running(results_folder(home)), 2, cpu=0.15)
+    output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"straggler: rank 2 \(node2\) compute [0-9.]+x median", output), \
         output[-3000:]
-    report = json.loads((_results(home) / "report" / "report.json").read_text())
+    report = json.loads((results_folder(home) / "report" / "report.json").read_text())
     (straggler,) = report["stragglers"]["ranks"]
     assert (straggler["rank"], straggler["node"], straggler["cause"]) == (2, "node2", "compute")
 
@@ -141,20 +114,18 @@ def test_an_elastic_job_loses_a_node_and_finishes_on_the_minimum(tmp_path: Path)
     (collective timeout, rendezvous keep-alive), meet again as a world of 2 and resume from the
     committed step with the data re-divided (each rank's share of the global batch grows)."""
     home = tmp_path / "home"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sublimate.pipelines", "run", "-p", "scheduler=local_netns",
-         "-p", "nodes=2:3", "-p", "global-batch-size=60", "-p", "epochs=12",
-         "-p", "checkpoint-every=20", "-p", "max-restarts=2", "-p", "collective-timeout=5"],
-        cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_dir, committed = _first_checkpoint(home, process)
+    process = start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
+                        "-p", "global-batch-size=60", "-p", "epochs=12",
+                        "-p", "checkpoint-every=20", "-p", "max-restarts=2",
+                        "-p", "collective-timeout=5")
+    run_dir, committed = first_checkpoint(home, process)
     faults.kill_node(faults.load_running(run_dir), 2)
-    output = _finish(process)
+    output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"train: finished on 2 of 3 nodes \(elastic, lost node2", output), \
         output[-3000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
     assert resumed and resumed[0] >= committed, output[-3000:]
-    summary = json.loads((_results(home) / "train-summary.json").read_text())
+    summary = json.loads((results_folder(home) / "train-summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 276
     assert summary["resumed_from_step"] >= committed

@@ -16,20 +16,18 @@ import pytest
 
 from sublimate.components import train
 from sublimate.components.settings import SettingError, check
-from tests.conftest import REPO, run_cli, stop_run
+from tests.conftest import (
+    REPO,
+    finish_run,
+    first_checkpoint,
+    results_folder,
+    run_cli,
+    run_outputs,
+    start_run,
+)
 
 PLAIN = "examples/plain_torchrun/train.py"
 PLAIN_ARGS = "--data $SUBLIMATE_DATA_DIR --out $SUBLIMATE_RUN_DIR --epochs 6"
-
-
-def _outputs(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
-    line = next(line for line in result.stdout.splitlines() if line.startswith("outputs: "))
-    return dict(pair.split("=", 1) for pair in line[len("outputs: "):].split(", "))
-
-
-def _results_folder(home: Path) -> Path:
-    (run,) = (home / "volumes" / "sublimate-data" / "runs").iterdir()
-    return run
 
 
 def test_a_plain_torchrun_script_runs_as_it_is(tmp_path: Path) -> None:
@@ -37,8 +35,8 @@ def test_a_plain_torchrun_script_runs_as_it_is(tmp_path: Path) -> None:
     result = run_cli("run", "-p", f"entrypoint={PLAIN}", "-p", f"entrypoint-args={PLAIN_ARGS}",
                      home=home)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    written = json.loads((_results_folder(home) / "metrics.json").read_text())
-    outputs = _outputs(result)
+    written = json.loads((results_folder(home) / "metrics.json").read_text())
+    outputs = run_outputs(result.stdout)
     # The evaluate step reported what the script wrote, as the pipeline's chosen metric.
     assert float(outputs["metric"]) == pytest.approx(written["accuracy"])
     assert written["accuracy"] > 0.85
@@ -69,40 +67,32 @@ def test_own_loop_with_the_library_bmuf_on_two_nodes_resumes_after_a_kill(
     image data in the layout; rank 1 is SIGKILLed after the first checkpoint, torchrun restarts
     the workers, and the loop resumes from the committed step with its data position."""
     home = tmp_path / "home"
-    env = {**os.environ, "SUBLIMATE_HOME": str(home)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sublimate.pipelines", "run",
-         "-p", "entrypoint=examples.cnn_bmuf.train",
-         "-p", "dataset=py:sublimate.components.example_datasets:digit_images",
-         "-p", "algorithm=bmuf", "-p", "sync-period=4", "-p", "epochs=6",
-         "-p", "checkpoint-every=20", "-p", "max-restarts=1"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_run(home, "-p", "entrypoint=examples.cnn_bmuf.train",
+                        "-p", "dataset=py:sublimate.components.example_datasets:digit_images",
+                        "-p", "algorithm=bmuf", "-p", "sync-period=4", "-p", "epochs=6",
+                        "-p", "checkpoint-every=20", "-p", "max-restarts=1")
     killed_after = None
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and process.poll() is None:
-            latest = list(home.glob("volumes/sublimate-data/runs/*/checkpoints/latest.json"))
-            if latest:
-                pid = _worker_pid(1, "examples.cnn_bmuf.train")
-                if pid is not None:
-                    killed_after = json.loads(latest[0].read_text())["step"]
-                    os.kill(pid, signal.SIGKILL)
-                    break
+        _, committed = first_checkpoint(home, process, timeout=240)
+        deadline = time.monotonic() + 60
+        while killed_after is None and time.monotonic() < deadline and process.poll() is None:
+            pid = _worker_pid(1, "examples.cnn_bmuf.train")
+            if pid is not None:
+                killed_after = committed
+                os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
-        output, _ = process.communicate(timeout=300)
     finally:
-        if process.poll() is None:
-            stop_run(process)
+        output = finish_run(process)
     assert killed_after is not None, "the run ended before a checkpoint was committed"
     assert process.returncode == 0, output[-4000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
     assert resumed, output[-3000:]
     # At most checkpoint-every steps are repeated: the resume is from the last committed step.
     assert resumed[0] >= killed_after
-    metrics = json.loads((_results_folder(home) / "metrics.json").read_text())
+    metrics = json.loads((results_folder(home) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.7
     # The library's reporter wrote the run's epoch records for every rank and the report.
-    results = _results_folder(home)
+    results = results_folder(home)
     assert {path.name for path in (results / "metrics").glob("rank-*.jsonl")} == {
         "rank-0.jsonl", "rank-1.jsonl"}
     assert "epoch 6/6 step 132/132" in output
@@ -184,8 +174,8 @@ def test_keras_with_multiworkermirroredstrategy_runs_under_sublimate_run(tmp_pat
                      home=home, timeout=400)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
-    written = json.loads((_results_folder(home) / "metrics.json").read_text())
-    assert float(_outputs(result)["metric"]) == pytest.approx(written["accuracy"])
+    written = json.loads((results_folder(home) / "metrics.json").read_text())
+    assert float(run_outputs(result.stdout)["metric"]) == pytest.approx(written["accuracy"])
     assert written["accuracy"] > 0.8
     # Both nodes' workers joined one strategy: the example prints its replica count.
     assert re.search(r"\[node0\].*2 replicas", log), log[-3000:]
@@ -197,12 +187,9 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     the launcher's watchdog stops the job after stall-seconds with one message naming the ranks,
     their nodes and the step, and relaunches it from the last checkpoint."""
     home = tmp_path / "home"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sublimate.pipelines", "run", "-p", "epochs=12",
-         "-p", "checkpoint-every=20", "-p", "max-restarts=1", "-p", "stall-seconds=6",
-         "-p", "collective-timeout=600"],
-        cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_run(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
+                        "-p", "max-restarts=1", "-p", "stall-seconds=6",
+                        "-p", "collective-timeout=600")
     frozen = None
     try:
         deadline = time.monotonic() + 240
@@ -216,10 +203,8 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
         assert frozen is not None, "no checkpoint before the end"
         stopped_at = time.monotonic()
         os.kill(frozen, signal.SIGSTOP)
-        output, _ = process.communicate(timeout=300)
     finally:
-        if process.poll() is None:
-            stop_run(process)
+        output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     message = re.search(r"train: error: training stalled: no progress for (\d+)s: ranks 0,1 "
                         r"\(node0, node1\) stopped reporting at step (\d+)", output)
@@ -228,3 +213,6 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     assert "relaunching from the last checkpoint (relaunch 1 of 1)" in output
     assert re.search(r"resumed from checkpoint at step \d+", output)
     assert time.monotonic() - stopped_at > 6
+    # The launcher ended the frozen worker after cancelling the stalled attempt.
+    assert not Path(f"/proc/{frozen}").exists() or \
+        Path(f"/proc/{frozen}/stat").read_text().split()[2] == "Z"
