@@ -11,6 +11,7 @@ failing worker's error when any worker fails. Stopping the step cancels the job.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -555,6 +556,20 @@ def lost_replicas(status: object, ended: bool = False) -> list[str]:
             if replica.state == AppState.FAILED and role.role == "worker"]
 
 
+def end_hung_workers(run_dir: Path, attempt: str) -> None:
+    """End this attempt's workers for good after a stall was cancelled.
+
+    A frozen worker (stopped, or stuck where signals wait) outlives the SIGTERM of a cancel,
+    and a peer waiting for it in a collective lives on until the collective timeout; on
+    ``local_cwd`` their process ids are in their heartbeats (``local_netns`` nodes are their own
+    PID namespaces, ended with them; a pod ends with its pod).
+    """
+    for beat in watchdog.read_heartbeats(run_dir, attempt).values():
+        if beat.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(beat.pid, signal.SIGKILL)
+
+
 def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
     """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
     STALLED (the watchdog stopped it), LOST (a node died while the others waited for it) or
@@ -607,6 +622,8 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         return STOPPED
     if stalled is not None:
         runner.cancel(handle)  # type: ignore[attr-defined]
+        if scheduler == "local_cwd":
+            end_hung_workers(args.run_dir, attempt_id)
         print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
         return STALLED
     if lost:

@@ -145,6 +145,7 @@ class Heartbeat:
     time: float
     state: str
     what: str | None = None
+    pid: int | None = None  # in the rank's own PID namespace (local_netns nodes have theirs)
 
 
 def read_heartbeats(run_dir: Path, attempt: str | None = None,
@@ -157,7 +158,7 @@ def read_heartbeats(run_dir: Path, attempt: str | None = None,
             record = json.loads(path.read_text())
             beat = Heartbeat(int(record["rank"]), str(record.get("node", "?")),
                              int(record["step"]), float(record["time"]),
-                             str(record["state"]), record.get("what"))
+                             str(record["state"]), record.get("what"), record.get("pid"))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if attempt is not None and record.get("attempt") != attempt:
