@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -40,7 +41,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from sublimate.components import checkpoint, run_files, training
 from sublimate.components import metrics as monitoring
-from sublimate.components.datasets import Split, read_metadata, read_split
+from sublimate.components.datasets import read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
 from sublimate.components.paradigms import Paradigm
 from sublimate.components.settings import (
@@ -128,53 +129,45 @@ def _kill_self(rank: int, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class StreamingEvaluation:
-    """The test split streamed in batches at every evaluation: memory is a few batches."""
-
-    def __init__(self, data_dir: Path, device: torch.device, batch_size: int = 8192) -> None:
-        self.data_dir, self.device, self.batch_size = data_dir, device, batch_size
-
-    def accuracy(self, model: nn.Module) -> float:
-        from sublimate.components.streaming import evaluation_batches
-
-        was_training = model.training
-        model.eval()
-        correct, total = 0, 0
-        with torch.inference_mode():
-            for x, y in evaluation_batches(self.data_dir, "test", self.batch_size):
-                logits = model(x.reshape(len(y), -1).to(self.device))
-                correct += int((logits.argmax(1) == y.to(self.device)).sum())
-                total += len(y)
-        model.train(was_training)
-        return correct / max(total, 1)
-
-
 class Evaluation:
-    """The test split, read once and kept on the device, for an accuracy after every epoch.
+    """Rank 0's test accuracy after every epoch, in batches so that a large test split never
+    needs one huge activation tensor.
 
-    Evaluating is then a few forward passes in inference mode, in batches so that a large test
-    split never needs one huge activation tensor; no files are read per epoch.
+    In memory (:meth:`read`) the split is read once and kept on the device: evaluating is a few
+    forward passes and no files are read per epoch. Streamed (:meth:`stream`, when the training
+    split streams) it is read in batches at every evaluation: memory is a few batches.
     """
 
-    def __init__(self, data: Split, device: torch.device, batch_size: int = 8192) -> None:
-        self.features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
-        self.labels = torch.from_numpy(data.y).to(device)
-        self.batch_size = batch_size
+    def __init__(self, batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+                 device: torch.device) -> None:
+        self.batches, self.device = batches, device
 
     @classmethod
-    def read(cls, data_dir: Path, device: torch.device) -> Evaluation:
-        return cls(read_split(data_dir, "test"), device)
+    def read(cls, data_dir: Path, device: torch.device, batch_size: int = 8192) -> Evaluation:
+        data = read_split(data_dir, "test")
+        features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
+        labels = torch.from_numpy(data.y).to(device)
+        return cls(lambda: ((features[start:start + batch_size], labels[start:start + batch_size])
+                            for start in range(0, len(labels), batch_size)), device)
+
+    @classmethod
+    def stream(cls, data_dir: Path, device: torch.device, batch_size: int = 8192) -> Evaluation:
+        from sublimate.components.streaming import evaluation_batches
+
+        return cls(lambda: evaluation_batches(data_dir, "test", batch_size), device)
 
     def accuracy(self, model: nn.Module) -> float:
         was_training = model.training
         model.eval()  # dropout and batch-norm statistics as at test time
-        correct = torch.zeros((), dtype=torch.int64, device=self.labels.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        total = 0
         with torch.inference_mode():
-            for start in range(0, len(self.labels), self.batch_size):
-                logits = model(self.features[start:start + self.batch_size])
-                correct += (logits.argmax(1) == self.labels[start:start + self.batch_size]).sum()
+            for x, y in self.batches():
+                logits = model(x.reshape(len(y), -1).to(self.device))
+                correct += (logits.argmax(1) == y.to(self.device)).sum()
+                total += len(y)
         model.train(was_training)
-        return correct.item() / max(len(self.labels), 1)
+        return correct.item() / max(total, 1)
 
 
 def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = None,
@@ -242,8 +235,8 @@ def load_data(args: argparse.Namespace, group: ProcessGroup, startup: monitoring
         steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
     # Only rank 0 evaluates; it reads the test split once, here, not after every epoch (or
     # streams it, when the training split streams).
-    test_set = (StreamingEvaluation(args.data_dir, group.device) if reader is not None
-                else Evaluation.read(args.data_dir, group.device)) \
+    test_set = (Evaluation.stream if reader is not None else Evaluation.read)(
+        args.data_dir, group.device) \
         if args.eval_every_epoch and group.rank == 0 else None
     startup.mark("data")
     return TrainingData(metadata, features, labels, reader, num_features, test_set,
