@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from sublimate.components import checkpoint, run_files
+from sublimate.components import checkpoint, lr_schedule, run_files
 from sublimate.components import metrics as monitoring
 from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re-exported)
     AsyncSGD,
@@ -59,14 +59,28 @@ def _remote_start(trainer: int) -> tuple[list[torch.Tensor], int, int]:
 
 
 def _remote_push_pull(trainer: int, gradients: list[torch.Tensor], version_seen: int,
-                      learning_rate: float) -> tuple[list[torch.Tensor], int]:
+                      learning_rate: float, buffers: list[torch.Tensor] | None = None,
+                      ) -> tuple[list[torch.Tensor], int]:
     assert _SERVER is not None
-    return _SERVER.push_pull(trainer, gradients, version_seen, learning_rate)
+    return _SERVER.push_pull(trainer, gradients, version_seen, learning_rate, buffers)
 
 
 def _remote_report(trainer: int, figures: dict[str, float]) -> None:
     assert _SERVER is not None
     _SERVER.report(trainer, figures)
+
+
+def _remote_alive() -> bool:
+    """Run in a trainer when the server asks whether it is still there."""
+    return True
+
+
+# Seconds without an update after which the server asks its trainers whether they are there.
+QUIET_SECONDS = 5.0
+
+
+class TrainerLost(RuntimeError):
+    """A trainer stopped answering: the run cannot finish (async has no elastic trainers)."""
 
 
 def _remote_finish(trainer: int) -> None:
@@ -103,11 +117,18 @@ def _init_rpc(args: argparse.Namespace, name: str, rank: int) -> None:
                  rpc_backend_options=options)
 
 
-def update_learning_rate(args: argparse.Namespace, local_batch: int) -> float:
-    # Each update carries one trainer's batch, so linear scaling uses that batch size.
-    if args.lr_scaling == "linear":
-        return args.learning_rate * local_batch / args.reference_batch_size
-    return args.learning_rate
+def trainer_learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> float:
+    """A trainer's rate at its ``step``: each update carries one trainer's batch, so linear
+    scaling uses that batch; warmup counts the trainer's own steps (:mod:`.lr_schedule`)."""
+    return lr_schedule.learning_rate({**vars(args), "algorithm": "async"}, args.num_trainers,
+                                     step, steps_per_epoch)
+
+
+def trainer_device() -> torch.device:
+    """The GPU a trainer replica was given (TorchX shows each replica its own), else the CPU.
+    The server keeps the model on the CPU: it only adds gradients, and RPC moves CPU tensors
+    without per-device maps."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def run_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> dict[str, Any]:
@@ -179,6 +200,8 @@ class ServerRun:
         self.curve: list[list[float]] = []  # [train seconds, update, test accuracy] per epoch
         self.evaluation_seconds = 0.0
         self.launch_to_first_step: float | None = None  # None until an update is applied
+        # (version, monotonic time) of the last update seen: trainers are checked when quiet
+        self.quiet_since = (version, time.monotonic())
 
     def serve(self) -> None:
         """Until every trainer has finished, wake at the next epoch's end, checkpoint or second
@@ -199,6 +222,39 @@ class ServerRun:
                 self.report_epoch()
             if done:
                 return
+            self.check_trainers()
+
+    def check_trainers(self) -> None:
+        """After :data:`QUIET_SECONDS` without an update, ask every running trainer whether it
+        is there; raise :class:`TrainerLost` naming one that is not.
+
+        A trainer that dies leaves the server waiting for its pushes; on one machine TorchX
+        calls the app running while any process runs, so without this the job would hang.
+        """
+        from torch.distributed import rpc
+
+        server = self.server
+        now = time.monotonic()
+        if server.version != self.quiet_since[0]:
+            self.quiet_since = (server.version, now)
+            return
+        if now - self.quiet_since[1] < QUIET_SECONDS:
+            return
+        for trainer in range(self.args.num_trainers):
+            if trainer in server.finished:
+                continue
+            try:
+                rpc.rpc_sync(f"trainer{trainer}", _remote_alive, timeout=QUIET_SECONDS)
+            except RuntimeError as error:
+                if trainer in server.finished:  # it finished while asked
+                    continue
+                # torch's text ends in where in tensorpipe it noticed: not the user's concern
+                reason = " ".join(str(error).split("(this error")[0].split())[:120]
+                raise TrainerLost(
+                    f"trainer {trainer} is gone (no answer: {reason}); the "
+                    f"parameter server stops at update {server.version} (its last checkpoint "
+                    "resumes the run)") from None
+        self.quiet_since = (server.version, time.monotonic())
 
     def observe(self) -> None:
         """Publish the first applied update (the end of start-up) and the updates since the
@@ -248,8 +304,8 @@ class ServerRun:
         if self.test_set is None or self.probe is None:
             return None
         paused = time.perf_counter()
-        with self.server.condition:  # a consistent snapshot; trainers wait only for the copy
-            self.probe.load_state_dict(self.server.model.state_dict())
+        # A consistent snapshot; trainers wait only for the copy.
+        self.probe.load_state_dict(self.server.snapshot())
         accuracy = self.test_set.accuracy(self.probe)
         self.evaluation_seconds += time.perf_counter() - paused
         self.started += time.perf_counter() - paused
@@ -279,7 +335,7 @@ class ServerRun:
         architecture, config = model_spec(args.model, self.num_features,
                                           self.metadata["num_classes"], args.hidden)
         checkpoint.save({"architecture": architecture, "config": config,
-            "state_dict": server.model.state_dict(), "algorithm": "async",
+            "state_dict": server.snapshot(), "algorithm": "async",
             "steps": summary["steps"], "dataset": self.metadata["name"]},
             args.run_dir / run_files.MODEL)
         checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
@@ -318,8 +374,10 @@ def start_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) ->
     from torch.distributed import rpc
 
     model, _, _, data, steps_per_epoch = _setup(args)
-    features = torch.from_numpy(data.x).reshape(len(data.y), -1)
-    labels = torch.from_numpy(data.y)
+    device = trainer_device()
+    model = model.to(device)
+    features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
+    labels = torch.from_numpy(data.y).to(device)
     startup.mark("data")
     _init_rpc(args, f"trainer{args.trainer_id}", args.trainer_id + 1)
     parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(args.trainer_id,))
@@ -349,7 +407,7 @@ class TrainerRun:
     def __post_init__(self) -> None:
         args = self.args
         self.local_batch = args.global_batch_size // args.num_trainers  # main() checked it divides
-        self.lr = update_learning_rate(args, self.local_batch)
+        self.lr = trainer_learning_rate(args, self.step, self.steps_per_epoch)
         self.total_steps = self.steps_per_epoch * args.epochs
         self.times = monitoring.StepTimes()
 
@@ -363,13 +421,19 @@ class TrainerRun:
         from torch.distributed import rpc
 
         args, model, features, labels = self.args, self.model, self.features, self.labels
-        metrics, times, lr, local_batch = self.metrics, self.times, self.lr, self.local_batch
+        metrics, times, local_batch = self.metrics, self.times, self.local_batch
+        device, on_gpu = labels.device, labels.is_cuda
+        buffers = list(model.buffers())  # BatchNorm statistics: sent with every push
+        schedule = {**vars(args), "algorithm": "async"}  # what trainer_learning_rate reads
         steps_per_epoch, total_steps = self.steps_per_epoch, self.total_steps
         trainer_id, global_batch = args.trainer_id, args.global_batch_size
         parameters, version, step = self.parameters, self.version, self.step
         loss_fn, perf_counter = nn.CrossEntropyLoss(), time.perf_counter
         pending_startup = self.startup if step < total_steps else None
-        epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
+        from sublimate.components.worker import fault_injection_step, kill_self
+
+        fail_at = fault_injection_step(trainer_id)  # resilience tests: SIGKILL at that step
+        epoch_loss, epoch_steps, epoch_started = torch.zeros((), device=device), 0, perf_counter()
         order, order_epoch = None, -1
         while step < total_steps:
             started = perf_counter()
@@ -377,6 +441,8 @@ class TrainerRun:
             if epoch != order_epoch:  # one permutation per epoch (it was redrawn every step)
                 generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
                 order, order_epoch = torch.randperm(len(labels), generator=generator), epoch
+                order = order.to(device)
+            lr = lr_schedule.learning_rate(schedule, args.num_trainers, step, steps_per_epoch)
             start = batch_index * global_batch + trainer_id * local_batch
             rows = order[start:start + local_batch]
             x, y = features[rows], labels[rows]
@@ -389,10 +455,16 @@ class TrainerRun:
             loss.backward()
             epoch_loss += loss.detach()
             gradients = [parameter.grad for parameter in model.parameters()]
+            pushed = [buffer.detach().clone() for buffer in buffers]
+            if on_gpu:  # RPC carries CPU tensors (no device maps to configure)
+                gradients = [gradient.cpu() for gradient in gradients]
+                pushed = [buffer.cpu() for buffer in pushed]
             computed = perf_counter()
             parameters, version = rpc.rpc_sync(  # the push/pull round trip is the communication
-                PS_NAME, _remote_push_pull, args=(trainer_id, gradients, version, lr))
+                PS_NAME, _remote_push_pull, args=(trainer_id, gradients, version, lr, pushed))
             step += 1
+            if step == fail_at:
+                kill_self(trainer_id, step)
             if pending_startup is not None:  # this trainer's first update is applied
                 pending_startup.mark("first_step")
                 if metrics is not None:
@@ -406,8 +478,10 @@ class TrainerRun:
             if times.steps == 16:
                 times.flush(metrics, 0.0, local_batch, step, total_steps)
             if step % steps_per_epoch == 0 or step == total_steps:
+                self.lr = lr  # the epoch's record shows the rate its last step used
                 self.report_epoch(step, epoch_loss, epoch_steps, epoch_started)
-                epoch_loss, epoch_steps, epoch_started = torch.zeros(()), 0, perf_counter()
+                epoch_loss, epoch_steps = torch.zeros((), device=device), 0
+                epoch_started = perf_counter()
         self.parameters, self.version, self.step = parameters, version, step
 
     def report_epoch(self, step: int, epoch_loss: torch.Tensor, epoch_steps: int,
@@ -551,7 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch's RPC init warns about its own internal use of a deprecated API: noise in the live view
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     if args.role == "ps":
-        summary = run_server(args, startup)
+        try:
+            summary = run_server(args, startup)
+        except (checkpoint.CheckpointError, TrainerLost) as error:  # one line says it all
+            return fail("train", str(error), code=1)
         print(f"training finished: {summary['updates_applied']} updates in "
               f"{summary['train_seconds']:.1f}s, {summary['samples_per_second']:.0f} samples/s, "
               f"staleness mean {summary['staleness_mean']}, model at "

@@ -1,14 +1,19 @@
 """Atomic checkpoint files on the shared volume.
 
 A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed over
-the old one, so a crash at any moment leaves either the previous checkpoint or the new one, never a
-truncated file.
+the old one, and the folder itself is flushed so that the rename survives a power loss: a crash at
+any moment leaves either the previous checkpoint or the new one, never a truncated file.
+
+Files are read back with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain
+Python values only, so a file planted in a run folder on the shared volume cannot run code in
+the next resume or evaluation (a full unpickle would run whatever the file asks for).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,8 @@ import torch
 from sublimate.components.run_files import CHECKPOINTS, LATEST
 
 
-def _replace_atomically(path: Path, write: Any) -> None:
+def replace_atomically(path: Path, write: Any) -> None:
+    """Write ``path`` by calling ``write(stream)`` on a temporary file beside it, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -30,22 +36,61 @@ def _replace_atomically(path: Path, write: Any) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be
+    opened for it."""
+    try:
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass  # some filesystems refuse fsync on a folder; the file itself is on disk
+    finally:
+        os.close(handle)
 
 
 def save(state: dict[str, Any], path: Path) -> None:
-    _replace_atomically(path, lambda stream: torch.save(state, stream))
+    replace_atomically(path, lambda stream: torch.save(state, stream))
 
 
 def load(path: Path) -> dict[str, Any] | None:
+    """The state saved at ``path`` (on the CPU), or None when there is no file.
+
+    Anything but tensors and plain values is refused, naming the file (see the module's
+    docstring): e.g. a checkpoint whose ``extra`` holds a NumPy array or an object.
+    """
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(f"{path}: holds more than tensors and plain values, so it is "
+                              f"not loaded ({_refused_global(str(error))}); save tensors, "
+                              "numbers, strings, lists and dicts only") from None
+
+
+def _refused_global(message: str) -> str:
+    """The line of torch's weights-only refusal that names what the file asked for."""
+    for line in message.splitlines():
+        if "GLOBAL" in line:
+            return line.strip().removeprefix("WeightsUnpickler error: ").split(" was not")[0] \
+                .split(" whose module")[0]
+    return "not a weights-only file"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
 def write_json(data: dict[str, Any], path: Path, sort_keys: bool = True) -> None:
     """``sort_keys=False`` keeps the dicts' own order (e.g. start-up phases in time order)."""
     encoded = (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode()
-    _replace_atomically(path, lambda stream: stream.write(encoded))
+    replace_atomically(path, lambda stream: stream.write(encoded))
 
 
 # Per-rank checkpoints: every worker writes its own state for a step (local models differ under
@@ -93,11 +138,22 @@ def load_rank(run_dir: Path, rank: int, world_size: int, algorithm: str) -> dict
             and algorithm in RESIZABLE:
         # Synchronous SGD keeps every rank's model and optimizer identical, so any rank's state
         # resumes any rank: an elastic job that lost (or gained) a node goes on from the step.
-        return load(step_path(run_dir, committed["step"],
-                              min(rank, committed["world_size"] - 1)))
+        return load_committed(run_dir, committed["step"], min(rank, committed["world_size"] - 1))
     if committed["world_size"] != world_size or committed["algorithm"] != algorithm:
         raise ValueError(
             f"{run_dir / CHECKPOINTS / LATEST}: written by {committed['world_size']} "
             f"'{committed['algorithm']}' workers, this run has {world_size} '{algorithm}' "
             "workers; use a new run folder or the same settings")
-    return load(step_path(run_dir, committed["step"], rank))
+    return load_committed(run_dir, committed["step"], rank)
+
+
+def load_committed(run_dir: Path, step: int, rank: int) -> dict[str, Any]:
+    """A rank's file of a committed step. Its absence is an error, never a fresh start: that
+    rank would restart at step 0 while the others resume, and the job would train on."""
+    path = step_path(run_dir, step, rank)
+    state = load(path)
+    if state is None:
+        raise CheckpointError(
+            f"{path}: missing, although {run_dir / CHECKPOINTS / LATEST} commits step {step} "
+            f"for every rank; restore the file, or remove {LATEST} to start over")
+    return state

@@ -18,9 +18,11 @@ class SmallCNN(nn.Module):
         if side * side != num_features:
             raise ValueError(f"small_cnn needs square images; {num_features} features are not")
         self.side = side
+        # BatchNorm's running statistics are buffers, not parameters: every paradigm must carry
+        # them into the result model (they are averaged where the weights are).
         self.features = nn.Sequential(
-            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(1, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
             nn.AdaptiveAvgPool2d(2))
         self.classifier = nn.Linear(channels * 4, num_classes)
 

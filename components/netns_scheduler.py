@@ -407,6 +407,53 @@ def _own_cpu_cgroup() -> Path | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# GPUs of the host, shared by its simulated nodes
+
+
+def host_gpu_count() -> int:
+    """The GPUs of this host as ``nvidia-smi -L`` lists them (0 without NVIDIA's tools).
+
+    TorchX's local scheduler counts the same way (not with torch, whose import the launcher
+    must not pay), but lets a missing ``nvidia-smi`` escape as an exception.
+    """
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 check=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+class HostGpuLocalScheduler(LocalScheduler):
+    """``local_cwd`` whose ``auto_set_cuda_visible_devices`` divides a known number of GPUs.
+
+    With that run option TorchX gives each replica its own ``CUDA_VISIBLE_DEVICES`` (replica
+    ``i`` of a role with ``g`` GPUs gets ``g*i .. g*i+g-1``), so simulated nodes, which all have
+    ``LOCAL_RANK`` 0, stop picking the same ``cuda:0``. It asks the host for the count itself;
+    ``gpu_count`` makes it the launcher's count, the one the launcher checked the job against
+    (and lets a test stand in for a GPU host).
+    """
+
+    def __init__(self, session_name: str, cache_size: int = 100,
+                 extra_paths: list[str] | None = None, gpu_count: int | None = None) -> None:
+        super().__init__(session_name=session_name, image_provider_class=CWDImageProvider,
+                         cache_size=cache_size, extra_paths=extra_paths)
+        self.gpu_count = gpu_count
+
+    def _cuda_device_count(self) -> int:
+        return host_gpu_count() if self.gpu_count is None else self.gpu_count
+
+
+def create_local_cwd_scheduler(session_name: str, cache_size: int = 100,
+                               extra_paths: list[str] | None = None,
+                               gpu_count: int | None = None,
+                               **kwargs: Any) -> HostGpuLocalScheduler:
+    """TorchX's ``local_cwd``, with the GPU count of :class:`HostGpuLocalScheduler`."""
+    return HostGpuLocalScheduler(session_name, cache_size=cache_size, extra_paths=extra_paths,
+                                 gpu_count=gpu_count)
+
+
+# ---------------------------------------------------------------------------------------------
 # The scheduler
 
 
@@ -449,7 +496,7 @@ class _NetnsApp(_LocalAppDef):
                     self.supervisor.wait()
 
 
-class NetnsScheduler(LocalScheduler):
+class NetnsScheduler(HostGpuLocalScheduler):
     """``local_cwd`` with one network (and mount and PID) namespace per node.
 
     **Config Options**: those of ``local_cwd`` and ``link_rate``, ``link_delay``, ``link_loss``,
@@ -457,9 +504,9 @@ class NetnsScheduler(LocalScheduler):
     """
 
     def __init__(self, session_name: str, cache_size: int = 100,
-                 extra_paths: list[str] | None = None) -> None:
-        super().__init__(session_name=session_name, image_provider_class=CWDImageProvider,
-                         cache_size=cache_size, extra_paths=extra_paths)
+                 extra_paths: list[str] | None = None, gpu_count: int | None = None) -> None:
+        super().__init__(session_name, cache_size=cache_size, extra_paths=extra_paths,
+                         gpu_count=gpu_count)
         self.backend = NAME
 
     def _run_opts(self) -> runopts:
@@ -629,9 +676,11 @@ class NetnsScheduler(LocalScheduler):
 
 
 def create_scheduler(session_name: str, cache_size: int = 100,
-                     extra_paths: list[str] | None = None, **kwargs: Any) -> NetnsScheduler:
+                     extra_paths: list[str] | None = None, gpu_count: int | None = None,
+                     **kwargs: Any) -> NetnsScheduler:
     """The TorchX entry point (``torchx.schedulers`` group, name ``local_netns``).
 
     ``kwargs`` swallows what TorchX passes to every scheduler (e.g. from TORCHX_* variables).
     """
-    return NetnsScheduler(session_name, cache_size=cache_size, extra_paths=extra_paths)
+    return NetnsScheduler(session_name, cache_size=cache_size, extra_paths=extra_paths,
+                          gpu_count=gpu_count)

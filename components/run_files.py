@@ -32,6 +32,7 @@ LATEST = "latest.json"
 SERVER_CHECKPOINT = f"{CHECKPOINTS}/parameter-server.pt"
 LOGS = "logs"
 REPORT = "report"
+LAUNCHER_LOCK = "launcher.lock"  # the launcher training in this folder (one at a time)
 
 
 def holds_results(folder: Path) -> bool:

@@ -235,8 +235,9 @@ SETTINGS: tuple[Setting, ...] = (
             "the launcher relaunches a stalled job or one that lost a node; they resume from the "
             "last checkpoint.", kind="integer", minimum=0, maximum=100,
             reader="launcher"),
-    Setting("lr-scaling", "linear", "Scale the learning rate with global-batch-size / "
-            "reference-batch-size (Goyal et al. 2017); async scales with each trainer's batch.",
+    Setting("lr-scaling", "linear", "Scale the learning rate with the batch one update "
+            "averages / reference-batch-size (Goyal et al. 2017): the global batch (sync, "
+            "easgd), a trainer's (async); bmuf also divides by its block gain zeta/(1-eta).",
             choices=("linear", "none")),
     Setting("reference-batch-size", 64, "Batch size at which learning-rate applies unscaled.",
             kind="integer", minimum=1),

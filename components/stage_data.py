@@ -17,6 +17,28 @@ A URL is copied into ``<data-root>/<dataset-id>``:
   ``metadata.json`` (computed as the bytes arrive, so no file is read back twice), given its
   manifest (:data:`MANIFEST_FILE`) last, and only then swapped with the earlier copy, which a
   failure (missing bucket, refused credentials, disk full ...) leaves intact.
+
+Publishing, for every kind of dataset (a built-in or ``py:`` one is built the same way):
+
+- the copy is built in ``<data-root>/.<dataset-id>~<host>~<pid>~<start>~<random>/dataset``, a
+  staging folder whose name says who owns it (the process's start time, in clock ticks since
+  boot, tells a live owner from a later process given the same pid). Each staging first removes
+  the staging folders of the same dataset whose owner is gone: on this host, a process that no
+  longer runs (a staging killed by SIGKILL or the OOM killer leaves its folder behind, possibly
+  with most of a dataset in it); from another host (another pod, whose pids mean nothing here),
+  one in which nothing changed for :data:`FOREIGN_STALE_S`;
+- before it is published, every file and folder of the copy is fsynced, and the data root after
+  the rename that publishes it: a crash never leaves a published copy with empty or missing files;
+- a reader of ``<data-root>/<dataset-id>`` always finds a complete copy, the earlier one or the
+  new one, never none and never a mix. Where the filesystem has RENAME_EXCHANGE (Linux on local
+  filesystems), ``<dataset-id>`` is a folder, swapped with the new copy in one ``renameat2``.
+  Where it has not (NFS, CephFS; tried on two empty folders before the first copy is published),
+  a folder cannot be replaced in one step, so ``<dataset-id>`` is a relative link into the staging
+  folder that built the current copy (``<dataset-id> -> .<dataset-id>~.../dataset``); a new copy
+  is published by renaming a new link over it, which POSIX makes atomic on every filesystem, and
+  the earlier copy's folder is removed only after that rename. A folder left at ``<dataset-id>``
+  on such a filesystem by an older sublimate is the one exception: it is moved aside and replaced
+  by a link in two renames, once.
 """
 
 from __future__ import annotations
@@ -32,7 +54,6 @@ import posixpath
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -472,44 +493,225 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-# ------------------------------------------------------------------------------------------ swap
+# ------------------------------------------------------------------------ staging and publishing
 
+STAGING_MARK = "~"  # never in a dataset id: `.<id>~...` names only this module's folders
+# A staging folder of another host (another pod) cannot be judged by its pid: it is removed
+# once nothing in it has changed for this long.
+FOREIGN_STALE_S = 24 * 3600
 _RENAME_EXCHANGE = 2
+_NO_EXCHANGE = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Put ``staging`` at ``target``; an earlier copy there is replaced only now, in one step."""
-    if not target.exists():
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", os.uname().nodename) or "host"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if
+    it does not run: with the pid it names one process, never a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _new_staging(target: Path) -> Path:
+    """A hidden folder beside ``target`` that names its owner: ``.<id>~<host>~<pid>~<start>~<n>``.
+    The dataset is built in its ``dataset`` subfolder; a later staging removes the folder if its
+    owner no longer runs (:func:`_remove_stale_stagings`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    owner = f"{_host()}{STAGING_MARK}{os.getpid()}{STAGING_MARK}{_start_ticks(os.getpid()) or 0}"
+    while True:
+        folder = target.parent / f".{target.name}{STAGING_MARK}{owner}{STAGING_MARK}" \
+                                 f"{os.urandom(4).hex()}"
         try:
-            os.rename(staging, target)
-            return
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+
+
+def _linked_staging(target: Path) -> Path | None:
+    """The staging folder that ``target`` links into (the layout without RENAME_EXCHANGE), or
+    None if ``target`` is not such a link."""
+    try:
+        text = os.readlink(target)
+    except OSError:
+        return None
+    first = text.split("/", 1)[0]
+    if "/" not in text or not first.startswith(f".{target.name}{STAGING_MARK}"):
+        return None  # not a link this module made: never touch what it points to
+    return target.parent / first
+
+
+def _owner_gone(folder: Path, target: Path) -> bool:
+    """Whether ``folder``'s staging was abandoned: its owner on this host no longer runs, or,
+    from another host, nothing in it changed for :data:`FOREIGN_STALE_S`."""
+    fields = folder.name[len(target.name) + 2:].split(STAGING_MARK)
+    if len(fields) != 4 or not fields[1].isdigit() or not fields[2].isdigit():
+        return False  # not named by _new_staging
+    host, pid, ticks = fields[0], int(fields[1]), int(fields[2])
+    if host == _host():
+        if ticks:
+            return _start_ticks(pid) != ticks
+        try:  # no /proc when it was named: the pid alone must do
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    try:
+        changed = max(path.stat().st_mtime for path in (folder, *folder.iterdir()))
+    except OSError:
+        return False
+    return time.time() - changed > FOREIGN_STALE_S
+
+
+def _remove_stale_stagings(target: Path) -> list[Path]:
+    """Remove the staging folders of ``target`` whose owner is gone (a staging killed by SIGKILL
+    or the OOM killer leaves one, possibly with most of a dataset in it), except the one that
+    ``target`` links to. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    for folder in entries:
+        if not folder.name.startswith(f".{target.name}{STAGING_MARK}") or \
+                not _owner_gone(folder, target):
+            continue
+        if folder == _linked_staging(target):  # read again now: a stager may just have linked
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file in ``folder``, then the folder: before a rename publishes it, all of it
+    is on disk, so a crash never leaves a published dataset with empty or missing files."""
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            _sync_tree(Path(entry.path))
+        elif entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _sync_dir(folder)
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(staging: Path, target: Path, replace: bool) -> bool:
+    """Make ``staging/dataset`` the dataset at ``target``; False if ``replace`` is off and a
+    complete copy was there first (theirs stays: a job may be reading it).
+
+    With RENAME_EXCHANGE (Linux, local filesystems) ``target`` is a folder, swapped with the new
+    copy in one step. Without it (NFS, CephFS), a folder cannot be replaced in one step, so the
+    first copy is published as a relative link ``target -> .<id>~<owner>/dataset`` and each new
+    copy by renaming a new link over it (atomic on every POSIX filesystem); the old copy is
+    removed only once no name leads to it. Either way a reader always finds a complete copy.
+    """
+    data = staging / "dataset"
+    _sync_tree(data)
+    parent = target.parent
+    if not target.exists() and not target.is_symlink():
+        try:
+            if _can_exchange(staging):
+                os.rename(data, target)
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                os.symlink(_link_text(staging), target)
+            _sync_dir(parent)
+            return True
         except OSError:
             if not target.exists():
                 raise
-    if _exchange(staging, target):
-        shutil.rmtree(staging, ignore_errors=True)  # now holds the earlier copy
-        return
-    # No renameat2 (not Linux, or an old libc): move the old copy aside first; it is removed only
-    # once the new one is in place.
-    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-    os.rename(target, aside / "copy")
-    os.rename(staging, target)
-    shutil.rmtree(aside, ignore_errors=True)
+            # Another stager published first: fall through, as if it had been there before.
+    if not replace and (target / METADATA_FILE).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    if target.is_symlink():
+        _relink(staging, target)
+        return True
+    if _exchange(data, target):
+        _sync_dir(parent)
+        shutil.rmtree(staging, ignore_errors=True)  # "dataset" in it is now the earlier copy
+        return True
+    # A folder on a filesystem without RENAME_EXCHANGE (staged there by an older sublimate): the
+    # one replacement that cannot be atomic. It moves into our staging folder and a link takes
+    # its place at once; from now on every replacement is a link's rename.
+    os.rename(target, staging / "earlier")
+    _relink(staging, target)
+    shutil.rmtree(staging / "earlier", ignore_errors=True)
+    return True
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def _link_text(staging: Path) -> str:
+    return f"{staging.name}/dataset"  # relative: the volume may be mounted anywhere
+
+
+def _relink(staging: Path, target: Path) -> None:
+    """Point the link ``target`` at ``staging/dataset`` by renaming a new link over it, then
+    remove the staging folder it pointed to before."""
+    earlier = _linked_staging(target)
+    link = staging / "link"
+    link.unlink(missing_ok=True)
+    os.symlink(_link_text(staging), link)
+    os.rename(link, target)
+    _sync_dir(target.parent)
+    if earlier is not None and earlier != staging:
+        shutil.rmtree(earlier, ignore_errors=True)
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> None:
+    """Linux's renameat2(2); ``OSError`` (``ENOSYS`` where libc has no such call)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
+    except (OSError, AttributeError) as error:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b)) from error
     at_fdcwd = -100
-    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
-    if result != 0 and ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    if result != 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step; False where the filesystem (or libc) cannot."""
+    try:
+        _renameat2(a, b, _RENAME_EXCHANGE)
+    except OSError as error:
+        if error.errno in _NO_EXCHANGE:
+            return False
+        raise
     return True
+
+
+def _can_exchange(staging: Path) -> bool:
+    """Whether the filesystem of ``staging`` supports RENAME_EXCHANGE, tried on two empty
+    folders inside it (a killed probe leaves nothing outside the staging folder)."""
+    first, second = staging / "probe-a", staging / "probe-b"
+    first.mkdir()
+    second.mkdir()
+    try:
+        return _exchange(first, second)
+    finally:
+        first.rmdir()
+        second.rmdir()
 
 
 # --------------------------------------------------------------------------------------- staging
@@ -530,13 +732,14 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
         except DatasetError as error:
             _say(f"stage-data: the earlier copy is damaged ({error}); staging again")
             manifest = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = _new_staging(target)
     try:
-        report, digests = _stage_into(fs, url, listing, staging, target, manifest, concurrency)
-        verify_dataset(staging, digests)  # hashed on the way in: no file is read twice
-        _write_manifest(staging, url, listing)
-        _swap_into_place(staging, target)
+        data = staging / "dataset"
+        data.mkdir()
+        report, digests = _stage_into(fs, url, listing, data, target, manifest, concurrency)
+        verify_dataset(data, digests)  # hashed on the way in: no file is read twice
+        _write_manifest(data, url, listing)
+        _publish(staging, target, replace=True)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, OSError) and not isinstance(error, DatasetError):
@@ -629,14 +832,14 @@ def stage_dataset(dataset: str, data_root: Path, *,
     """Make ``dataset`` available under ``data_root``; report what was transferred."""
     started = time.perf_counter()
     target = data_root / dataset_id(dataset)
+    for folder in _remove_stale_stagings(target):
+        _say(f"stage-data: removed {folder.name}, left by a staging that was killed")
     if dataset in BUILTIN_DATASETS or dataset.startswith(ENTRY_POINT_PREFIX):
         complete = (target / METADATA_FILE).is_file()
         if complete:
             _say(f"stage-data: {target} is already complete; nothing to transfer")
-        elif dataset in BUILTIN_DATASETS:
-            build_builtin(dataset, target)
         else:
-            stage_entry_point(dataset, target)
+            _build_into_place(dataset, target)
         verify_dataset(target)
         files = sum(1 for path in target.iterdir() if path.is_file())
         return StageReport(target, files_reused=files if complete else 0,
@@ -649,6 +852,21 @@ def stage_dataset(dataset: str, data_root: Path, *,
         raise DatasetError(f"dataset '{dataset}': no such directory")
     raise DatasetError(f"dataset '{dataset}' is neither a built-in dataset "
                        f"({', '.join(BUILTIN_DATASETS)}) nor an existing path or URL")
+
+
+def _build_into_place(dataset: str, target: Path) -> None:
+    """Build a built-in or ``py:`` dataset in a staging folder and publish it, unless another
+    stager published one first (a built dataset never changes: theirs is as good)."""
+    staging = _new_staging(target)
+    try:
+        if dataset in BUILTIN_DATASETS:
+            build_builtin(dataset, staging / "dataset")
+        else:
+            stage_entry_point(dataset, staging / "dataset")
+        _publish(staging, target, replace=False)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def stage(dataset: str, data_root: Path) -> Path:

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import errno
+import fcntl
+import functools
+import hashlib
 import json
 import os
 import re
@@ -22,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -237,30 +243,227 @@ RUN_ID = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
+# ---------------------------------------------------------------------------------------------
+# The training job's identity on a cluster
+#
+# Argo retries the train step when its pod is lost (retryStrategy OnError), but the Volcano job
+# the lost launcher submitted goes on running. The job is therefore named after what the step
+# is (the workflow and the run folder), not by TorchX's random suffix, so that a retried
+# launcher finds it: it follows a job that still runs (or finished well) to its end as a fresh
+# launch would, and deletes one that failed, was cancelled or is being torn down before it
+# submits again; a second job never writes the run folder beside the first.
+
+# Pod hostnames are <job>-<task>-0 (task up to "trainer-9999") and must fit in 63 characters.
+JOB_NAME_MAX = 47
+JOB_PREFIX = "sublimate"
+# Volcano phases TorchX reports as RUNNING although the job is ending: not worth attaching to.
+ENDING_PHASES = ("Aborting", "Terminating")
+# How long a deleted job may take to go before the launcher gives up submitting its successor.
+DELETE_WAIT_SECONDS = 120.0
+
+
+def job_name(workflow_name: str, run_dir: Path) -> str:
+    """The Volcano job's name: the same for every attempt of one workflow's train step on one
+    run folder, different for another workflow on the same folder (a resubmitted ``run-id``),
+    and a valid pod-name prefix (lowercase alphanumerics and '-')."""
+    digest = hashlib.sha256(f"{workflow_name}\n{run_dir}".encode()).hexdigest()[:8]
+    room = JOB_NAME_MAX - len(JOB_PREFIX) - len(digest) - 2
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_dir.name.lower())[:room].strip("-")
+    prefix = "" if slug.startswith(JOB_PREFIX) else JOB_PREFIX  # runs are often sublimate-*
+    return "-".join(part for part in (prefix, slug, digest) if part)
+
+
+def _renamed(value: object, old: str, new: str) -> object:
+    """``value`` with every ``old`` in its strings replaced by ``new``: dicts, lists and the
+    Kubernetes client's model objects (``openapi_types``), which keep their types."""
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [_renamed(item, old, new) for item in value]
+    if isinstance(value, dict):
+        return {_renamed(key, old, new): _renamed(item, old, new) for key, item in value.items()}
+    for attribute in getattr(value, "openapi_types", {}):
+        setattr(value, attribute, _renamed(getattr(value, attribute), old, new))
+    return value
+
+
+@functools.cache
+def _kubernetes_scheduler_class() -> type:
+    """TorchX's Kubernetes scheduler with a ``job_name`` run option and ``delete``.
+
+    Defined on first use: TorchX is imported only when a job is launched.
+    """
+    from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler
+    from torchx.specs import runopts
+
+    class NamedJobKubernetesScheduler(KubernetesScheduler):
+        """TorchX 0.7 names every job ``<app name>-<random suffix>`` (``make_unique``) and has
+        no option to name it otherwise, nor a way to delete a job that already ended."""
+
+        def _run_opts(self) -> runopts:
+            opts = super()._run_opts()
+            opts.add("job_name", type_=str, default=None,
+                     help="the Volcano job's name instead of <app name>-<random suffix>")
+            return opts
+
+        def _submit_dryrun(self, app: object, cfg: dict) -> object:
+            info = super()._submit_dryrun(app, cfg)
+            name = cfg.get("job_name")
+            if name:
+                # TorchX's generated id is in the job's name, its pods' labels and wherever the
+                # app_id macro was (torchrun's --rdzv-id): replace it everywhere at once.
+                resource = info.request.resource
+                generated = resource["metadata"]["name"]
+                info.request.resource = _renamed(resource, generated, name)
+            return info
+
+        def describe(self, app_id: str) -> object:
+            from kubernetes.client.rest import ApiException
+
+            try:
+                return super().describe(app_id)
+            except ApiException as error:
+                if error.status == 404:  # TorchX 0.7 raises where its API promises None
+                    return None
+                raise
+
+        def ending(self, app_id: str) -> str:
+            """Why a job TorchX reports as running is in fact ending ("" when it is not):
+            Volcano's Aborting and Terminating phases, or a deletion under way."""
+            from kubernetes.client.rest import ApiException
+
+            namespace, name = app_id.split(":")
+            try:
+                job = self._custom_objects_api().get_namespaced_custom_object(
+                    group="batch.volcano.sh", version="v1alpha1", namespace=namespace,
+                    plural="jobs", name=name)
+            except ApiException as error:
+                if error.status == 404:
+                    return "deleted"
+                raise
+            phase = ((job.get("status") or {}).get("state") or {}).get("phase", "")
+            if (job.get("metadata") or {}).get("deletionTimestamp"):
+                return "being deleted"
+            return f"phase {phase}" if phase in ENDING_PHASES else ""
+
+        def delete(self, app_id: str) -> None:
+            """Delete the job whatever its state (TorchX's cancel skips an ended one)."""
+            from kubernetes.client.rest import ApiException
+
+            try:
+                self._cancel_existing(app_id)  # on Kubernetes, cancelling deletes the job
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    return NamedJobKubernetesScheduler
+
 
 def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> object:
     """TorchX 0.7 reads only ~/.kube/config; inside a pod use the pod's service account."""
     from kubernetes import client, config
-    from torchx.schedulers.kubernetes_scheduler import create_scheduler
 
     try:
         config.load_incluster_config()
         api_client = client.ApiClient()
     except config.ConfigException:  # not in a pod: TorchX falls back to ~/.kube/config
         api_client = None
-    return create_scheduler(session_name, client=api_client)
+    return _kubernetes_scheduler_class()(session_name, client=api_client)
 
 
-def make_runner(scheduler: str) -> object:
-    from torchx.runner import Runner, get_runner
+@functools.cache
+def _runner_class() -> type:
+    from torchx.runner import Runner
 
+    class JobRunner(Runner):
+        """TorchX's Runner with ``delete(app_handle)`` (TorchX 0.7 has none) and ``ending``
+        (why a job reported as running is ending), for the Kubernetes scheduler above."""
+
+        def delete(self, app_handle: str) -> None:
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            scheduler.delete(app_id)
+
+        def ending(self, app_handle: str) -> str:
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            return scheduler.ending(app_id)
+
+    return JobRunner
+
+
+def make_runner(scheduler: str, host_gpus: int | None = None) -> object:
+    """A TorchX Runner for ``scheduler``; ``host_gpus``: the GPUs the local schedulers divide
+    between the simulated nodes (default: what the host has)."""
     if scheduler == "local_netns":
         from sublimate.components.netns_scheduler import create_scheduler
 
-        return Runner("sublimate", {"local_netns": create_scheduler})
-    if scheduler != "kubernetes":
-        return get_runner()
-    return Runner("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
+        return _runner_class()("sublimate", {"local_netns": functools.partial(
+            create_scheduler, gpu_count=host_gpus)})
+    if scheduler == "local_cwd":
+        from sublimate.components.netns_scheduler import create_local_cwd_scheduler
+
+        # The session name get_runner() uses: the nodes' logs stay in <run>/logs/torchx/.
+        return _runner_class()("torchx", {"local_cwd": functools.partial(
+            create_local_cwd_scheduler, gpu_count=host_gpus)})
+    return _runner_class()("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
+
+
+def job_handle(runner: object, scheduler: str, cfg: dict[str, object]) -> str:
+    """The TorchX app handle of the named job ``cfg`` describes (``kubernetes://session/
+    namespace:name``)."""
+    from torchx.specs.builders import make_app_handle
+
+    return make_app_handle(scheduler, runner.name(),  # type: ignore[attr-defined]
+                           f"{cfg['namespace']}:{cfg['job_name']}")
+
+
+# What to do about a job of the same name found before submitting.
+ATTACH, REPLACE, START = "attach", "replace", "start"
+
+
+def previous_job_action(status: object, ending: str = "", fresh: bool = False) -> str:
+    """ATTACH to a job that runs (or finished well: its results stand), REPLACE one that
+    failed, was cancelled, is ``ending`` or is in an unknown state, START when there is none.
+    ``fresh``: this launcher stopped that job itself (a relaunch): replace it whatever its
+    state."""
+    from torchx.specs import AppState
+
+    if status is None:
+        return START
+    if fresh:
+        return REPLACE
+    state = status.state  # type: ignore[attr-defined]
+    if state == AppState.SUCCEEDED or (
+            state in (AppState.SUBMITTED, AppState.PENDING, AppState.RUNNING) and not ending):
+        return ATTACH
+    return REPLACE
+
+
+def claim_job(runner: object, handle: str, fresh: bool,
+              wait_seconds: float = DELETE_WAIT_SECONDS, poll: float = 1.0) -> bool:
+    """Before submitting the job ``handle`` names: whether to follow the job already there
+    (True), or to submit (False), after deleting any job left under that name."""
+    from torchx.specs import is_terminal
+
+    status = runner.status(handle)  # type: ignore[attr-defined]
+    ending = "" if status is None or is_terminal(status.state) else \
+        runner.ending(handle)  # type: ignore[attr-defined]
+    action = previous_job_action(status, ending, fresh)
+    if action == ATTACH:
+        print(f"train: re-attached to {handle} ({status.state.name}), "  # type: ignore[union-attr]
+              "started by an earlier attempt of this step", flush=True)
+        return True
+    if action == REPLACE:
+        why = status.state.name + (f", {ending}" if ending else "")  # type: ignore[union-attr]
+        print(f"train: deleting {handle} ({why}) before submitting it again", flush=True)
+        runner.delete(handle)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + wait_seconds
+        while runner.status(handle) is not None:  # type: ignore[attr-defined]
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"training job {handle} is still there {wait_seconds:.0f}s "
+                                   "after deleting it; delete it by hand (kubectl delete "
+                                   "vcjob) and retry the step")
+            time.sleep(poll)
+    return False
 
 
 def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
@@ -279,7 +482,77 @@ def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]
     namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
     # The job runs next to the workflow, in the namespace of the pod that launches it.
     namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
-    return {"queue": args.queue, "namespace": namespace}
+    return {"queue": args.queue, "namespace": namespace,
+            "job_name": job_name(args.workflow_name, args.run_dir)}
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs of simulated nodes
+#
+# On one host every simulated node is a torchrun agent whose first worker has LOCAL_RANK 0, so
+# all of them would train on cuda:0, and NCCL refuses two ranks on one device. Each node gets
+# its own GPUs instead (TorchX's auto_set_cuda_visible_devices: CUDA_VISIBLE_DEVICES per
+# replica), or none at all. A pod on Kubernetes gets its GPUs from the device plugin.
+
+
+class GpuShortage(ValueError):
+    """The host has fewer GPUs than the simulated nodes need, and nccl was asked for."""
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    assign: bool  # each replica gets its own GPUs; otherwise the replicas see none (CPU)
+    note: str | None = None  # why the job falls back to the CPU, said once
+
+
+def requested_gpus(app: specs.AppDef) -> int:
+    return sum(role.num_replicas * role.resource.gpu for role in app.roles)
+
+
+def local_gpu_plan(app: specs.AppDef, backend: str, host_gpus: int) -> GpuPlan:
+    """How the simulated nodes of ``app`` share the ``host_gpus`` GPUs of this host."""
+    needed = requested_gpus(app)
+    if needed == 0:
+        return GpuPlan(assign=False)  # CPU nodes: a GPU they see would be taken by all
+    if host_gpus >= needed:
+        return GpuPlan(assign=True)
+    layout = " + ".join(f"{role.num_replicas} {role.name} x {role.resource.gpu} GPU"
+                        for role in app.roles if role.resource.gpu)
+    shortage = (f"this host has {host_gpus} GPU{'s' if host_gpus != 1 else ''} and the "
+                f"simulated nodes need {needed} ({layout}; NCCL refuses two ranks on one GPU)")
+    if backend == "nccl":
+        raise GpuShortage(f"gpus-per-node: {shortage}: lower nodes or gpus-per-node, or set "
+                          "backend to auto or gloo to train on the CPU")
+    return GpuPlan(assign=False, note=f"{shortage}; they train on the CPU with gloo "
+                                      "(backend nccl refuses instead)")
+
+
+def place_gpus(app: specs.AppDef, cfg: dict[str, object], plan: GpuPlan) -> None:
+    """Apply ``plan`` to a local job: TorchX's run option for the roles that asked for GPUs;
+    replicas of the others (a parameter server, or all on the CPU plan) see none."""
+    if plan.assign:
+        cfg["auto_set_cuda_visible_devices"] = True
+    for role in app.roles:
+        if plan.assign and role.resource.gpu:
+            continue  # TorchX sets each replica's CUDA_VISIBLE_DEVICES
+        role.env["CUDA_VISIBLE_DEVICES"] = ""  # torch.cuda.is_available() is then False: gloo
+        role.env.setdefault("OMP_NUM_THREADS", "1")  # CPU workers share this host's cores
+        # No GPU is asked of the local scheduler either (it would warn about sharing them).
+        role.resource = dataclasses.replace(role.resource, gpu=0)
+
+
+def host_gpus(args: argparse.Namespace) -> int:
+    """The GPUs of this host: ``--host-gpus`` when given, else what nvidia-smi lists."""
+    if args.host_gpus is None:
+        from sublimate.components.netns_scheduler import host_gpu_count
+
+        args.host_gpus = host_gpu_count()
+    return args.host_gpus
+
+
+def gpu_plan(args: argparse.Namespace, app: specs.AppDef) -> GpuPlan:
+    """The plan for ``app`` on a local scheduler (the host is asked only when GPUs are)."""
+    return local_gpu_plan(app, args.backend, host_gpus(args) if requested_gpus(app) else 0)
 
 
 def _free_port() -> int:
@@ -306,7 +579,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="file to write the trained model's path to (an Argo output)")
     parser.add_argument("--dryrun", action="store_true",
                         help="print the scheduler request instead of submitting it")
+    parser.add_argument("--host-gpus", type=int, metavar="N",
+                        help="GPUs of this host that simulated nodes (local schedulers) share "
+                             "(default: as many as nvidia-smi lists)")
     args = parser.parse_args(argv)
+    if args.host_gpus is not None and args.host_gpus < 0:
+        parser.error(f"--host-gpus {args.host_gpus}: give 0 or more GPUs")
     if args.run_dir is None:
         run_id = args.run_id or args.workflow_name
         if args.runs_root is None or not run_id:
@@ -471,9 +749,9 @@ def follow_logs(runner: object, handle: str, app: specs.AppDef,
     return threads
 
 
-def make_watchdog(args: argparse.Namespace, attempt: str) -> watchdog.Watchdog | None:
+def make_watchdog(args: argparse.Namespace, attempt: str | None) -> watchdog.Watchdog | None:
     """The launcher's progress watchdog for one attempt (None: off, or async, whose processes
-    write no heartbeats)."""
+    write no heartbeats); ``attempt`` None judges every heartbeat written from now on."""
     if args.algorithm == "async" or not args.stall_seconds:
         return None
     # An elastic job may go on with fewer nodes: only the ranks it always has are judged.
@@ -492,14 +770,212 @@ def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
     return not args.entrypoint or any(watchdog.progress_dir(args.run_dir).glob("rank-*.json"))
 
 
+# ---------------------------------------------------------------------------------------------
+# One launcher per run folder
+#
+# Two runs given the same run-id (or a launcher started by hand beside a workflow's) would
+# write the same checkpoints, model and metrics. The launcher holds a lock file in the run
+# folder from before any worker starts until its job has ended; it records its owner, so that
+# a refusal names who holds the folder.
+#
+# The lock is flock(2) on the file, which the kernel drops when its holder dies however it
+# dies. On NFS the Linux client turns flock into a lock held by the server (NFSv4, or NLM on
+# v3), so it excludes launchers on other hosts too, and a dead host's lock goes when its lease
+# expires (90 s by default); mounted with ``nolock`` or ``local_lock=flock|all`` it only
+# excludes processes of one host. Where flock is not supported at all (ENOLCK, EOPNOTSUPP)
+# the owner record alone decides, which leaves a window of a few milliseconds between two
+# launchers that start together.
+
+RUN_LOCK_FILE = run_files.LAUNCHER_LOCK
+# How long a retried step waits for the lock of its own lost attempt on another host, which
+# an NFS server keeps until the lost client's lease expires.
+LEASE_WAIT_SECONDS = 120.0
+
+
+class RunLockBusy(RuntimeError):
+    """Another live launcher holds the run folder; the message names it and the file."""
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (None: no such process). With
+    the pid it names one process for good: a pid reused later starts later."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def lock_owner(workflow: str, run_dir: Path) -> dict[str, object]:
+    """This launcher, as its lock file records it."""
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
+            "start_ticks": _start_ticks(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                     time.localtime(metrics.process_start_time())),
+            "workflow": workflow, "run_dir": str(run_dir)}
+
+
+def describe_owner(owner: dict[str, object]) -> str:
+    if not owner:
+        return "a launcher that has not recorded itself yet"
+    workflow = f"workflow {owner['workflow']}, " if owner.get("workflow") else ""
+    return (f"pid {owner.get('pid')} on {owner.get('host')} ({workflow}started "
+            f"{owner.get('started')})")
+
+
+class RunLock:
+    """The run folder's lock file; :meth:`acquire` before any worker starts, :meth:`release`
+    once the job has ended."""
+
+    def __init__(self, run_dir: Path, owner: dict[str, object],
+                 lease_wait_seconds: float = LEASE_WAIT_SECONDS, poll: float = 1.0) -> None:
+        self.path = run_dir / RUN_LOCK_FILE
+        self.owner = owner
+        self.lease_wait_seconds = lease_wait_seconds
+        self.poll = poll
+        self._fd: int | None = None
+
+    def _same_step(self, other: dict[str, object]) -> bool:
+        """Whether ``other`` was an earlier attempt of this workflow's step on this folder."""
+        return bool(self.owner["workflow"]) and other.get("workflow") == self.owner["workflow"] \
+            and other.get("run_dir") == self.owner["run_dir"]
+
+    def _alive_here(self, other: dict[str, object]) -> bool | None:
+        """Whether ``other`` still runs (None: it ran on another host, which cannot be asked)."""
+        if other.get("host") != self.owner["host"]:
+            return None
+        if other.get("boot_id") != self.owner["boot_id"]:
+            return False  # this host has rebooted since
+        pid = other.get("pid")
+        return isinstance(pid, int) and _start_ticks(pid) == other.get("start_ticks") \
+            and pid != os.getpid()
+
+    def _busy(self, other: dict[str, object]) -> RunLockBusy:
+        return RunLockBusy(
+            f"run folder {self.path.parent} is in use by the launcher {describe_owner(other)} "
+            f"(lock file {self.path}); wait for that run to end or give this one another "
+            "run-id")
+
+    def acquire(self) -> str | None:
+        """Take the lock, or raise :class:`RunLockBusy`; returns a line to say when a stale
+        lock was taken over."""
+        deadline = time.monotonic() + self.lease_wait_seconds
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                taken = self._try_acquire(fd, deadline)
+            except BaseException:
+                os.close(fd)
+                raise
+            if taken is None:  # not yet: the file went, or a lease may still expire
+                os.close(fd)
+                time.sleep(self.poll)
+                continue
+            self._fd = fd
+            return taken or None
+
+    def _try_acquire(self, fd: int, deadline: float) -> str | None:
+        """'' or a takeover line once the lock is ours; None to try again."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked: bool | None = True
+        except BlockingIOError:
+            locked = False
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            locked = None  # no locks on this filesystem: the owner record decides
+        if locked:
+            # A releasing owner unlinks the file before it unlocks it: the lock on a file no
+            # longer at this path guards nothing, so start again on the new one.
+            try:
+                if os.stat(self.path).st_ino != os.fstat(fd).st_ino:
+                    return None
+            except FileNotFoundError:
+                return None
+        other = _read_owner(fd)
+        if locked is False:
+            if self._same_step(other) and self._alive_here(other) is None \
+                    and time.monotonic() < deadline:
+                return None  # this step's lost attempt: its host's lease may still expire
+            raise self._busy(other)
+        takeover = ""
+        if other:
+            alive = self._alive_here(other)
+            if alive:
+                raise self._busy(other)
+            if alive is False:
+                takeover = f"took over the stale lock {self.path} of {describe_owner(other)}, " \
+                           "which no longer runs"
+            elif locked:  # another host's launcher whose lock the NFS server has dropped
+                takeover = f"took over the lock {self.path} of {describe_owner(other)}, " \
+                           "whose lock was released (it ended, or its host was lost)"
+            elif self._same_step(other):
+                takeover = f"took over the lock {self.path} of {describe_owner(other)}, an " \
+                           "earlier attempt of this step"
+            else:  # no flock and another host: nothing tells whether it still runs
+                raise RunLockBusy(f"{self._busy(other)}; if it no longer runs, remove the "
+                                  "lock file")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(self.owner, sort_keys=True) + "\n").encode(), 0)
+        os.fsync(fd)
+        return takeover
+
+    def release(self) -> None:
+        """Remove the lock file (only if it is still this lock's) and unlock it."""
+        if self._fd is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self._fd)  # drops the flock, after the file is gone
+            self._fd = None
+
+
+def _read_owner(fd: int) -> dict[str, object]:
+    """The owner a lock file records ({} if none yet, or unreadable)."""
+    try:
+        size = os.fstat(fd).st_size
+        record = json.loads(os.pread(fd, size, 0).decode() or "{}") if size else {}
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def launch(args: argparse.Namespace) -> int:
     """Submit the job and wait for it; relaunch it from the last checkpoint when the watchdog
     finds it stalled or a node is lost (``max-restarts`` times; torchrun's own restarts cover
     a crashed worker on a node that is still there)."""
     scheduler = choose_scheduler(args.scheduler)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.dryrun:  # writes nothing in the run folder: no lock to take
+        return _launch(args, scheduler)
+    lock = RunLock(args.run_dir, lock_owner(args.workflow_name, args.run_dir))
+    try:
+        takeover = lock.acquire()
+    except RunLockBusy as error:
+        return fail(STEP, str(error))
+    try:
+        if takeover:
+            print(f"train: {takeover}", file=sys.stderr, flush=True)
+        return _launch(args, scheduler)
+    finally:
+        lock.release()
+
+
+def _launch(args: argparse.Namespace, scheduler: str) -> int:
     started = time.perf_counter()
-    with make_runner(scheduler) as runner:  # type: ignore[attr-defined]
+    with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
         for attempt in range(args.max_restarts + 1):
             outcome = run_attempt(runner, args, scheduler, attempt)
             if outcome not in (STALLED, LOST):
@@ -577,7 +1053,9 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     from torchx.specs import AppState
 
     app = build_app(args, scheduler)
-    cfg = scheduler_config(args, scheduler)
+    cfg: dict[str, object] = dict(scheduler_config(args, scheduler))
+    if scheduler in LOCAL_SCHEDULERS:
+        place_gpus(app, cfg, gpu_plan(args, app))  # main() refused a shortage, said a fallback
     if args.dryrun:
         print(runner.dryrun(app, scheduler, cfg=cfg))  # type: ignore[attr-defined]
         return SUCCEEDED
@@ -585,18 +1063,31 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     for role in app.roles:  # the end of the launcher's own share of the start-up
         role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
         role.env[watchdog.ATTEMPT_ENV] = attempt_id
-    dog = make_watchdog(args, attempt_id)
-    handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
-    what = f"entrypoint {args.entrypoint}" if args.entrypoint else f"algorithm {args.algorithm}"
-    print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} procs, "
-          f"{what})", flush=True)
+    # On a cluster the job has this step's name: an earlier attempt's job may be there.
+    handle = job_handle(runner, scheduler, cfg) if scheduler == "kubernetes" else ""
+    try:
+        attached = bool(handle) and claim_job(runner, handle, fresh=attempt > 0)
+    except RuntimeError as error:  # the job under this step's name would not go
+        print(f"train: error: {error}", file=sys.stderr, flush=True)
+        return FAILED
+    # The job followed was started with another attempt id: judge the heartbeats written from
+    # now on, whatever attempt wrote them.
+    dog = make_watchdog(args, None if attached else attempt_id)
+    # Caught from before the submission: a SIGTERM between the job's start and the wait below
+    # must cancel the job too, not end this launcher and orphan the job's processes.
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    streams = follow_logs(runner, handle, app, scheduler)
-    status, stalled, lost = None, None, []
-    poll = POLL_SECONDS.get(scheduler, 0.25)
-    next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
+    status, stalled, lost, streams = None, None, [], []
     try:
+        if not attached:
+            handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+            what = f"entrypoint {args.entrypoint}" if args.entrypoint \
+                else f"algorithm {args.algorithm}"
+            print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
+                  f"procs, {what})", flush=True)
+        streams = follow_logs(runner, handle, app, scheduler)
+        poll = POLL_SECONDS.get(scheduler, 0.25)
+        next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
         while not stop.is_set():
             status = runner.status(handle)  # type: ignore[attr-defined]
             if status is None or status.is_terminal():
@@ -617,7 +1108,8 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     finally:
         signal.signal(signal.SIGTERM, previous)
     if stop.is_set():
-        runner.cancel(handle)  # type: ignore[attr-defined]
+        if handle:  # empty when stopped before the submission returned a handle
+            runner.cancel(handle)  # type: ignore[attr-defined]
         print("train: stopped; cancelled the training job", file=sys.stderr)
         return STOPPED
     if stalled is not None:
@@ -729,6 +1221,14 @@ def main(argv: list[str] | None = None) -> int:
             resolve(args.model)  # a typo in the entry point fails here, not in every worker
         except ValueError as error:
             return fail(STEP, str(error))  # it names the model: "model 'x:y': ..."
+    scheduler = choose_scheduler(args.scheduler)
+    if scheduler in LOCAL_SCHEDULERS:  # simulated nodes share this host's GPUs
+        try:
+            plan = gpu_plan(args, build_app(args, scheduler))
+        except GpuShortage as error:
+            return fail(STEP, str(error))
+        if plan.note:
+            print(f"train: {plan.note}", file=sys.stderr, flush=True)
     return launch(args)
 
 

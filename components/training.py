@@ -15,6 +15,7 @@ checkpoints and the monitoring of the built-in loop with a few lines::
     optimizer.step(); paradigm.after_step(step)
     reporter.step(step, data_seconds, compute_seconds, comm_seconds)
     reporter.end_epoch(epoch, step, mean_loss, epoch_seconds)          # a collective
+    paradigm.finish(step)                  # after the last step: bmuf/easgd sync the remainder
     job.checkpoints.save(step, model, optimizer, paradigm)             # a collective
     job.finish(paradigm.result_model())                                # model.pt on rank 0
 
@@ -151,7 +152,7 @@ class Checkpointer:
         checkpoint.save_rank(self.run_dir, step, self.rank, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "paradigm": paradigm.state_dict() if paradigm is not None else None,
-            "rng": torch.get_rng_state(), "extra": extra,
+            "rng": torch.get_rng_state(), "cuda_rng": _cuda_rng_states(), "extra": extra,
         })
         dist.barrier()  # every rank's file is on the volume before the step is committed
         if self.rank == 0:
@@ -168,9 +169,19 @@ class Checkpointer:
         if paradigm is not None and state.get("paradigm") is not None:
             paradigm.load_state_dict(state["paradigm"])
         torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") and torch.cuda.is_available() \
+                and len(state["cuda_rng"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])  # dropout on the GPU resumes too
         # Checkpoints of the first releases kept train_seconds beside the step.
         extra = state.get("extra") or {"train_seconds": state.get("train_seconds", 0.0)}
         return state["step"], extra
+
+
+def _cuda_rng_states() -> list[torch.Tensor] | None:
+    """Every visible GPU's generator state, when this process has used CUDA (else None)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_rng_state_all()
+    return None
 
 
 # ---------------------------------------------------------------------------- monitoring

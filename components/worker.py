@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from sublimate.components import checkpoint, run_files, training
+from sublimate.components import checkpoint, lr_schedule, run_files, training
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import read_metadata, read_split
 from sublimate.components.models import build_model, model_spec
@@ -101,32 +101,49 @@ def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{monitoring.DEFAULT_PORT}; 0: always OS-chosen)")
 
 
-def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> float:
-    """Goyal et al.'s rules: linear scaling with the global batch, reached by gradual warmup."""
-    base = args.learning_rate
-    target = base * args.global_batch_size / args.reference_batch_size \
-        if args.lr_scaling == "linear" else base
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
-    if step < warmup_steps:
-        return base + (target - base) * step / warmup_steps
-    return target
+def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int,
+                  workers: int) -> float:
+    """The rate at ``step``: lr-scaling for the paradigm, reached by gradual warmup (the rules,
+    and why they differ between paradigms, are :mod:`.lr_schedule`'s)."""
+    return lr_schedule.learning_rate(vars(args), workers, step, steps_per_epoch)
 
 
-def fault_injection_step(rank: int) -> int | None:
+def fault_injection_step(rank: int, variable: str = "SUBLIMATE_FAIL_AT_STEP") -> int | None:
     """Resilience testing: the step at which to SIGKILL this worker (first attempt only).
 
-    Set ``SUBLIMATE_FAIL_AT_STEP`` (and ``SUBLIMATE_FAIL_RANK``, default 0) in the environment.
+    Set ``SUBLIMATE_FAIL_AT_STEP`` (and ``SUBLIMATE_FAIL_RANK``, default 0) in the environment;
+    ``SUBLIMATE_FAIL_DURING_CHECKPOINT`` kills the rank halfway through writing its checkpoint
+    file of that step instead.
     """
-    at_step = os.environ.get("SUBLIMATE_FAIL_AT_STEP")
+    at_step = os.environ.get(variable)
     if (at_step is None or os.environ.get("SUBLIMATE_FAIL_RANK", "0") != str(rank)
             or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
         return None
     return int(at_step)
 
 
-def _kill_self(rank: int, step: int) -> None:
+def kill_self(rank: int, step: int) -> None:
     print(f"fault injection: killing rank {rank} at step {step}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
+    """Fault injection: write half of this rank's checkpoint file of ``step``, as a process
+    killed mid-write leaves it, and SIGKILL this process before the file is renamed."""
+    import io
+
+    encoded = io.BytesIO()
+    torch.save(state, encoded)
+
+    def write_half_and_die(stream: Any) -> None:
+        stream.write(encoded.getvalue()[:len(encoded.getvalue()) // 2])
+        stream.flush()
+        os.fsync(stream.fileno())
+        print(f"fault injection: killing rank {rank} while it writes its checkpoint of step "
+              f"{step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint.replace_atomically(checkpoint.step_path(run_dir, step, rank), write_half_and_die)
 
 
 class Evaluation:
@@ -311,6 +328,8 @@ class Run:
         self.learner, self.training_model, self.reporter = learner, training_model, reporter
         self.loss_fn = nn.CrossEntropyLoss()
         self.fail_at = fault_injection_step(group.rank)
+        self.fail_in_checkpoint = fault_injection_step(group.rank,
+                                                       "SUBLIMATE_FAIL_DURING_CHECKPOINT")
         # Progress, counted from the run's start (a resumed launch starts at first_step).
         self.step, self.first_step, self.train_seconds = step, step, train_seconds
         self.lr: float | None = None  # what the optimizer's groups hold; set by the first step
@@ -342,7 +361,7 @@ class Run:
         step, pending_startup = self.step, self.pending_startup
         perf_counter = time.perf_counter
         epoch, position = divmod(step, steps_per_epoch)
-        device = self.group.device
+        device, world = self.group.device, self.group.world
         streamed = data.reader is not None
         if streamed:  # batches from the volume; DataLoader workers read ahead
             # Without loader workers a thread reads ahead (streaming.ThreadPrefetch).
@@ -356,7 +375,7 @@ class Run:
         epoch_started = perf_counter()
         for batch_index in range(position, steps_per_epoch):
             started = perf_counter()
-            step_lr = learning_rate(args, step, steps_per_epoch)
+            step_lr = learning_rate(args, step, steps_per_epoch, world)
             if step_lr != lr:
                 lr = step_lr
                 for param_group in optimizer.param_groups:
@@ -402,7 +421,7 @@ class Run:
             if computed >= progress.due:  # the watchdog's heartbeat, every few seconds
                 progress.step(step)
             if step == fail_at:
-                _kill_self(rank, step)
+                kill_self(rank, step)
             if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
                 self.save_checkpoint(step, self.train_seconds + perf_counter() - epoch_started)
         self.step, self.lr = step, lr
@@ -440,6 +459,9 @@ class Run:
     def save_checkpoint(self, step: int, train_seconds: float) -> None:
         """Checkpoint every rank's state at ``step`` and commit it (a collective)."""
         learner = self.learner
+        if step == self.fail_in_checkpoint:
+            _die_writing_checkpoint(self.args.run_dir, step, self.group.rank,
+                                    {"model": learner.model.state_dict()})
         learner.checkpointer.save(step, learner.model, learner.optimizer, learner.paradigm,
                                   train_seconds=train_seconds)
 
@@ -447,6 +469,7 @@ class Run:
         """Save the last checkpoint and, on rank 0, the model and the summary; leave the
         process group and stop monitoring. Returns the summary."""
         args, learner = self.args, self.learner
+        learner.paradigm.finish(self.step)  # bmuf/easgd: the steps since the last round
         self.save_checkpoint(self.step, self.train_seconds)
         summary = self.summary()
         if self.group.rank == 0:
@@ -468,7 +491,7 @@ class Run:
         return {
             "algorithm": args.algorithm, "backend": self.group.backend, "world_size": world,
             "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
-            "final_learning_rate": learning_rate(args, step, self.data.steps_per_epoch),
+            "final_learning_rate": learning_rate(args, step, self.data.steps_per_epoch, world),
             "train_seconds": round(self.train_seconds, 3),
             "samples_per_second": round((step - first_step) * args.global_batch_size
                                         / max(self.train_seconds, 1e-9), 1)
@@ -556,7 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     problem = refusal(args)
     if problem is not None:
         return fail(STEP, problem)
-    summary = train(args, startup)
+    try:
+        summary = train(args, startup)
+    except checkpoint.CheckpointError as error:  # names the file and what to do
+        return fail(STEP, str(error))
     log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
          f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")

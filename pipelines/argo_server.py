@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 TERMINAL_PHASES = ("Succeeded", "Failed", "Error")
@@ -135,25 +137,112 @@ def wait(conn: Connection, name: str, on_change: Callable[[str], None],
         time.sleep(poll_seconds)
 
 
-def logs(conn: Connection, name: str, follow: bool = False) -> Iterator[str]:
-    """The workflow's log lines (``pod: line``); Argo streams them as JSON lines."""
+def authorization(token: str) -> str:
+    """The Authorization header for ``token``: ``argo auth token`` prints it with its
+    ``Bearer`` prefix and ARGO_TOKEN is often set from that, so the prefix is added only when
+    missing (as Hera's WorkflowsService does for the other requests)."""
+    return token if token.startswith("Bearer ") else f"Bearer {token}"
+
+
+# Seconds to connect to Argo Server, and how long a log stream may stay quiet before the
+# workflow's phase is checked (a running step can be silent for minutes: data staging, a long
+# epoch, a rendezvous).
+CONNECT_SECONDS = 30.0
+QUIET_SECONDS = 30.0
+# An RFC 3339 timestamp as Kubernetes prefixes log lines with (logOptions.timestamps).
+_TIMESTAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def split_timestamp(content: str) -> tuple[int | None, str]:
+    """(nanoseconds since the epoch, text) of a log line with a timestamp; (None, line)
+    without one."""
+    stamp, separator, text = content.partition(" ")
+    match = _TIMESTAMP.fullmatch(stamp)
+    if not separator or not match:
+        return None, content
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    seconds = int(datetime.fromisoformat(match[1] + zone).timestamp())
+    return seconds * 1_000_000_000 + int((match[2] or "").ljust(9, "0")), text
+
+
+def logs(conn: Connection, name: str, follow: bool = False,
+         quiet_seconds: float = QUIET_SECONDS, poll_seconds: float = 5.0) -> Iterator[str]:
+    """The workflow's log lines (``pod: line``); Argo streams them as JSON lines.
+
+    ``follow`` keeps on while the workflow runs, as ``argo logs --follow`` does: after a stream
+    ends (a proxy's idle timeout, a server restart) or stays quiet for ``quiet_seconds``, the
+    workflow's phase is checked; while it is not finished the stream is opened again from the
+    last line seen (its timestamp; lines already printed are not printed twice), checking
+    again every ``poll_seconds`` while the server has nothing to stream; once it is finished the
+    lines not yet seen are read and the iteration ends.
+    """
+    if not follow:
+        yield from (f"{pod}: {text}" for pod, text in _log_entries(conn, name, {}, QUIET_SECONDS))
+        return
+    last: dict[str, int] = {}  # each pod's last timestamp printed
+    seen: dict[str, set[str]] = {}  # the lines printed at that timestamp, per pod
+    options = {"logOptions.timestamps": "true", "logOptions.follow": "true"}
+    finished = False
+    while True:
+        if last:  # from the earliest of the pods' last lines: no line of any pod is missed
+            options["logOptions.sinceTime.seconds"] = str(min(last.values()) // 1_000_000_000)
+        quiet = False
+        try:
+            for pod, content in _log_entries(conn, name, options, quiet_seconds):
+                stamp, text = split_timestamp(content)
+                if stamp is not None:
+                    if stamp < last.get(pod, -1) or (
+                            stamp == last.get(pod) and text in seen[pod]):
+                        continue  # printed before the stream was opened again
+                    if stamp != last.get(pod):
+                        last[pod], seen[pod] = stamp, set()
+                    seen[pod].add(text)
+                yield f"{pod}: {text}"
+        except _StreamInterrupted:
+            quiet = True  # nothing for quiet_seconds, or the connection broke mid-stream
+        if finished:
+            return
+        phase = (get(conn, name).get("status") or {}).get("phase")
+        if phase in TERMINAL_PHASES:
+            # One more pass, not followed, for what was logged after the last line read.
+            finished = True
+            options["logOptions.follow"] = "false"
+        elif not quiet:
+            time.sleep(poll_seconds)  # the server ended the stream early: do not hammer it
+
+
+class _StreamInterrupted(Exception):
+    """A followed log stream stayed quiet too long or broke; the caller checks the phase."""
+
+
+def _log_entries(conn: Connection, name: str, options: dict[str, str],
+                 quiet_seconds: float) -> Iterator[tuple[str, str]]:
+    """(pod, content) of each entry of one log request."""
     import requests
 
     url = f"{conn.url}/api/v1/workflows/{conn.namespace}/{name}/log"
-    params = {"logOptions.container": "main", "logOptions.follow": str(follow).lower()}
-    headers = {"Authorization": f"Bearer {conn.token}"} if conn.token else {}
+    params = {"logOptions.container": "main", "logOptions.follow": "false", **options}
+    headers = {"Authorization": authorization(conn.token)} if conn.token else {}
 
     def request() -> Any:
         from hera.exceptions import exception_from_server_response
 
         response = requests.get(url, params=params, headers=headers, stream=True,
-                                verify=conn.verify_tls, timeout=30)
+                                verify=conn.verify_tls, timeout=(CONNECT_SECONDS, quiet_seconds))
         if not response.ok:
             raise exception_from_server_response(response)
         return response
 
     response = _call(conn, f"logs of workflow '{name}'", request)
-    for raw in response.iter_lines():
-        if raw:
-            entry = json.loads(raw).get("result", {})
-            yield f"{entry.get('podName', '')}: {entry.get('content', '')}"
+    with response:
+        try:
+            for raw in response.iter_lines():
+                if raw:
+                    entry = json.loads(raw).get("result", {})
+                    yield entry.get("podName", ""), entry.get("content", "")
+        except requests.exceptions.RequestException as error:
+            # requests reports a read timeout in the middle of a body as a ConnectionError
+            if params["logOptions.follow"] != "true":
+                raise ArgoServerError(f"logs of workflow '{name}' broke off on {conn.url}: "
+                                      f"{type(error).__name__}") from None
+            raise _StreamInterrupted from None

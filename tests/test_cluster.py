@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from sublimate.pipelines.cli import main
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 
 ARGO = REPO / "argo"
 
@@ -29,10 +29,8 @@ def _tool(name: str) -> str:
     """A validator CI installs (.ci/run); outside CI a missing one skips, never silently in CI."""
     path = shutil.which(name) or next(
         (str(p) for p in [REPO / ".tools" / "bin" / name] if p.exists()), None)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run installs it")
-        pytest.skip(f"{name} not installed (run .ci/run to install the validators)")
+    require(path is not None, f"{name} is not installed (run .ci/run to install the validators)")
+    assert path is not None  # for the type checker: require() returned
     return path
 
 

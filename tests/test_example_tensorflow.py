@@ -21,9 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import REPO
+from tests.conftest import REPO, require
 
 EXAMPLE = REPO / "examples" / "keras_multiworker" / "train.py"
 EPOCHS = 3
@@ -38,12 +36,8 @@ def _free_port() -> int:
 
 def _require_tensorflow() -> None:
     """Skip outside CI when TensorFlow is missing; in CI (which installs it) fail instead."""
-    if importlib.util.find_spec("tensorflow") is not None:
-        return
-    message = "tensorflow is not installed (pip install -e '.[tensorflow]' -c constraints.txt)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI installs it (.ci/run)")
-    pytest.skip(message)
+    require(importlib.util.find_spec("tensorflow") is not None,
+            "tensorflow is not installed (pip install -e '.[tensorflow]' -c constraints.txt)")
 
 
 def _wrapper_main(script: str, args: list[str]) -> None:

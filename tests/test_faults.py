@@ -30,6 +30,7 @@ from tests.test_netns_scheduler import (
     runner,
     snapshot,
     wait_for,
+    without_netem,
 )
 
 __all__ = ["netns"]  # the fixture, imported for the tests below
@@ -175,9 +176,8 @@ def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
         r.cancel(handle)
 
 
-def test_delay_needs_netem(netns: None, tmp_path: Path) -> None:
-    if faults.kernel_has_netem():
-        pytest.skip("this kernel has netem")
+def test_delay_needs_netem(netns: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    without_netem(monkeypatch)
     with runner() as r:
         handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})

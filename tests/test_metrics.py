@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components import metrics as monitoring
-from tests.conftest import REPO
+from tests.conftest import REPO, require_module
 
 
 def test_endpoints_never_collide_and_are_recorded(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def _scalars(folder: Path, tag: str) -> list[float]:
 
 def test_a_sync_run_serves_metrics_while_training_and_leaves_events_and_a_report(
         tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard")
+    require_module("tensorboard", "pip install -e . installs it")
     home = tmp_path / "home"
     run_dir = home / "volumes" / "sublimate-data" / "runs" / "watched"
     process = _start_run(home, "run-id=watched", "epochs=40")

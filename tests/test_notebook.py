@@ -7,18 +7,30 @@ import os
 import re
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, require, require_module, run_cli
 
 NOTEBOOK = REPO / "notebooks" / "getting-started.ipynb"
 # One line of the live-metrics cell: "  1.3s rank-0: epoch 1  steps 16  samples/s 2961 ..."
 LIVE_LINE = re.compile(r"^\s*\d+\.\d+s (?P<key>[\w-]+): (?P<values>.+)$")
 NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+INSTALL = "pip install -e '.[test]'"
+KERNEL = "python3"  # the notebook's kernel; ipykernel provides it in this environment
+
+
+def _kernel_problem() -> str | None:
+    """Why the notebook's kernel cannot start here (None if it can): nbclient would otherwise
+    fail deep in its start-up with NoSuchKernel."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        return f"no Jupyter kernel named {KERNEL!r} ({INSTALL} installs ipykernel, which has it)"
+    return None
 
 
 def test_notebook_outputs_are_not_committed() -> None:
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = require_module("nbformat", INSTALL)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     for cell in notebook.cells:
         if cell.cell_type == "code":
@@ -26,7 +38,7 @@ def test_notebook_outputs_are_not_committed() -> None:
 
 
 def test_the_notebook_builds_its_pipeline_from_the_public_api() -> None:
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = require_module("nbformat", INSTALL)
     source = "\n".join(cell.source for cell in nbformat.read(NOTEBOOK, as_version=4).cells
                        if cell.cell_type == "code")
     assert "from sublimate.components import evaluate, stage_data, train" in source
@@ -44,13 +56,15 @@ def _cell_text(cell: dict) -> str:
 
 
 def test_getting_started_notebook_executes(tmp_path: Path) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    nbformat = require_module("nbformat", INSTALL)
+    nbclient = require_module("nbclient", INSTALL)
+    require_module("ipykernel", INSTALL)
+    problem = _kernel_problem()
+    require(problem is None, problem or "")
     home = tmp_path / "home"
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # The kernel's own environment names the home, so nothing lands in ~/.sublimate.
-    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name=KERNEL,
                             resources={"metadata": {"path": str(REPO)}}).execute(
         env={**os.environ, "SUBLIMATE_HOME": str(home)})
     cells = {cell.get("id"): cell for cell in notebook.cells}

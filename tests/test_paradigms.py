@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,9 +83,112 @@ def _easgd_one_round(rank: int, port: int, results: Path) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(function: object, tmp_path: Path) -> list[dict[str, torch.Tensor]]:
-    mp.spawn(function, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
+def _spawn(function: object, tmp_path: Path, *extra: object) -> list[dict[str, Any]]:
+    mp.spawn(function, args=(_free_port(), tmp_path, *extra), nprocs=WORLD, join=True)
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+
+
+# --- BMUF with block momentum, against the update equations computed by hand ----------------
+#
+# The model is a Linear(2, 1) in float64 trained on a squared error with one known example per
+# rank and step. Its gradient depends on the weights, so where a block starts (the Nesterov
+# look-ahead or the global model) changes what the next block computes: an oracle that got the
+# start wrong would disagree with a correct implementation, and the other way round.
+
+BMUF_LR = 0.05
+BMUF_BLOCKS = 2
+# rank 0's initial [weight0, weight1, bias]; rank 1 starts elsewhere, and the paradigm must
+# replace that with rank 0's model (its broadcast) before the first step
+BMUF_START = (0.3, -0.2, 0.1)
+
+
+def _bmuf_example(rank: int, step: int) -> tuple[torch.Tensor, float]:
+    """Rank ``rank``'s example at 1-based ``step``: features and target, different per rank."""
+    x = torch.tensor([1.0 + 0.5 * rank + 0.1 * step, -0.7 + 0.3 * rank - 0.05 * step],
+                     dtype=torch.float64)
+    return x, 2.0 - 3.0 * rank + 0.25 * step
+
+
+def _bmuf_worker(rank: int, port: int, results: Path, config: dict[str, Any]) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    model = nn.Linear(2, 1).double()
+    with torch.no_grad():
+        start = torch.tensor(BMUF_START, dtype=torch.float64) + 10.0 * rank
+        model.weight.copy_(start[:2].view(1, 2))
+        model.bias.copy_(start[2:])
+    optimizer = torch.optim.SGD(model.parameters(), lr=BMUF_LR)
+    bmuf = BlockMomentumSGD(model, optimizer, config)
+    blocks = []
+    for step in range(1, BMUF_BLOCKS * PERIOD + 1):
+        x, y = _bmuf_example(rank, step)
+        optimizer.zero_grad()
+        (0.5 * (model(x.view(1, 2)).squeeze() - y) ** 2).backward()
+        optimizer.step()
+        bmuf.after_step(step)
+        if step % PERIOD == 0:
+            blocks.append({"global": bmuf.global_model.clone(),
+                           "start": bmuf.block_start.clone(), "delta": bmuf.delta.clone(),
+                           "local": flat_parameters(model),
+                           "result": flat_parameters(bmuf.result_model())})
+    torch.save({"blocks": blocks, "eta": bmuf.eta, "ops": bmuf.communication_ops},
+               results / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _bmuf_by_hand(eta: float, zeta: float, nesterov: bool) -> list[dict[str, torch.Tensor]]:
+    """Chen & Huo's block update (bmuf.py's docstring) in plain tensor arithmetic."""
+    global_model = torch.tensor(BMUF_START, dtype=torch.float64)  # rank 0's, broadcast
+    block_start = global_model.clone()
+    delta = torch.zeros(3, dtype=torch.float64)
+    blocks = []
+    for block in range(BMUF_BLOCKS):
+        finals = []
+        for rank in range(WORLD):
+            w = block_start.clone()  # [weight0, weight1, bias]
+            for step in range(block * PERIOD + 1, (block + 1) * PERIOD + 1):
+                x, y = _bmuf_example(rank, step)
+                features = torch.cat([x, torch.ones(1, dtype=torch.float64)])
+                residual = (w * features).sum() - y  # d/dw of (w.f - y)^2 / 2 is residual * f
+                w = w - BMUF_LR * residual * features
+            finals.append(w)
+        block_update = sum(finals) / WORLD - block_start  # G = mean(w_i) - w_start
+        delta = eta * delta + zeta * block_update
+        global_model = global_model + delta
+        block_start = global_model + eta * delta if nesterov else global_model.clone()
+        blocks.append({"global": global_model, "start": block_start, "delta": delta})
+    return blocks
+
+
+@pytest.mark.parametrize(("config", "eta", "zeta", "nesterov"), [
+    ({"sync_period": PERIOD, "block_momentum": 0.6, "block_lr": 0.8, "nesterov": True},
+     0.6, 0.8, True),
+    ({"sync_period": PERIOD, "block_momentum": 0.6, "block_lr": 1.2, "nesterov": False},
+     0.6, 1.2, False),
+    # the paper's defaults: eta = 1 - 1/N (0.5 for 2 workers), zeta = 1, Nesterov on
+    ({"sync_period": PERIOD}, 1 - 1 / WORLD, 1.0, True),
+], ids=["nesterov", "classic", "defaults"])
+def test_bmuf_with_block_momentum_follows_the_block_update_equations(
+        tmp_path: Path, config: dict[str, Any], eta: float, zeta: float,
+        nesterov: bool) -> None:
+    ranks = _spawn(_bmuf_worker, tmp_path, config)
+    expected = _bmuf_by_hand(eta, zeta, nesterov)
+    # float64 and the same operations in the same order: equal up to rounding in the last bits
+    close = {"rtol": 0.0, "atol": 1e-12}
+    for result in ranks:
+        assert result["eta"] == eta and result["ops"] == BMUF_BLOCKS
+        for block, want in zip(result["blocks"], expected, strict=True):
+            torch.testing.assert_close(block["global"], want["global"], **close)
+            torch.testing.assert_close(block["delta"], want["delta"], **close)
+            torch.testing.assert_close(block["start"], want["start"], **close)
+            # every worker continues from the block start; the run's result is the global model
+            torch.testing.assert_close(block["local"], want["start"], **close)
+            torch.testing.assert_close(block["result"], want["global"], **close)
+    # The case tells the variants apart far beyond the tolerance, so an implementation that
+    # dropped the momentum or the look-ahead (or applied it when off) would fail above.
+    for other in (_bmuf_by_hand(0.0, zeta, nesterov), _bmuf_by_hand(eta, zeta, not nesterov)):
+        assert (other[-1]["global"] - expected[-1]["global"]).abs().max() > 1e-3
+    assert torch.equal(expected[0]["start"], expected[0]["global"]) != nesterov
 
 
 def test_bmuf_without_momentum_is_periodic_model_averaging(tmp_path: Path) -> None:

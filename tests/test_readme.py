@@ -29,6 +29,13 @@ def test_ci_builds_a_new_environment_every_run() -> None:
     assert "rm -rf .tools" in script  # checkov's environment is rebuilt too
 
 
+def test_ci_declares_itself_so_that_no_test_skips() -> None:
+    """tests/conftest.py's require() fails a test whose prerequisite is missing only in CI."""
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    exported = lines.index("export CI=true")
+    assert exported < next(index for index, line in enumerate(lines) if "pytest" in line)
+
+
 def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None:
     def pins(path: str) -> dict[str, str]:
         lines = (REPO / path).read_text().splitlines()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import textwrap
 import time
 from pathlib import Path
@@ -677,3 +678,28 @@ def test_workflow_outputs_on_a_volume_are_linked_from_the_run_folder(tmp_path: P
     assert (link / "model.pt").read_text() == "1\n"
     # a path private to one pod (not on a volume) is not linked
     assert not (result.run_dir / "outputs" / "scratch").exists()
+
+
+def test_status_json_is_fsynced_before_each_rename_and_its_folder_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a: object, b: object, **kwargs: object) -> None:
+        events.append(("replace", f"{a} -> {b}"))
+        real_replace(a, b, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    result = run((MANIFESTS / "diamond.yaml").read_text(), tmp_path, {"msg": "yo"})
+    status, tmp = result.run_dir / "status.json", result.run_dir / "status.json.tmp"
+    writes = [i for i, event in enumerate(events) if event == ("replace", f"{tmp} -> {status}")]
+    assert len(writes) > 2  # one per transition
+    for index in writes:  # a crash never leaves a torn or empty status.json
+        assert events[index - 1] == ("fsync", str(tmp))
+    # The last rename (the run's conclusion) is itself made durable.
+    assert ("fsync", str(result.run_dir)) in events[writes[-1]:]

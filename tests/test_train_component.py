@@ -165,7 +165,10 @@ def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
     (tmp_path / "namespace").write_text("ml-team\n")
     monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)
     args = parse_args([*ARGS, "--queue", "gpu"])
-    assert train.scheduler_config(args, "kubernetes") == {"queue": "gpu", "namespace": "ml-team"}
+    assert train.scheduler_config(args, "kubernetes") == {
+        "queue": "gpu", "namespace": "ml-team",
+        # named after the workflow and the run folder, so that a retried step finds it
+        "job_name": train.job_name("", args.run_dir)}
     assert train.scheduler_config(args, "local_cwd") == {
         "log_dir": "/mnt/sublimate/runs/r1/logs"}
 

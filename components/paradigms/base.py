@@ -53,6 +53,19 @@ class Paradigm:
     def after_step(self, step: int) -> None:
         """Called after every local optimizer step with the 1-based global step count."""
 
+    def finish(self, step: int) -> None:
+        """Called once after the last step (``step``), before the last checkpoint: a paradigm
+        that communicates periodically syncs the steps taken since its last round here. A
+        collective: every rank calls it."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model lives: every tensor of the paradigm's state is kept there."""
+        import torch
+
+        first = next(self.model.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
     def result_model(self) -> nn.Module:
         """The model this run produces (the center variable for EASGD, ...)."""
         return self.model
@@ -73,8 +86,13 @@ def auto_or(value: Any, default: float) -> float:
 class PeriodicAveraging(Paradigm):
     """Local SGD with one collective model update every ``sync_period`` steps (BMUF, EASGD).
 
-    Every worker starts from rank 0's model. A subclass implements :meth:`synchronize` (the
-    collective update) and :meth:`consensus` (the parameter vector the run produces).
+    Every worker starts from rank 0's model (parameters and buffers). A subclass implements
+    :meth:`synchronize` (the collective update of the parameters) and :meth:`consensus` (the
+    parameter vector the run produces). At every round the base class also averages the
+    floating-point buffers (BatchNorm's running statistics: each worker's describe the data
+    it saw) and takes rank 0's integer ones (``num_batches_tracked``); the result model carries
+    the buffers of the last round. The steps after the last full period are synced by
+    :meth:`finish`, so no worker's last local steps are lost.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -87,11 +105,48 @@ class PeriodicAveraging(Paradigm):
         start = flat_parameters(model)
         dist.broadcast(start, src=0)
         load_flat_parameters(model, start)
+        floating, counters = buffer_groups(model)
+        for buffers in (floating, counters):
+            if buffers:
+                flat = flat_tensors(buffers)
+                dist.broadcast(flat, src=0)
+                load_flat_tensors(buffers, flat)
+        self.synced_buffers = [buffer.detach().clone() for buffer in model.buffers()]
+        self.synced_step = 0  # the last step a round was taken at
 
     def after_step(self, step: int) -> None:
         if step % self.period == 0:
-            self.synchronize()
-            self.communication_ops += 1
+            self.sync_round(step)
+
+    def finish(self, step: int) -> None:
+        # The steps since the last round (steps % sync-period of them) join the result; a run
+        # resumed after it finished has synced_step == step and takes no second round.
+        if step != self.synced_step:
+            self.sync_round(step)
+
+    def sync_round(self, step: int) -> None:
+        """One round at ``step``: the paradigm's parameter update, then the buffers."""
+        self.synchronize()
+        self.synchronize_buffers()
+        self.synced_step = step
+        self.communication_ops += 1
+
+    def synchronize_buffers(self) -> None:
+        """Average the floating buffers across workers and take rank 0's integer ones (one
+        collective each, none for a model without buffers)."""
+        import torch.distributed as dist
+
+        floating, counters = buffer_groups(self.model)
+        if floating:
+            flat = flat_tensors(floating)
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            load_flat_tensors(floating, flat)
+        if counters:
+            flat = flat_tensors(counters)
+            dist.broadcast(flat, src=0)
+            load_flat_tensors(counters, flat)
+        self.synced_buffers = [buffer.detach().clone() for buffer in self.model.buffers()]
 
     def synchronize(self) -> None:
         raise NotImplementedError
@@ -105,7 +160,52 @@ class PeriodicAveraging(Paradigm):
         if self._result is None:
             self._result = copy.deepcopy(self.model)
         load_flat_parameters(self._result, self.consensus())
+        import torch
+
+        with torch.no_grad():
+            for buffer, synced in zip(self._result.buffers(), self.synced_buffers, strict=True):
+                buffer.copy_(synced)
         return self._result
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "synced_buffers": self.synced_buffers,
+                "synced_step": self.synced_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        device = self.device
+        if "synced_buffers" in state:  # checkpoints of earlier releases lack them
+            self.synced_buffers = [buffer.to(device) for buffer in state["synced_buffers"]]
+        self.synced_step = state.get("synced_step", 0)
+
+
+def buffer_groups(module: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The module's buffers: (floating point ones, the others such as counters)."""
+    floating, counters = [], []
+    for buffer in module.buffers():
+        (floating if buffer.is_floating_point() else counters).append(buffer)
+    return floating, counters
+
+
+def flat_tensors(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors as one detached vector (of their common dtype), for one collective."""
+    import torch
+
+    if not tensors:
+        return torch.zeros(0)
+    return torch.cat([tensor.detach().reshape(-1) for tensor in tensors])
+
+
+def load_flat_tensors(tensors: list[torch.Tensor], vector: torch.Tensor) -> None:
+    """Copy ``vector`` back into ``tensors`` in place (see :func:`flat_tensors`)."""
+    import torch
+
+    offset = 0
+    with torch.no_grad():
+        for tensor in tensors:
+            size = tensor.numel()
+            tensor.copy_(vector[offset:offset + size].view_as(tensor))
+            offset += size
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:

@@ -65,6 +65,8 @@ class BlockMomentumSGD(PeriodicAveraging):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.global_model = state["global_model"]
-        self.block_start = state["block_start"]
-        self.delta = state["delta"]
+        # Checkpoints load onto the CPU; the next round's collective needs the model's device.
+        device = self.device
+        self.global_model = state["global_model"].to(device)
+        self.block_start = state["block_start"].to(device)
+        self.delta = state["delta"].to(device)

@@ -55,4 +55,5 @@ class ElasticAveragingSGD(PeriodicAveraging):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.center = state["center"]
+        # Checkpoints load onto the CPU; the next round's collective needs the model's device.
+        self.center = state["center"].to(self.device)

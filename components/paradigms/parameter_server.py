@@ -7,10 +7,16 @@ records its staleness (how many other updates landed since the trainer pulled). 
 ``staleness_bound`` > 0 it is stale-synchronous parallel SGD: a trainer that is that many pushes
 ahead of the slowest running trainer waits before its push is applied. The processes that host it
 and the trainers (over ``torch.distributed.rpc``) are :mod:`sublimate.components.async_sgd`.
+
+Buffers (BatchNorm's running statistics) are not trained by gradients: each trainer sends its own
+with every push, and the server's model holds their mean over the trainers (integer buffers such
+as ``num_batches_tracked``: the largest) whenever it is read (:meth:`ParameterServer.snapshot`,
+checkpoints, the final model).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from typing import Any
@@ -45,6 +51,8 @@ class ParameterServer:
         self.condition = threading.Condition()
         # each trainer's last per-epoch report (loss, time split), for the live line
         self.trainer_reports: dict[int, dict[str, float]] = {}
+        # each trainer's buffers as of its last push, merged into the model when it is read
+        self.trainer_buffers: dict[int, list[torch.Tensor]] = {}
 
     def parameters(self) -> list[torch.Tensor]:
         return [parameter.detach().clone() for parameter in self.model.parameters()]
@@ -60,8 +68,11 @@ class ParameterServer:
             >= self.staleness_bound
 
     def push_pull(self, trainer: int, gradients: list[torch.Tensor], version_seen: int,
-                  learning_rate: float) -> tuple[list[torch.Tensor], int]:
+                  learning_rate: float, buffers: list[torch.Tensor] | None = None,
+                  ) -> tuple[list[torch.Tensor], int]:
         with self.condition:
+            if buffers:
+                self.trainer_buffers[trainer] = buffers
             if self._too_far_ahead(trainer):
                 self.waits += 1
                 self.condition.wait_for(lambda: not self._too_far_ahead(trainer))
@@ -108,12 +119,36 @@ class ParameterServer:
             "bound_waits": self.waits,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def _merge_buffers(self) -> None:
+        """The model's buffers := the trainers' (call under the lock)."""
+        reported = list(self.trainer_buffers.values())
+        if not reported:
+            return
+        with torch.no_grad():
+            for index, buffer in enumerate(self.model.buffers()):
+                values = torch.stack([buffers[index] for buffers in reported])
+                buffer.copy_(values.mean(0) if buffer.is_floating_point() else values.amax(0))
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """A copy of the model's state (the trainers' buffers merged in), taken under the lock:
+        pushes applied after it do not change it."""
         with self.condition:
-            return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "version": self.version, "clocks": list(self.clocks),
-                    "staleness": [self.staleness_total, self.staleness_max,
-                                  dict(self.staleness_histogram), self.waits]}
+            self._merge_buffers()
+            return {name: value.detach().clone()
+                    for name, value in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole server, copied under the lock so that weights, optimizer state, version
+        and clocks belong to one moment; the caller saves it outside the lock while trainers
+        go on pushing."""
+        with self.condition:
+            self._merge_buffers()
+            return copy.deepcopy({
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "version": self.version, "clocks": list(self.clocks),
+                "staleness": [self.staleness_total, self.staleness_max,
+                              dict(self.staleness_histogram), self.waits],
+                "trainer_buffers": dict(self.trainer_buffers)})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -121,3 +156,4 @@ class ParameterServer:
         self.version, self.clocks = state["version"], list(state["clocks"])
         self.staleness_total, self.staleness_max, histogram, self.waits = state["staleness"]
         self.staleness_histogram = dict(histogram)
+        self.trainer_buffers = dict(state.get("trainer_buffers", {}))

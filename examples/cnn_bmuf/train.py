@@ -31,8 +31,9 @@ class SmallCNN(nn.Module):
     def __init__(self, channels: int, num_classes: int) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2))
+            nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2))
         self.head = nn.Linear(32 * 4, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,6 +93,7 @@ def main() -> None:
         reporter.end_epoch(epoch, step, epoch_loss / (reader.steps - first),
                            time.perf_counter() - started, reader.steps - first,
                            total_epochs=settings["epochs"], accuracy=accuracy)
+    paradigm.finish(step)  # BMUF's round for the steps after the last full block
     job.checkpoints.save(step, model, optimizer, paradigm)
     if job.rank == 0:
         metrics = evaluate(paradigm.result_model(), job.data_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -84,10 +85,11 @@ def command_run(args: argparse.Namespace) -> int:
     from sublimate.pipelines.runner import (
         ManifestError,
         ParameterError,
+        RunInterrupted,
         RunOptions,
         console_reporter,
-        format_table,
         run_workflow,
+        settle_interrupted_runs,
     )
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
@@ -105,19 +107,47 @@ def command_run(args: argparse.Namespace) -> int:
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
     )
+    # A run whose runner was killed still says Running in its status.json: say what happened
+    # to it (and record it there) before this one starts.
+    for interrupted in settle_interrupted_runs(args.home):
+        print(f"note: run {interrupted.name} was interrupted: {interrupted.message}; "
+              f"marked Failed ({interrupted.run_dir})", file=sys.stderr)
     started = time.perf_counter()
     try:
         result = run_workflow(workflow, parameters, options)
     except (ManifestError, ParameterError) as error:
         raise UsageError(str(error)) from error
-    if args.output == "json":
+    except RunInterrupted as stop:
+        # The terminal may be gone (SIGHUP): the run folder has the status either way.
+        with contextlib.suppress(OSError):
+            show_result(stop.result, args.output, time.perf_counter() - started)
+            how = "terminated" if stop.terminated else "stopped"
+            print(f"{how} by {_signal_name(stop.signal)}", file=sys.stderr)
+        return 128 + stop.signal  # the shell's convention for a command ended by a signal
+    show_result(result, args.output, time.perf_counter() - started)
+    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def show_result(result: Any, output: str, seconds: float) -> None:
+    """The final status (a table, or JSON on stdout) and, for a failed run, why."""
+    from sublimate.pipelines.runner import format_table
+
+    if output == "json":
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
         print(format_table(result))
-        print(format_results(result, time.perf_counter() - started))
+        print(format_results(result, seconds))
     if result.phase != "Succeeded":
         report_failures(result)
-    return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) -> int:

@@ -49,7 +49,12 @@ def add_server_commands(commands: Any) -> None:
 
     logs = commands.add_parser("logs", help="print a workflow's logs from Argo Server")
     logs.add_argument("name")
-    logs.add_argument("--follow", "-f", action="store_true")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep following while the workflow runs")
+    # How long a followed stream may be quiet before the workflow's phase is checked, and how
+    # often it is checked while the server has nothing to stream (tests make them short).
+    logs.add_argument("--quiet-seconds", type=float, help=argparse.SUPPRESS)
+    logs.add_argument("--poll-seconds", type=float, help=argparse.SUPPRESS)
     _add_server_flags(logs)
     logs.set_defaults(handler=command_logs)
 
@@ -134,6 +139,9 @@ def command_list(args: argparse.Namespace) -> int:
 def command_logs(args: argparse.Namespace) -> int:
     from sublimate.pipelines import argo_server
 
-    for line in argo_server.logs(_connection(args), args.name, follow=args.follow):
+    timing = {option: value for option, value in (("quiet_seconds", args.quiet_seconds),
+                                                  ("poll_seconds", args.poll_seconds))
+              if value is not None}
+    for line in argo_server.logs(_connection(args), args.name, follow=args.follow, **timing):
         print(line, flush=True)
     return 0

@@ -27,16 +27,18 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .display import console_reporter, format_table
 from .engine import run_workflow
-from .errors import ManifestError, ParameterError
+from .errors import ManifestError, ParameterError, RunInterrupted
 from .executor import Executor, LocalExecutor, PodHooks, PodOutcome
 from .manifest import CLUSTER_ONLY_FIELDS, load_manifest, unsupported_fields
 from .model import NodeResult, RunEvent, RunOptions, RunResult
 from .parameters import resolve_parameters
 from .plan import Mount, PodRequest
+from .run_folder import InterruptedRun, settle_interrupted_runs
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
     "Executor",
+    "InterruptedRun",
     "LocalExecutor",
     "ManifestError",
     "Mount",
@@ -48,6 +50,7 @@ __all__ = [
     "PodOutcome",
     "PodRequest",
     "RunEvent",
+    "RunInterrupted",
     "RunOptions",
     "RunResult",
     "console_reporter",
@@ -55,5 +58,6 @@ __all__ = [
     "load_manifest",
     "resolve_parameters",
     "run_workflow",
+    "settle_interrupted_runs",
     "unsupported_fields",
 ]

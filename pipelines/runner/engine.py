@@ -9,6 +9,15 @@ run by the executor the options name (``executor``: a local process group by def
 Each running task or step is a thread; pods' processes run in their own process groups under
 cancel scopes (``scope``) that deadlines and Ctrl-C stop. Node naming, phases and variable
 scopes follow Argo, so manifests behave here as on a cluster, for the features supported.
+
+Interruption follows ``argo stop`` and ``argo terminate``. The first SIGINT (Ctrl-C), SIGTERM
+or SIGHUP stops the run: every running pod gets SIGTERM (SIGKILL after ``KILL_GRACE_S``), nothing
+new starts, the exit handler (``spec.onExit``) runs with ``workflow.status`` Failed, and the run
+ends Failed with the message ``stopped``. A second one terminates it at once: every process of
+the run, the exit handler's included, is killed and the run ends Failed, ``terminated``. Either
+way ``run_workflow`` then raises ``RunInterrupted``. The signals are only recorded by their
+handler and acted on by the main thread between its own steps, so a signal never lands in the
+middle of the stopping itself.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .calls import call_one
 from .dag import run_dag
-from .errors import ManifestError, NodeError
+from .errors import ManifestError, NodeError, RunInterrupted
 from .executor import Executor, LocalExecutor
 from .exit_handler import run_exit_handler
 from .inputs import resolve_inputs
@@ -34,7 +43,6 @@ from .model import NodeResult, RunOptions, RunResult, iso
 from .parameters import resolve_parameters
 from .plan import Layout, template_deadline, template_kind
 from .pod import run_pod
-from .process import KILL_GRACE_S
 from .retry import run_with_retries
 from .run_folder import RunRecord, make_run_dir
 from .scope import CancelScope
@@ -105,6 +113,9 @@ class Run:
         self.record = RunRecord(self.name, self.run_dir, params, reporter)
         self.lock = self.record.lock
         self.root_scope = CancelScope(self.lock)
+        # The exit handler runs outside the workflow's scope (a stop must not stop it), but a
+        # second signal terminates it too.
+        self.exit_scope = CancelScope(self.lock)
         self.executor: Executor = (LocalExecutor() if options.executor is None
                                    else options.executor)
         limit = options.parallelism or self.spec.get("parallelism")
@@ -122,42 +133,61 @@ class Run:
             self.root_scope.deadline(
                 float(deadline), f"workflow exceeded its deadline of {seconds(deadline)}"
             )
-        done = threading.Event()
-        worker = threading.Thread(target=self._drive, args=(done,), daemon=True)
-        restore = None
-        if threading.current_thread() is threading.main_thread():
-            restore = signal.signal(signal.SIGTERM, _raise_interrupt)
+        done, wake = threading.Event(), threading.Event()
+        worker = threading.Thread(target=self._drive, args=(done, wake), daemon=True)
         try:
-            worker.start()
-            done.wait()
-        except KeyboardInterrupt:
-            self.root_scope.stop("stopped")
-            worker.join(timeout=KILL_GRACE_S + 2)
-            self.record.conclude(NodePhase.FAILED, "stopped")
-            raise
+            if threading.current_thread() is not threading.main_thread():
+                worker.start()  # signals reach the main thread only: whoever owns it stops us
+                done.wait()
+                return self.record.result()
+            with _StopSignals(wake) as signals:
+                worker.start()
+                stopped_by = self._follow(done, signals)
         finally:
-            if restore is not None:
-                signal.signal(signal.SIGTERM, restore)
             self.root_scope.close()
+        if stopped_by is not None:
+            raise RunInterrupted(stopped_by, self.exit_scope.reason == TERMINATED,
+                                 self.record.result())
         return self.record.result()
 
-    def _drive(self, done: threading.Event) -> None:
+    def _follow(self, done: threading.Event, signals: _StopSignals) -> int | None:
+        """Wait for the run's end, stopping it on the first signal, terminating it on the
+        second; the signal that stopped it, or None if it ended on its own (a signal that
+        comes once the run is over changes nothing)."""
+        stopped_by = None
+        while not done.is_set():
+            signals.wake.wait()
+            signals.wake.clear()
+            if signals.received and stopped_by is None:
+                stopped_by = signals.received[0]
+                self.root_scope.stop(STOPPED)  # the driver goes on: the exit handler, conclude
+            if len(signals.received) >= 2:
+                self.terminate()
+                break
+        return stopped_by
+
+    def terminate(self) -> None:
+        """End the run now: kill every process (the exit handler's too) and conclude it."""
+        self.exit_scope.terminate(TERMINATED)
+        self.root_scope.terminate(TERMINATED)
+        self.record.conclude(NodePhase.FAILED, TERMINATED)
+
+    def _drive(self, done: threading.Event, wake: threading.Event) -> None:
         try:
             root = self.execute(self.spec["entrypoint"], {"parameters": dict(self.params)},
                                 self.name, self.name, None, self.root_scope)
             phase, message = root.phase, root.message
             stop = self.root_scope.reason
-            if stop == "stopped":
-                return
-            if stop is not None:
+            if stop is not None:  # a deadline or a stop signal
                 phase, message = NodePhase.FAILED, stop
-            if self.spec.get("onExit"):
+            if self.spec.get("onExit") and self.exit_scope.reason is None:
                 phase, message = run_exit_handler(self, self.spec["onExit"], phase, message)
             self.record.conclude(phase, message)
         except Exception as exc:  # an engine bug must still leave a readable status
             self.record.conclude(NodePhase.ERROR, f"internal error: {exc!r}")
         finally:
             done.set()
+            wake.set()
 
     # --------------------------------------------------------------------- templates
 
@@ -221,8 +251,40 @@ class Run:
         return run_loop(self.record, call, items, name, display, parent, run_item)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+STOPPED = "stopped"
+TERMINATED = "terminated"
+# Ctrl-C, `kill`, and the terminal closing: each stops a run as `argo stop` would.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-__all__ = ["ManifestError", "Run", "prepare_workflow", "run_workflow"]
+class _StopSignals:
+    """While a run is driven from the main thread: records each stop signal and wakes the main
+    thread, which acts on it. Raising from the handler (as Python's SIGINT handler does) could
+    land anywhere, even inside the stopping; a recorded signal is handled between steps.
+
+    A signal that was ignored when the run began (``nohup`` ignores SIGHUP, a shell's ``&``
+    ignores SIGINT) stays ignored, as the user asked.
+    """
+
+    def __init__(self, wake: threading.Event) -> None:
+        self.wake = wake
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        self.wake.set()
+
+    def __enter__(self) -> _StopSignals:
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                continue
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+
+
+__all__ = ["ManifestError", "Run", "RunInterrupted", "prepare_workflow", "run_workflow"]

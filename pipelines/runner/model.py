@@ -115,6 +115,8 @@ class RunResult:
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)
     # outputs/<name> links in the run folder to the folders that output parameters name
     links: dict[str, Path] = field(default_factory=dict)
+    # the process that ran it: pid, start_ticks (clock ticks since boot), host
+    runner: dict[str, object] = field(default_factory=dict)
 
     def node(self, display_name: str) -> NodeResult:
         """The first node whose display name (or full name) matches; handy in tests/CLI."""
@@ -138,5 +140,6 @@ class RunResult:
             "parameters": dict(self.parameters),
             "outputs": {k: dict(v) for k, v in self.outputs.items()},
             "links": {name: str(path) for name, path in self.links.items()},
+            "runner": dict(self.runner),
             "nodes": [node.to_json() for node in self.nodes],
         }

@@ -1,4 +1,11 @@
-"""Running one node's command as a local process group, with its log captured."""
+"""Running one node's command as a local process group, with its log captured.
+
+A step's process is tied to the runner's life: it starts with ``PR_SET_PDEATHSIG`` set to
+SIGTERM (Linux), so a runner killed outright (SIGKILL, the OOM killer) still sends each running
+step the SIGTERM that ``argo stop`` would, and a step that cleans up on SIGTERM (the train step's
+launcher cancels its TorchX job) does so. The signal fires when the *thread* that started the
+process ends: a pod's thread waits for its process, so that is the runner's own end.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,77 @@ from pathlib import Path
 from typing import IO
 
 KILL_GRACE_S = 5.0
+
+_PR_SET_PDEATHSIG = 1
+_prctl_lock = threading.Lock()
+_prctl: Callable[..., int] | None = None
+_prctl_resolved = False
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once in the runner, never in a forked child (a lookup takes
+    locks that another thread may hold at fork time); None where there is none (not Linux)."""
+    global _prctl, _prctl_resolved
+    with _prctl_lock:
+        if not _prctl_resolved:
+            _prctl_resolved = True
+            try:
+                import ctypes  # deferred: only a run that starts processes pays for it
+
+                _prctl = ctypes.CDLL(None, use_errno=True).prctl
+            except (OSError, AttributeError):
+                _prctl = None
+    return _prctl
+
+
+def _die_with_runner(prctl: Callable[..., int], runner_pid: int) -> Callable[[], None]:
+    """The child's last act before exec: ask for SIGTERM when the runner ends.
+
+    Popen's ``preexec_fn`` runs in the forked child of a threaded process, where taking any lock
+    another thread held at the fork can deadlock; this one makes two system calls through an
+    already-resolved function and touches no lock (no import, no logging, no I/O). The setting
+    survives ``exec`` and ``setsid``. A runner that died before the call left the child to init:
+    the ``getppid`` check catches that race.
+    """
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != runner_pid:
+            os._exit(143)  # the runner is already gone: do not start a step nobody stops
+
+    return preexec
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if
+    it does not run (or is a zombie). With the pid, it names one process: a recycled pid has
+    another start time."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def process_runs(pid: int, start_ticks: int | None) -> bool:
+    """Whether the process ``pid`` that started at ``start_ticks`` still runs. Without /proc (or
+    without a recorded start time) only the pid can be checked."""
+    if pid <= 0:
+        return False
+    if Path("/proc/self/stat").exists():
+        ticks = process_start_ticks(pid)
+        return ticks is not None and (start_ticks is None or ticks == start_ticks)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process holds the pid
+    return True
 
 
 class LocalProcess:
@@ -37,6 +115,8 @@ class LocalProcess:
 
     def start(self) -> None:
         """Start the process; ``OSError`` (command not found...) propagates to the caller."""
+        prctl = _resolve_prctl()
+        preexec = _die_with_runner(prctl, os.getpid()) if prctl is not None else None
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
         try:
             self.proc = subprocess.Popen(
@@ -47,6 +127,7 @@ class LocalProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                preexec_fn=preexec,  # lock-free: see _die_with_runner
             )
         except OSError as exc:
             self._log.write(f"failed to start {self.argv[0]!r}: {exc}\n".encode())
@@ -93,6 +174,13 @@ class LocalProcess:
         timer = threading.Timer(KILL_GRACE_S, self._signal, args=(signal.SIGKILL,))
         timer.daemon = True
         timer.start()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now (``argo terminate``: no grace period)."""
+        if self.proc is None:
+            return
+        self._stopped.set()
+        self._signal(signal.SIGKILL)
 
     @property
     def stopped(self) -> bool:

@@ -88,7 +88,9 @@ def run_with_retries(run: Run, template: dict, kind: NodeType, inputs: Vars, nod
         if policy.max_total is not None and time.monotonic() - started + wait > policy.max_total:
             break
         if wait > 0:
-            time.sleep(wait)
+            scope.sleep(wait)  # a stop ends the backoff, and the loop with the next check
+            if scope.stop_reason():
+                break
         attempt += 1
     node.parameters, node.artifacts = child.parameters, child.artifacts
     node.result, node.exit_code = child.result, child.exit_code

@@ -4,6 +4,15 @@ Every node is created and every phase changes here, under one lock, so ``status.
 atomically on each transition) and the reporter's events always agree with the nodes. Naming
 (the run's name, node ids, node folders) is pure, so a dry run can show the paths a run would
 use without creating anything.
+
+``status.json`` is written to a temporary file, fsynced, and renamed over the old one, so a crash
+(or a power cut) leaves the old status or the new one, never a torn or empty file; the folder is
+fsynced too when the run starts and ends, so those two renames survive a power cut.
+
+It also names the runner (``runner``: pid, start time in clock ticks since boot, host), so that a
+run whose runner was killed (SIGKILL, the OOM killer, a reboot) is not shown Running forever:
+:func:`settle_interrupted_runs`, called by the next ``sublimate run``, finds each status that says
+Running while its runner no longer runs, and concludes it Failed, saying so.
 """
 
 from __future__ import annotations
@@ -15,12 +24,15 @@ import os
 import string
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .model import NodeResult, RunEvent, RunResult, now
+from .model import NodeResult, RunEvent, RunResult, iso, now
 from .paths import PathMap
+from .process import process_runs, process_start_ticks
 
 _ALPHABET = string.ascii_lowercase + string.digits
 
@@ -87,6 +99,9 @@ class RunRecord:
         self.finished_at = None
         self.phase = NodePhase.RUNNING
         self.message = ""
+        self.concluded = False
+        pid = os.getpid()
+        self.runner = {"pid": pid, "start_ticks": process_start_ticks(pid), "host": host_name()}
         # Container path -> local folder of every volume a step mounted that outlives its pod,
         # so that workflow outputs naming such paths can be linked from the run folder.
         self.shared_mounts = PathMap(run_dir / "fs")
@@ -133,12 +148,16 @@ class RunRecord:
     # ------------------------------------------------------------------ the workflow
 
     def started(self) -> None:
-        self.write_status()
+        self.write_status(sync_folder=True)
         self.emit(RunEvent("workflow", self.name, self.started_at, phase=NodePhase.RUNNING))
 
     def conclude(self, phase: NodePhase, message: str) -> None:
-        """The run's final phase; nodes still open (stopped mid-way) are closed as Failed."""
+        """The run's final phase; nodes still open (stopped mid-way) are closed as Failed. The
+        first conclusion stands (a terminated run is concluded while its driver still runs)."""
         with self.lock:
+            if self.concluded:
+                return
+            self.concluded = True
             for node in self.nodes.values():
                 if not node.done:
                     node.phase = NodePhase.FAILED
@@ -148,7 +167,7 @@ class RunRecord:
             self.message = message
             self.finished_at = now()
             self._link_outputs()
-            self.write_status()
+            self.write_status(sync_folder=True)
         self.emit(RunEvent("workflow", self.name, self.finished_at, phase=phase,
                            message=message))
 
@@ -198,15 +217,108 @@ class RunRecord:
             parameters=dict(self.params),
             outputs={k: dict(v) for k, v in self.outputs.items()},
             links=dict(self.links),
+            runner=dict(self.runner),
         )
 
-    def write_status(self) -> None:
+    def write_status(self, sync_folder: bool = False) -> None:
         with self.lock:
-            data = json.dumps(self.result().to_json(), indent=1)
-            tmp = self.run_dir / "status.json.tmp"
-            tmp.write_text(data)
-            os.replace(tmp, self.run_dir / "status.json")
+            status = self.result().to_json()
+            write_durably(self.run_dir / STATUS_FILE, json.dumps(status, indent=1),
+                          sync_folder=sync_folder)
 
     def emit(self, event: RunEvent) -> None:
         with contextlib.suppress(Exception):  # a broken reporter must not break the run
             self.reporter(event)
+
+
+STATUS_FILE = "status.json"
+
+
+def host_name() -> str:
+    return os.uname().nodename
+
+
+def write_durably(path: Path, text: str, sync_folder: bool = True) -> None:
+    """Replace ``path`` with ``text`` atomically: a temporary file, fsynced before the rename
+    (else a crash can leave the new name on an empty file), then, with ``sync_folder``, the folder
+    fsynced after it (else the rename itself can be lost)."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    if sync_folder:
+        sync_directory(path.parent)
+
+
+def sync_directory(folder: Path) -> None:
+    """fsync a folder, making the renames and new entries in it durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class InterruptedRun:
+    """A run whose runner died while it ran, as :func:`settle_interrupted_runs` concluded it."""
+
+    name: str
+    run_dir: Path
+    message: str
+
+
+def runner_gone(status: dict) -> str | None:
+    """Why a status that says Running is not running: its runner (on this host) no longer runs.
+    None while it runs, or when that cannot be told (another host, or no runner recorded)."""
+    runner = status.get("runner")
+    if status.get("phase") != NodePhase.RUNNING or not isinstance(runner, dict):
+        return None
+    pid, ticks = runner.get("pid"), runner.get("start_ticks")
+    if not isinstance(pid, int) or runner.get("host") != host_name():
+        return None
+    if process_runs(pid, ticks if isinstance(ticks, int) else None):
+        return None
+    return f"the runner was killed (pid {pid} no longer runs)"
+
+
+def settle_interrupted_runs(home: Path) -> list[InterruptedRun]:
+    """Conclude as Failed every run under ``home`` whose status says Running but whose runner no
+    longer runs, and its open nodes with it; their finish time is the status's last write."""
+    runs = home / "runs"
+    settled: list[InterruptedRun] = []
+    if not runs.is_dir():
+        return settled
+    for folder in sorted(runs.iterdir()):
+        path = folder / STATUS_FILE
+        try:
+            text = path.read_text()
+            last_write = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        except OSError:
+            continue
+        if f'"phase": "{NodePhase.RUNNING}"' not in text:
+            continue  # cheap: most runs are over, and their statuses need not be parsed
+        try:
+            status = json.loads(text)
+        except ValueError:
+            continue
+        message = runner_gone(status)
+        if message is None:
+            continue
+        finished = iso(last_write)
+        for node in status.get("nodes") or []:
+            if node.get("phase") in (NodePhase.PENDING, NodePhase.RUNNING):
+                node.update(phase=NodePhase.FAILED, message=node.get("message") or message,
+                            finished_at=finished)
+        status.update(phase=NodePhase.FAILED, message=message, finished_at=finished)
+        with contextlib.suppress(ValueError, TypeError):
+            started = datetime.fromisoformat(status["started_at"].replace("Z", "+00:00"))
+            status["duration_s"] = round((last_write - started).total_seconds(), 3)
+        try:
+            write_durably(path, json.dumps(status, indent=1))
+        except OSError:
+            continue  # not ours to write (another user's home): leave it as it is
+        settled.append(InterruptedRun(str(status.get("name") or folder.name), folder, message))
+    return settled

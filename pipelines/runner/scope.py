@@ -1,4 +1,8 @@
-"""Cancellation scopes: a deadline or Ctrl-C stops every process under a subtree."""
+"""Cancellation scopes: a deadline or Ctrl-C stops every process under a subtree.
+
+``stop`` is ``argo stop``'s end of a pod (SIGTERM, SIGKILL after a grace period); ``terminate``
+is ``argo terminate``'s (SIGKILL at once), for a second Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,11 @@ from typing import Protocol
 
 
 class Stoppable(Protocol):
-    """What an executor hands the scope for a running pod (a local process group, a fake)."""
+    """What an executor hands the scope for a running pod (a local process group, a fake).
+
+    A handle may also have ``kill()`` (end it now, no grace period); one without it is stopped
+    with ``stop()`` when a scope is terminated.
+    """
 
     def stop(self) -> None: ...
 
@@ -22,6 +30,7 @@ class CancelScope:
         self.children: set[CancelScope] = set()
         self.processes: set[Stoppable] = set()
         self._timer: threading.Timer | None = None
+        self._stopped = threading.Event()  # wakes a sleep() in this scope
 
     def child(self) -> CancelScope:
         scope = CancelScope(self.lock, self)
@@ -38,17 +47,37 @@ class CancelScope:
         return None
 
     def stop(self, reason: str) -> None:
+        for process in self._claim(reason):
+            process.stop()
+
+    def terminate(self, reason: str) -> None:
+        """Stop the subtree with no grace period: every process is killed now."""
+        for process in self._claim(reason, force=True):
+            kill = getattr(process, "kill", None)
+            if callable(kill):
+                kill()
+            else:
+                process.stop()
+
+    def _claim(self, reason: str, force: bool = False) -> list[Stoppable]:
+        """Set the reason (the first one stays, unless ``force``) and list every process under
+        the subtree."""
         victims: list[Stoppable] = []
         with self.lock:
-            if self.reason is None:
+            if self.reason is None or force:
                 self.reason = reason
             pending = [self]
             while pending:
                 scope = pending.pop()
+                scope._stopped.set()
                 victims.extend(scope.processes)
                 pending.extend(scope.children)
-        for process in victims:
-            process.stop()
+        return victims
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (a retry's backoff), or less if the scope is stopped meanwhile."""
+        if self.stop_reason() is None:
+            self._stopped.wait(seconds)
 
     def deadline(self, seconds: float, reason: str) -> None:
         self._timer = threading.Timer(seconds, self.stop, args=(reason,))

@@ -1,0 +1,255 @@
+"""The local runner under interruption: stop (a first Ctrl-C, SIGTERM or SIGHUP) runs the exit
+handler, a second signal terminates at once, a runner killed outright takes its steps (and the
+train step's TorchX job) with it, and the next run says what became of the killed one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from sublimate.pipelines.runner.process import process_start_ticks
+from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run
+
+STOP_THEN_EXIT_HANDLER = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {name: stop}
+spec:
+  entrypoint: main
+  onExit: bye
+  templates:
+  - name: main
+    script: {command: [sh], source: "echo $$ > pid; sleep 60"}
+  - name: bye
+    script: {command: [sh], source: "echo {{workflow.status}}"}
+"""
+
+# The main step ignores SIGTERM (it ends by SIGKILL after the grace period); the exit handler
+# would then run for 5 minutes: only a second signal ends the run soon.
+TERMINATE = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {name: stop}
+spec:
+  entrypoint: main
+  onExit: bye
+  templates:
+  - name: main
+    script: {command: [sh], source: "trap '' TERM; echo $$ > pid; sleep 60"}
+  - name: bye
+    script: {command: [sh], source: "echo $$ > pid; sleep 300"}
+"""
+
+# A step that says when it gets SIGTERM: what a runner killed outright must still send it.
+TERM_AWARE = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {name: orphan}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    script:
+      command: [python]
+      source: |
+        import os, signal, sys, time
+        def stop(*_):
+            open("got-sigterm", "w").write("yes")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open("pid", "w").write(str(os.getpid()))
+        time.sleep(120)
+"""
+
+T = TypeVar("T")
+
+TRIVIAL = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {generateName: next-}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    script: {command: [sh], source: "echo ok"}
+"""
+
+
+def _cli(home: Path, manifest: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sublimate.pipelines", "run", str(manifest), "--quiet"], cwd=REPO,
+        env={**os.environ, "SUBLIMATE_HOME": str(home)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
+    for path in run_dir.glob(f"nodes/{node_prefix}*/pid"):
+        with contextlib.suppress(ValueError, OSError):
+            return int(path.read_text())
+    return None
+
+
+def _runs(pid: int) -> bool:
+    return process_start_ticks(pid) is not None  # a zombie no longer runs
+
+
+def _written_manifest(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids a test saw started; any still running at the end are killed (a failed test must not
+    leave processes behind)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if _runs(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
+        tmp_path: Path, sig: int, leftovers: list[int]) -> None:
+    home = tmp_path / "home"
+    runner = _cli(home, _written_manifest(tmp_path, STOP_THEN_EXIT_HANDLER))
+    leftovers.append(runner.pid)
+    try:
+        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        leftovers.append(step)
+        runner.send_signal(sig)
+        out, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            stop_run(runner)  # type: ignore[arg-type]
+    assert runner.returncode == 128 + sig, err
+    assert f"stopped by {signal.Signals(sig).name}" in err
+    status = json.loads((home / "runs" / "stop" / "status.json").read_text())
+    assert (status["phase"], status["message"]) == ("Failed", "stopped")
+    nodes = {node["display_name"]: node for node in status["nodes"]}
+    assert (nodes["stop"]["phase"], nodes["stop"]["message"]) == ("Failed", "stopped")
+    # Argo's stop: the exit handler runs, and sees the workflow Failed.
+    assert nodes["onExit"]["phase"] == "Succeeded"
+    assert nodes["onExit"]["outputs"]["result"] == "Failed"
+    assert not _runs(step)
+    assert "onExit" in out  # the final table is printed for a stopped run too
+
+
+def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]) -> None:
+    home = tmp_path / "home"
+    runner = _cli(home, _written_manifest(tmp_path, TERMINATE))
+    leftovers.append(runner.pid)
+    try:
+        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        leftovers.append(step)
+        runner.send_signal(signal.SIGINT)
+        # The step ignores SIGTERM: it ends by SIGKILL after the grace, then the exit handler
+        # starts, and runs for 5 minutes unless the run is terminated.
+        handler = _wait_for(lambda: _pid_in(home / "runs" / "stop", "onExit"), 60,
+                            "the exit handler")
+        leftovers.append(handler)
+        assert not _runs(step)
+        runner.send_signal(signal.SIGINT)
+        _, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            stop_run(runner)  # type: ignore[arg-type]
+    assert runner.returncode == 128 + signal.SIGINT, err
+    assert "terminated by SIGINT" in err
+    status = json.loads((home / "runs" / "stop" / "status.json").read_text())
+    assert (status["phase"], status["message"]) == ("Failed", "terminated")
+    onexit = next(node for node in status["nodes"] if node["display_name"] == "onExit")
+    assert onexit["phase"] == "Failed"
+    _wait_for(lambda: not _runs(handler), 10, "the exit handler to be killed")
+
+
+def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
+        tmp_path: Path, leftovers: list[int]) -> None:
+    home = tmp_path / "home"
+    runner = _cli(home, _written_manifest(tmp_path, TERM_AWARE))
+    leftovers.append(runner.pid)
+    run_dir = home / "runs" / "orphan"
+    try:
+        step = _wait_for(lambda: _pid_in(run_dir, "orphan-"), 60, "the step")
+        leftovers.append(step)
+        before = json.loads((run_dir / "status.json").read_text())
+        assert before["phase"] == "Running" and before["runner"]["pid"] == runner.pid
+        runner.kill()
+        runner.communicate(timeout=30)
+        # PR_SET_PDEATHSIG: the step gets the SIGTERM that a stop would have sent it.
+        _wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
+        assert (next(run_dir.glob("nodes/orphan*/got-sigterm"))).read_text() == "yes"
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    still = json.loads((run_dir / "status.json").read_text())
+    assert still["phase"] == "Running"  # nobody could say otherwise yet
+    following = run_cli("run", str(_written_manifest(tmp_path, TRIVIAL, "next.yaml")),
+                        "--quiet", home=home, timeout=120)
+    assert following.returncode == 0, following.stderr
+    message = f"the runner was killed (pid {runner.pid} no longer runs)"
+    assert f"note: run orphan was interrupted: {message}" in following.stderr
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["phase"], status["message"]) == ("Failed", message)
+    assert status["finished_at"] and all(node["phase"] == "Failed" for node in status["nodes"])
+    again = run_cli("run", str(tmp_path / "next.yaml"), "--quiet", home=home, timeout=120)
+    assert "was interrupted" not in again.stderr  # said once: the status now says Failed
+
+
+def _processes_of(home: Path) -> set[int]:
+    """Every process whose environment or command line names ``home``: the runner, its steps,
+    the train step's TorchX replicas (they inherit the environment)."""
+    mark = str(home).encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            named = mark in (entry / "environ").read_bytes() or \
+                mark in (entry / "cmdline").read_bytes()
+            if named and _runs(int(entry.name)):
+                found.add(int(entry.name))
+    return found
+
+
+def test_a_killed_runner_leaves_no_training_process(home: Path, leftovers: list[int]) -> None:
+    # Enough epochs that training would go on for many minutes after its runner is gone.
+    runner = start_run(home, "-p", "checkpoint-every=20", "-p", "epochs=2000")
+    leftovers.append(runner.pid)
+    try:
+        first_checkpoint(home, runner)
+        started = _processes_of(home)
+        leftovers.extend(started)
+        assert runner.pid in started and len(started) >= 4  # runner, launcher, 2 replicas...
+        runner.kill()
+        runner.communicate(timeout=30)
+        # The launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX job.
+        _wait_for(lambda: not _processes_of(home), 45, "the run's processes to end")
+    finally:
+        if runner.poll() is None:
+            stop_run(runner)
+        leftovers.extend(_processes_of(home))
