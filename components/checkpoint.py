@@ -12,46 +12,14 @@ the next resume or evaluation (a full unpickle would run whatever the file asks 
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from sublimate.components.durable_files import replace_atomically
 from sublimate.components.run_files import CHECKPOINTS, LATEST
-
-
-def replace_atomically(path: Path, write: Any) -> None:
-    """Write ``path`` by calling ``write(stream)`` on a temporary file beside it, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be
-    opened for it."""
-    try:
-        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass  # some filesystems refuse fsync on a folder; the file itself is on disk
-    finally:
-        os.close(handle)
 
 
 def save(state: dict[str, Any], path: Path) -> None:

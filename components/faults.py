@@ -21,8 +21,9 @@ from its run folder. This module reads that file and acts on the cluster it desc
   and a small supervisor process calls it when the launcher was killed).
 
 Everything here needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN). Processes are addressed by pid
-*and* start time (``/proc/<pid>/stat`` field 22), so a recycled pid is never signalled. This module
-imports only the standard library: the supervisor and ``sublimate fault`` start in milliseconds.
+*and* start time (:mod:`.process_identity`), so a recycled pid is never signalled. This module
+imports only the standard library besides that: the supervisor and ``sublimate fault`` start in
+milliseconds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sublimate.components.process_identity import start_ticks
 
 CLUSTER_FILE = "cluster.json"
 FORMAT_VERSION = 1
@@ -78,7 +81,7 @@ class Node:
     faults: dict[str, Any] = field(default_factory=dict)  # cut: bool, cpu: float, delay: str
 
     def alive(self) -> bool:
-        return process_start(self.init_pid) == self.init_start
+        return start_ticks(self.init_pid) == self.init_start
 
 
 @dataclass
@@ -128,7 +131,7 @@ class Cluster:
         return self.nodes[index]
 
     def bridge_alive(self) -> bool:
-        return process_start(self.bridge_pid) == self.bridge_start
+        return start_ticks(self.bridge_pid) == self.bridge_start
 
 
 @contextlib.contextmanager
@@ -195,21 +198,9 @@ def load_running(run: Path | str, app_id: str | None = None) -> Cluster:
 # Processes and commands
 
 
-def process_start(pid: int) -> int | None:
-    """A live process's start time (clock ticks since boot), or None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
 def signal_process(pid: int, start: int, signum: int = signal.SIGKILL) -> bool:
     """Send ``signum`` to ``pid`` if it is still the process that started at ``start``."""
-    if not pid or process_start(pid) != start:
+    if not pid or start_ticks(pid) != start:
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
@@ -459,7 +450,7 @@ def list_nodes(cluster: Cluster) -> list[NodeStatus]:
 
 def _wait_gone(pids: list[tuple[int, int]], seconds: float) -> None:
     end = time.monotonic() + seconds
-    while any(process_start(pid) == start for pid, start in pids) and time.monotonic() < end:
+    while any(start_ticks(pid) == start for pid, start in pids) and time.monotonic() < end:
         time.sleep(0.02)
 
 

@@ -61,6 +61,7 @@ from torchx.specs.api import AppDef, AppState, ReplicaStatus, RoleStatus, runopt
 
 from sublimate.components import faults
 from sublimate.components.faults import CLUSTER_FILE, Cluster, Node
+from sublimate.components.process_identity import start_ticks
 
 NAME = "local_netns"
 # Nodes' subnets are 10.213.<y>.0/24, one per running job; nodes are .1, .2, ..., the host .254.
@@ -366,7 +367,7 @@ def _wait_for_namespace(pid: int, what: str) -> int:
     own = _netns("self")
     end = time.monotonic() + START_SECONDS
     while time.monotonic() < end:
-        start = faults.process_start(pid)
+        start = start_ticks(pid)
         if start is None:
             raise NetnsError(f"{NAME}: the {what} exited while starting")
         with contextlib.suppress(OSError):
@@ -388,7 +389,7 @@ def _child_of(parent: int, what: str) -> int:
                 stat = Path(entry.path, "stat").read_text()
                 if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
                     return int(entry.name)
-        if faults.process_start(parent) is None:
+        if start_ticks(parent) is None:
             raise NetnsError(f"{NAME}: the {what} exited while starting")
         time.sleep(0.005)
     raise NetnsError(f"{NAME}: the {what} did not start within {START_SECONDS:g} s")
@@ -575,7 +576,7 @@ class NetnsScheduler(HostGpuLocalScheduler):
             _pdeathsig(["unshare", "--net", "--", "sleep", "infinity"]),
             stdin=subprocess.DEVNULL, start_new_session=True))
         cluster.bridge_pid = bridge.pid
-        cluster.bridge_start = faults.process_start(bridge.pid) or 0
+        cluster.bridge_start = start_ticks(bridge.pid) or 0
         cluster.save()
         _wait_for_namespace(bridge.pid, "bridge's namespace holder")
         faults.in_netns(bridge.pid, "ip link set lo up\nip link add br0 type bridge\n"
@@ -650,7 +651,7 @@ class NetnsScheduler(HostGpuLocalScheduler):
         addr = params.env["SUBLIMATE_NODE_ADDR"]
         app.addresses[(role, replica)] = addr
         return Node(index=index, role=role, replica=replica, addr=addr, holder_pid=proc.pid,
-                    holder_start=faults.process_start(proc.pid) or 0, init_pid=init,
+                    holder_start=start_ticks(proc.pid) or 0, init_pid=init,
                     init_start=init_start, bridge_veth=f"n{index}")
 
     # -- state --------------------------------------------------------------------------------

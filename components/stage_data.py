@@ -75,6 +75,8 @@ from sublimate.components.datasets import (
     verify_dataset,
     write_dataset,
 )
+from sublimate.components.durable_files import fsync_file, fsync_folder
+from sublimate.components.process_identity import start_ticks
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -507,24 +509,12 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", os.uname().nodename) or "host"
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if
-    it does not run: with the pid it names one process, never a later one given the same pid."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
 def _new_staging(target: Path) -> Path:
     """A hidden folder beside ``target`` that names its owner: ``.<id>~<host>~<pid>~<start>~<n>``.
     The dataset is built in its ``dataset`` subfolder; a later staging removes the folder if its
     owner no longer runs (:func:`_remove_stale_stagings`)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    owner = f"{_host()}{STAGING_MARK}{os.getpid()}{STAGING_MARK}{_start_ticks(os.getpid()) or 0}"
+    owner = f"{_host()}{STAGING_MARK}{os.getpid()}{STAGING_MARK}{start_ticks(os.getpid()) or 0}"
     while True:
         folder = target.parent / f".{target.name}{STAGING_MARK}{owner}{STAGING_MARK}" \
                                  f"{os.urandom(4).hex()}"
@@ -557,7 +547,7 @@ def _owner_gone(folder: Path, target: Path) -> bool:
     host, pid, ticks = fields[0], int(fields[1]), int(fields[2])
     if host == _host():
         if ticks:
-            return _start_ticks(pid) != ticks
+            return start_ticks(pid) != ticks
         try:  # no /proc when it was named: the pid alone must do
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -599,20 +589,8 @@ def _sync_tree(folder: Path) -> None:
         if entry.is_dir(follow_symlinks=False):
             _sync_tree(Path(entry.path))
         elif entry.is_file(follow_symlinks=False):
-            fd = os.open(entry.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    _sync_dir(folder)
-
-
-def _sync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_file(Path(entry.path))
+    fsync_folder(folder)
 
 
 def _publish(staging: Path, target: Path, replace: bool) -> bool:
@@ -635,7 +613,7 @@ def _publish(staging: Path, target: Path, replace: bool) -> bool:
                 shutil.rmtree(staging, ignore_errors=True)
             else:
                 os.symlink(_link_text(staging), target)
-            _sync_dir(parent)
+            fsync_folder(parent)
             return True
         except OSError:
             if not target.exists():
@@ -648,7 +626,7 @@ def _publish(staging: Path, target: Path, replace: bool) -> bool:
         _relink(staging, target)
         return True
     if _exchange(data, target):
-        _sync_dir(parent)
+        fsync_folder(parent)
         shutil.rmtree(staging, ignore_errors=True)  # "dataset" in it is now the earlier copy
         return True
     # A folder on a filesystem without RENAME_EXCHANGE (staged there by an older sublimate): the
@@ -672,7 +650,7 @@ def _relink(staging: Path, target: Path) -> None:
     link.unlink(missing_ok=True)
     os.symlink(_link_text(staging), link)
     os.rename(link, target)
-    _sync_dir(target.parent)
+    fsync_folder(target.parent)
     if earlier is not None and earlier != staging:
         shutil.rmtree(earlier, ignore_errors=True)
 

@@ -42,6 +42,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from sublimate.components import checkpoint, lr_schedule, run_files, training
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import read_metadata, read_split
+from sublimate.components.durable_files import replace_atomically
 from sublimate.components.models import build_model, model_spec
 from sublimate.components.paradigms import Paradigm
 from sublimate.components.settings import (
@@ -143,7 +144,7 @@ def _die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str
               f"{step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    checkpoint.replace_atomically(checkpoint.step_path(run_dir, step, rank), write_half_and_die)
+    replace_atomically(checkpoint.step_path(run_dir, step, rank), write_half_and_die)
 
 
 class Evaluation:

@@ -11,20 +11,22 @@ import pytest
 from kubernetes.client.rest import ApiException
 from torchx.specs import AppState, AppStatus
 
-from sublimate.components import train
-from sublimate.components.train import (
+from sublimate.components import cluster_job
+from sublimate.components.cluster_job import (
     ATTACH,
-    FAILED,
     REPLACE,
     START,
-    SUCCEEDED,
-    build_app,
     claim_job,
     job_handle,
     job_name,
     make_runner,
-    parse_args,
     previous_job_action,
+)
+from sublimate.components.train import (
+    FAILED,
+    SUCCEEDED,
+    build_app,
+    parse_args,
     run_attempt,
     scheduler_config,
 )
@@ -41,7 +43,7 @@ def test_the_job_name_follows_the_workflow_and_the_run_folder() -> None:
     # the same run-id resubmitted by another workflow is another job
     assert job_name("sublimate-train-zz9", RUNS / "sublimate-train-x7k2q") != name
     long = job_name("wf", RUNS / ("Resnet.50-" + "a" * 80))
-    assert len(long) <= train.JOB_NAME_MAX
+    assert len(long) <= cluster_job.JOB_NAME_MAX
     assert re.fullmatch(r"sublimate-resnet-50-a+-[0-9a-f]{8}", long)
 
 
@@ -238,9 +240,9 @@ class FakeVolcanoApi:
 
 
 def _runner_on(api: FakeVolcanoApi) -> object:
-    scheduler = train._kubernetes_scheduler_class()("sublimate", client=None)
+    scheduler = cluster_job._kubernetes_scheduler_class()("sublimate", client=None)
     scheduler._custom_objects_api = lambda: api
-    return train._runner_class()("sublimate", {"kubernetes": lambda *_, **__: scheduler})
+    return cluster_job._runner_class()("sublimate", {"kubernetes": lambda *_, **__: scheduler})
 
 
 def test_the_runner_finds_deletes_and_reports_named_jobs() -> None:

@@ -30,6 +30,7 @@ from sublimate.components.netns_scheduler import (
     check_privileges,
     create_scheduler,
 )
+from sublimate.components.process_identity import start_ticks
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +82,7 @@ def _processes() -> Iterator[tuple[int, bytes, str]]:
                 netns = os.readlink(f"{entry.path}/ns/net")
             except OSError:
                 continue
-            if faults.process_start(int(entry.name)) is not None:  # zombies are gone
+            if start_ticks(int(entry.name)) is not None:  # zombies are gone
                 yield int(entry.name), cmdline, netns
 
 
@@ -125,7 +126,7 @@ def assert_cluster_gone(cluster_file: Path) -> None:
     pids = [(cluster.bridge_pid, cluster.bridge_start)] + [
         (n.init_pid, n.init_start) for n in cluster.nodes] + [
         (n.holder_pid, n.holder_start) for n in cluster.nodes]
-    assert not [pid for pid, start in pids if faults.process_start(pid) == start]
+    assert not [pid for pid, start in pids if start_ticks(pid) == start]
     assert not any(n.cgroup and Path(n.cgroup).exists() for n in cluster.nodes)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components import faults
+from sublimate.components.process_identity import start_ticks
 from tests.conftest import (
     finish_run,
     first_checkpoint,
@@ -49,7 +50,7 @@ def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> No
     (state,) = results_folder(tmp_path / "netns").glob("logs/**/cluster.json")
     cluster = json.loads(state.read_text())
     assert cluster["state"] != faults.RUNNING
-    assert all(faults.process_start(node["init_pid"]) != node["init_start"]
+    assert all(start_ticks(node["init_pid"]) != node["init_start"]
                for node in cluster["nodes"])
 
 

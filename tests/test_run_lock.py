@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.datasets import build_builtin
-from sublimate.components.train import (
+from sublimate.components.process_identity import start_ticks
+from sublimate.components.run_lock import (
     RUN_LOCK_FILE,
     RunLock,
     RunLockBusy,
-    _start_ticks,
     describe_owner,
     lock_owner,
 )
@@ -120,7 +120,7 @@ def test_a_live_owner_is_refused_even_where_flock_is_not_kept(tmp_path: Path) ->
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         owner = {**lock_owner("wf-old", run_dir), "pid": alive.pid,
-                 "start_ticks": _start_ticks(alive.pid)}
+                 "start_ticks": start_ticks(alive.pid)}
         (run_dir / RUN_LOCK_FILE).write_text(json.dumps(owner))
         with pytest.raises(RunLockBusy, match=f"in use by the launcher pid {alive.pid} "):
             RunLock(run_dir, lock_owner("wf-new", run_dir)).acquire()

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import pytest
 
-from sublimate.pipelines.runner.process import process_start_ticks
+from sublimate.components.process_identity import start_ticks
 from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run
 
 STOP_THEN_EXIT_HANDLER = """
@@ -110,7 +110,7 @@ def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
 
 
 def _runs(pid: int) -> bool:
-    return process_start_ticks(pid) is not None  # a zombie no longer runs
+    return start_ticks(pid) is not None  # a zombie no longer runs
 
 
 def _written_manifest(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:

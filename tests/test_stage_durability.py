@@ -18,6 +18,7 @@ import pytest
 
 from sublimate.components import stage_data
 from sublimate.components.datasets import METADATA_FILE, build_builtin, verify_dataset
+from sublimate.components.process_identity import start_ticks
 from sublimate.components.stage_data import STAGING_MARK, dataset_id
 
 
@@ -158,7 +159,7 @@ def test_stale_staging_folders_are_judged_by_their_owner(tmp_path: Path,
                           capture_output=True, text=True, check=True)
     pid = int(dead.stdout)
     here, me = stage_data._host(), os.getpid()
-    ticks = stage_data._start_ticks(me)
+    ticks = start_ticks(me)
     names = {
         "dead": f".digits~{here}~{pid}~12345~aa",
         "recycled": f".digits~{here}~{me}~{(ticks or 0) + 1}~bb",  # this pid, another start

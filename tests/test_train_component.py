@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from sublimate.components.cluster_job import make_runner
 from sublimate.components.datasets import build_builtin
 from sublimate.components.train import (
     build_app,
     choose_scheduler,
     follow_logs,
-    make_runner,
     parse_args,
     trainer,
     whole_lines,
@@ -161,6 +161,7 @@ def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
 def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from sublimate.components import train
+    from sublimate.components.cluster_job import job_name
 
     (tmp_path / "namespace").write_text("ml-team\n")
     monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)
@@ -168,7 +169,7 @@ def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
     assert train.scheduler_config(args, "kubernetes") == {
         "queue": "gpu", "namespace": "ml-team",
         # named after the workflow and the run folder, so that a retried step finds it
-        "job_name": train.job_name("", args.run_dir)}
+        "job_name": job_name("", args.run_dir)}
     assert train.scheduler_config(args, "local_cwd") == {
         "log_dir": "/mnt/sublimate/runs/r1/logs"}
 

@@ -60,38 +60,6 @@ def _die_with_runner(prctl: Callable[..., int], runner_pid: int) -> Callable[[],
     return preexec
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None if
-    it does not run (or is a zombie). With the pid, it names one process: a recycled pid has
-    another start time."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def process_runs(pid: int, start_ticks: int | None) -> bool:
-    """Whether the process ``pid`` that started at ``start_ticks`` still runs. Without /proc (or
-    without a recorded start time) only the pid can be checked."""
-    if pid <= 0:
-        return False
-    if Path("/proc/self/stat").exists():
-        ticks = process_start_ticks(pid)
-        return ticks is not None and (start_ticks is None or ticks == start_ticks)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process holds the pid
-    return True
-
-
 class LocalProcess:
     """A command in its own session, so that stopping it stops everything it started."""
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sublimate.components.durable_files import fsync_folder
+from sublimate.components.process_identity import start_ticks, still_runs
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .model import NodeResult, RunEvent, RunResult, iso, now
 from .paths import PathMap
-from .process import process_runs, process_start_ticks
 
 _ALPHABET = string.ascii_lowercase + string.digits
 
@@ -101,7 +102,7 @@ class RunRecord:
         self.message = ""
         self.concluded = False
         pid = os.getpid()
-        self.runner = {"pid": pid, "start_ticks": process_start_ticks(pid), "host": host_name()}
+        self.runner = {"pid": pid, "start_ticks": start_ticks(pid), "host": host_name()}
         # Container path -> local folder of every volume a step mounted that outlives its pod,
         # so that workflow outputs naming such paths can be linked from the run folder.
         self.shared_mounts = PathMap(run_dir / "fs")
@@ -249,16 +250,7 @@ def write_durably(path: Path, text: str, sync_folder: bool = True) -> None:
         os.fsync(out.fileno())
     os.replace(tmp, path)
     if sync_folder:
-        sync_directory(path.parent)
-
-
-def sync_directory(folder: Path) -> None:
-    """fsync a folder, making the renames and new entries in it durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_folder(path.parent)
 
 
 @dataclass(frozen=True)
@@ -279,7 +271,7 @@ def runner_gone(status: dict) -> str | None:
     pid, ticks = runner.get("pid"), runner.get("start_ticks")
     if not isinstance(pid, int) or runner.get("host") != host_name():
         return None
-    if process_runs(pid, ticks if isinstance(ticks, int) else None):
+    if still_runs(pid, ticks if isinstance(ticks, int) else None):
         return None
     return f"the runner was killed (pid {pid} no longer runs)"
 
