@@ -125,6 +125,39 @@ def _publish(run_dir: Path, metrics: dict[str, Any]) -> None:
         print(f"evaluate: no run report ({error})", file=sys.stderr)
 
 
+BUILT_IN = "built-in evaluation"
+# What a bad model, dataset or evaluation raises: one line for the user, not a traceback.
+EVALUATION_ERRORS = (DatasetError, FileNotFoundError, ValueError)
+
+
+def measure(model_dir: Path, data_dir: Path, eval_entrypoint: str = "",
+            split: str = "test") -> tuple[dict[str, Any], str]:
+    """The metrics of the model in ``model_dir`` on ``split`` of ``data_dir``, and where they
+    came from; the first that applies of: the user's ``eval_entrypoint``, the built-in
+    evaluation of a sublimate model, the ``metrics.json`` the user's training wrote.
+
+    The evaluate step scores the challenger with this, and the retraining gate scores the
+    champion with it too, so both are measured the same way on the same split.
+    """
+    written = model_dir / run_files.EVALUATION
+    if eval_entrypoint:
+        return (own_evaluation(eval_entrypoint, model_dir, data_dir),
+                f"eval-entrypoint {eval_entrypoint}")
+    if is_sublimate_model(model_dir) or not written.is_file():
+        return evaluate(model_dir, data_dir, split), BUILT_IN
+    # the user's training code evaluated itself
+    return _read_metrics(written), f"{written}, written by the training code"
+
+
+def chosen_metric(metrics: dict[str, Any], metric: str, written: Path) -> Any:
+    """``metrics[metric]``; a ValueError naming the metrics there are when it is missing."""
+    if metric not in metrics:
+        known = ", ".join(sorted(metrics)) or "nothing"
+        raise ValueError(f"metric '{metric}' is not in {written} (it has: {known}); "
+                         "set -p metric to one of those")
+    return metrics[metric]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True,
@@ -140,25 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     started = perf_counter()
     written = args.model_dir / run_files.EVALUATION
     try:
-        if args.eval_entrypoint:
-            metrics = own_evaluation(args.eval_entrypoint, args.model_dir, args.data_dir)
-            source = f"eval-entrypoint {args.eval_entrypoint}"
-        elif is_sublimate_model(args.model_dir) or not written.is_file():
-            metrics = evaluate(args.model_dir, args.data_dir, args.split)
-            source = "built-in evaluation"
-        else:  # the user's training code evaluated itself
-            metrics = _read_metrics(written)
-            source = f"{written}, written by the training code"
-        if args.metric not in metrics:
-            known = ", ".join(sorted(metrics)) or "nothing"
-            raise ValueError(f"metric '{args.metric}' is not in {written} (it has: {known}); "
-                             "set -p metric to one of those")
-    except (DatasetError, FileNotFoundError, ValueError) as error:
+        metrics, source = measure(args.model_dir, args.data_dir, args.eval_entrypoint,
+                                  args.split)
+        chosen_metric(metrics, args.metric, written)
+    except EVALUATION_ERRORS as error:
         print(f"evaluate: error: {error}", file=sys.stderr)
         return 2
     from sublimate.components import checkpoint
 
-    if source == "built-in evaluation":
+    if source == BUILT_IN:
         # The step's own cost beside the evaluation's: importing torch, loading model and data.
         metrics["total_seconds"] = round(perf_counter() - started, 3)
         # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are

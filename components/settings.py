@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sublimate.components.runtime import DEFAULT_IMAGE
+from sublimate.components.runtime import DEFAULT_IMAGE, SHARED_VOLUME_PATH
 
 Kind = Literal["string", "integer", "number", "boolean"]
 PARADIGM_NAMES = ("sync", "async", "bmuf", "easgd")
@@ -73,7 +73,8 @@ class Setting:
     # "worker": passed on to every training process; "launcher": read by the train step itself.
     reader: Literal["worker", "launcher"] = "worker"
     in_pipeline: bool = True  # False: a step flag only (no pipeline parameter)
-    step: Literal["train", "evaluate"] = "train"  # the step whose input it is
+    # the step whose input it is ("gate": the retraining pipeline's gate and publish steps)
+    step: Literal["train", "evaluate", "gate"] = "train"
     elastic: bool = False  # an integer that may also be a range MIN:MAX (a NodeRange)
 
     @property
@@ -313,6 +314,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metric", "accuracy", "The metric of metrics.json that the pipeline outputs as "
             "`metric` (e.g. accuracy, loss, mAP).", pattern=r"^[A-Za-z_][\w.-]*$",
             reader="launcher", step="evaluate"),
+    # The retraining pipeline (sublimate-retrain) only: its gate and publish steps.
+    Setting("registry", f"{SHARED_VOLUME_PATH}/registry", "The model registry every "
+            "challenger is published to and whose champion it must beat: a path (default: on "
+            "the shared volume) or fsspec URL (s3://bucket/models).", reader="launcher",
+            step="gate"),
+    Setting("promote-margin", 0.0, "The challenger replaces the champion only when it beats "
+            "it on `metric`, both evaluated on this run's test split, by more than this, in the "
+            "metric's own units (0: any improvement; a tie keeps the champion).",
+            kind="number", minimum=0, reader="launcher", step="gate"),
+    Setting("metric-goal", AUTO, "Whether a higher or a lower `metric` is better. auto: lower "
+            "for a metric named like a loss or an error (loss, val_loss, error, mse, mae, rmse, "
+            "perplexity, wer, cer), higher for anything else (accuracy, f1, mAP).",
+            choices=(AUTO, "max", "min"), reader="launcher", step="gate"),
 )
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 

@@ -1,4 +1,5 @@
-"""Talking to Argo Server: submit, install, get, list and logs, through Hera's WorkflowsService.
+"""Talking to Argo Server: submit, cron trigger, install, get, list and logs, through Hera's
+WorkflowsService.
 
 Connection settings follow the ``argo`` CLI: ``--argo-server`` / ``ARGO_SERVER`` (``host:port``
 or a URL), ``--token`` / ``ARGO_TOKEN``, ``--namespace`` / ``ARGO_NAMESPACE``, ``ARGO_SECURE``
@@ -93,6 +94,20 @@ def submit(conn: Connection, template: str, parameters: dict[str, str],
             parameters=[f"{name}={value}" for name, value in parameters.items()] or None,
             labels=",".join(f"{k}={v}" for k, v in (labels or {}).items()) or None))
     workflow = _call(conn, f"WorkflowTemplate '{template}'",
+                     lambda: service(conn).submit_workflow(request, namespace=conn.namespace))
+    return workflow.metadata.name
+
+
+def trigger_cron(conn: Connection, name: str) -> str:
+    """Start the CronWorkflow ``name`` now, as ``argo submit --from cronwf/NAME`` does (Argo
+    Server's ``SubmitWorkflow`` with ``resourceKind`` ``cronworkflow``: the server makes the
+    workflow with ``generateName: NAME-``, the ``cron-workflow`` label and the scheduled time
+    of now); return the workflow's name."""
+    from hera.workflows.models import WorkflowSubmitRequest
+
+    request = WorkflowSubmitRequest(namespace=conn.namespace, resource_kind="cronworkflow",
+                                    resource_name=name)
+    workflow = _call(conn, f"CronWorkflow '{name}'",
                      lambda: service(conn).submit_workflow(request, namespace=conn.namespace))
     return workflow.metadata.name
 

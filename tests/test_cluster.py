@@ -47,12 +47,14 @@ def test_kustomization_installs_everything_in_one_namespace() -> None:
         ("ConfigMap", "sublimate-defaults"), ("CronWorkflow", "sublimate-train-nightly"),
         ("Namespace", "sublimate"), ("PersistentVolumeClaim", "sublimate-data"),
         ("Role", "sublimate-workflow"), ("RoleBinding", "sublimate-workflow"),
-        ("ServiceAccount", "sublimate-workflow"), ("WorkflowTemplate", "sublimate-train")]
+        ("ServiceAccount", "sublimate-workflow"), ("WorkflowTemplate", "sublimate-retrain"),
+        ("WorkflowTemplate", "sublimate-train")]
     assert all(d["metadata"].get("namespace") == "sublimate"
                for d in documents if d["kind"] != "Namespace")
     cron = next(d for d in documents if d["kind"] == "CronWorkflow")["spec"]
     assert cron["concurrencyPolicy"] == "Forbid" and cron["timezone"] == "UTC"
-    assert cron["workflowSpec"]["workflowTemplateRef"]["name"] == "sublimate-train"
+    # the nightly retrains: gate, publish, notify (sublimate-train stays the interactive job)
+    assert cron["workflowSpec"]["workflowTemplateRef"]["name"] == "sublimate-retrain"
     claim = next(d for d in documents if d["kind"] == "PersistentVolumeClaim")["spec"]
     assert claim["accessModes"] == ["ReadWriteMany"]
 
@@ -245,6 +247,7 @@ def test_install_creates_then_updates_templates(argo: FakeArgoServer) -> None:
     argo.routes[("GET", f"{template}/sublimate-train")] = [(404, {"message": "not found"})]
     argo.routes[("POST", template)] = [(200, {"metadata": {"name": "sublimate-train"},
                                                "spec": {}})]
+    argo.routes[("GET", f"{template}/sublimate-retrain")] = [(404, {"message": "not found"})]
     argo.routes[("GET", f"{cron}/sublimate-train-nightly")] = [
         (200, {"metadata": {"name": "sublimate-train-nightly", "resourceVersion": "42"},
                "spec": {"schedules": ["0 2 * * *"], "workflowSpec": {}}})]
@@ -254,12 +257,14 @@ def test_install_creates_then_updates_templates(argo: FakeArgoServer) -> None:
     assert main(["install", *argo.flags()]) == 0
     calls = [(r["method"], r["path"]) for r in argo.requests]
     assert calls == [("GET", f"{template}/sublimate-train"), ("POST", template),
+                     ("GET", f"{template}/sublimate-retrain"), ("POST", template),
                      ("GET", f"{cron}/sublimate-train-nightly"),
                      ("PUT", f"{cron}/sublimate-train-nightly")]
     created = argo.requests[1]["body"]["template"]
     assert created["kind"] == "WorkflowTemplate" and created["metadata"]["namespace"] == "ml"
     assert len(created["spec"]["arguments"]["parameters"]) > 20
-    updated = argo.requests[3]["body"]["cronWorkflow"]
+    assert argo.requests[3]["body"]["template"]["metadata"]["name"] == "sublimate-retrain"
+    updated = argo.requests[5]["body"]["cronWorkflow"]
     assert updated["metadata"]["resourceVersion"] == "42"
 
 

@@ -89,8 +89,8 @@ class PeriodicAveraging(Paradigm):
     Every worker starts from rank 0's model (parameters and buffers). A subclass implements
     :meth:`synchronize` (the collective update of the parameters) and :meth:`consensus` (the
     parameter vector the run produces). At every round the base class also averages the
-    floating-point buffers (BatchNorm's running statistics: each worker's describe the data
-    it saw) and takes rank 0's integer ones (``num_batches_tracked``); the result model carries
+    floating-point buffers (BatchNorm's running statistics, which describe the data each worker
+    saw) and takes rank 0's integer ones (``num_batches_tracked``); the result model carries
     the buffers of the last round. The steps after the last full period are synced by
     :meth:`finish`, so no worker's last local steps are lost.
     """

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .data import add_data_commands
     from .fault import add_fault_commands
     from .local import add_local_commands
+    from .models import add_models_commands
     from .report import add_report_command
     from .server import add_server_commands
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(commands)
     add_report_command(commands)
     add_fault_commands(commands)
+    add_models_commands(commands)
     return parser
 
 

@@ -42,6 +42,10 @@ def add_local_commands(commands: Any) -> None:
     run.add_argument("--parallelism", type=int, help="most nodes running at once")
     run.add_argument("--quiet", "-q", action="store_true",
                      help="show node phases only, not the steps' logs")
+    run.add_argument("--templates", action="append", default=[], type=Path, metavar="DIR",
+                     help="a folder of WorkflowTemplates and ClusterWorkflowTemplates the "
+                          "manifest refers to (repeatable; the manifest's own folder is always "
+                          "searched)")
     run.add_argument("--dry-run", action="store_true",
                      help="print what would start first (commands, env, mounts, deadlines) and "
                           "what decides the rest; start nothing, create no run folder")
@@ -60,8 +64,11 @@ def add_local_commands(commands: Any) -> None:
     lint.set_defaults(handler=command_lint)
 
 
-def load_workflow(target: str) -> dict[str, Any]:
-    """A pipeline name renders its Hera definition; anything else is read as a manifest file."""
+def load_workflow(target: str, template_dirs: list[Path] | None = None) -> dict[str, Any]:
+    """A pipeline name renders its Hera definition; anything else is read as a manifest file,
+    with the templates it refers to from its folder and ``template_dirs``. What the manifest
+    holds that one local run does not apply (a CronWorkflow's schedule) is said once, on
+    stderr."""
     from sublimate.pipelines.render import PIPELINES
 
     if target in PIPELINES:
@@ -74,10 +81,14 @@ def load_workflow(target: str) -> dict[str, Any]:
                          "nor an existing manifest file")
     from sublimate.pipelines.runner import ManifestError, load_manifest
 
+    notes: list[str] = []
     try:
-        return load_manifest(path)
+        workflow = load_manifest(path, template_dirs=template_dirs or (), notes=notes)
     except (ManifestError, OSError) as error:
         raise UsageError(f"{target}: {error}") from error
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return workflow
 
 
 def command_run(args: argparse.Namespace) -> int:
@@ -94,7 +105,7 @@ def command_run(args: argparse.Namespace) -> int:
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
-    workflow = load_workflow(args.target)
+    workflow = load_workflow(args.target, args.templates)
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)

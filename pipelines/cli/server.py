@@ -1,6 +1,6 @@
-"""Commands that talk to an Argo Server, as the ``argo`` CLI does: ``submit``, ``install``,
-``get``, ``list``, ``logs``. Settings as for ``argo``: ``ARGO_SERVER``, ``ARGO_TOKEN``,
-``ARGO_NAMESPACE``, ``ARGO_SECURE``, or the flags."""
+"""Commands that talk to an Argo Server, as the ``argo`` CLI does: ``submit``,
+``cron trigger``, ``install``, ``get``, ``list``, ``logs``. Settings as for ``argo``:
+``ARGO_SERVER``, ``ARGO_TOKEN``, ``ARGO_NAMESPACE``, ``ARGO_SECURE``, or the flags."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .common import (
 
 
 def add_server_commands(commands: Any) -> None:
-    """Register ``submit``, ``install``, ``get``, ``list`` and ``logs``."""
+    """Register ``submit``, ``cron trigger``, ``install``, ``get``, ``list`` and ``logs``."""
     submit = commands.add_parser("submit", help="run a pipeline on Argo Workflows",
                                  description="Submit a workflow from an installed "
                                              "WorkflowTemplate through Argo Server.")
@@ -31,6 +31,16 @@ def add_server_commands(commands: Any) -> None:
     submit.add_argument("--poll-seconds", type=float, default=5.0, help=argparse.SUPPRESS)
     _add_server_flags(submit)
     submit.set_defaults(handler=command_submit)
+
+    cron = commands.add_parser("cron", help="CronWorkflows on Argo Server")
+    cron_commands = cron.add_subparsers(dest="cron_command", required=True, metavar="COMMAND")
+    trigger = cron_commands.add_parser(
+        "trigger", help="run a CronWorkflow now",
+        description="Start a workflow from an installed CronWorkflow now, as "
+                    "`argo submit --from cronwf/NAME` does.")
+    trigger.add_argument("name", help="the CronWorkflow's name (e.g. sublimate-train-nightly)")
+    _add_server_flags(trigger)
+    trigger.set_defaults(handler=command_cron_trigger)
 
     install = commands.add_parser("install", help="create or update the WorkflowTemplates and "
                                                   "CronWorkflows on Argo Server")
@@ -95,6 +105,16 @@ def command_submit(args: argparse.Namespace) -> int:
     phase = argo_server.wait(conn, name, lambda phase: print(f"{name}: {phase}", flush=True),
                              poll_seconds=args.poll_seconds)
     return 0 if phase == "Succeeded" else EXIT_FAILED
+
+
+def command_cron_trigger(args: argparse.Namespace) -> int:
+    from sublimate.pipelines import argo_server
+
+    conn = _connection(args)
+    name = argo_server.trigger_cron(conn, args.name)
+    print(f"submitted {name} in namespace {conn.namespace}: "
+          f"{conn.url}/workflows/{conn.namespace}/{name}")
+    return 0
 
 
 def command_install(args: argparse.Namespace) -> int:

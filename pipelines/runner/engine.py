@@ -37,6 +37,7 @@ from .errors import ManifestError, NodeError, RunInterrupted
 from .executor import Executor, LocalExecutor
 from .exit_handler import run_exit_handler
 from .inputs import resolve_inputs
+from .library import ANNOTATION_SCHEDULED_TIME
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
 from .model import NodeResult, RunOptions, RunResult, iso
@@ -79,6 +80,11 @@ def workflow_globals(workflow: dict, name: str, params: dict[str, str], created:
         "workflow.mainEntrypoint": spec["entrypoint"],
         "workflow.parameters": json.dumps([{"name": k, "value": v} for k, v in params.items()]),
     }
+    # Set on a workflow a CronWorkflow started (the annotation Argo's controller reads).
+    scheduled = ((workflow.get("metadata") or {}).get("annotations") or {}).get(
+        ANNOTATION_SCHEDULED_TIME)
+    if scheduled:
+        values["workflow.scheduledTime"] = str(scheduled)
     for key, value in params.items():
         values[f"workflow.parameters.{key}"] = value
     return values

@@ -8,6 +8,8 @@ or reported with its path.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,19 @@ import yaml
 from .durations import parse_duration
 from .errors import ManifestError
 from .expressions import ExpressionError, parse_depends
+from .library import (
+    TEMPLATE_KINDS,
+    TemplateLibrary,
+    cron_workflow,
+    doc_name,
+    inline_template_refs,
+    resolve_workflow_template_ref,
+)
 from .substitution import EXPRESSION_TAG
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "CronWorkflow")
+WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
 # Fields that only mean something to a Kubernetes cluster (scheduling, images, pod policy,
 # garbage collection, metrics). The local runner accepts them and ignores them; artifact
@@ -194,7 +204,7 @@ _SPEC = {
     "activeDeadlineSeconds": ANY,
     "volumes": _list(_VOLUME),
     "volumeClaimTemplates": ANY,
-    "workflowTemplateRef": {"name": ANY},
+    "workflowTemplateRef": {"name": ANY, "clusterScope": ANY},
 }
 
 
@@ -222,6 +232,10 @@ def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
                 f"{sub}: {key} artifact locations are not supported by the local runner"
                 " (artifacts live in the run's local store)"
             )
+        elif key == "templateRef":
+            problems.append(f"{sub}: templateRef are not supported by the local runner without "
+                            "templates to resolve them from (run the manifest from a file: its "
+                            "folder is searched; or pass --templates DIR)")
         elif key in _REFUSED:
             problems.append(f"{sub}: {_REFUSED[key]} are not supported by the local runner")
         elif key in ("hostPath", "configMap", "secret", "nfs", "projected", "downwardAPI",
@@ -416,14 +430,22 @@ def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:
 # ------------------------------------------------------------------------------ loading
 
 
-def load_manifest(path_or_text: str | Path, name: str | None = None) -> dict:
+def load_manifest(path_or_text: str | Path, name: str | None = None,
+                  template_dirs: Sequence[str | Path] = (),
+                  notes: list[str] | None = None, now: datetime | None = None) -> dict:
     """Read a (multi-document) YAML manifest and return the normalised Workflow to run.
 
-    ``path_or_text`` is a file path, or YAML text when it contains a newline.
+    ``path_or_text`` is a file path, or YAML text when it contains a newline. The templates it
+    refers to (``workflowTemplateRef``, ``templateRef``) are looked up in the manifest, in the
+    other YAML files of its folder and in ``template_dirs`` (see ``library``). What is accepted
+    but not applied (a CronWorkflow's scheduling) is appended to ``notes``; ``now`` is when a
+    CronWorkflow fires (default: this moment).
     """
+    own_file: Path | None = None
     if isinstance(path_or_text, Path) or "\n" not in path_or_text:
+        own_file = Path(path_or_text)
         try:
-            text = Path(path_or_text).read_text()
+            text = own_file.read_text()
         except OSError as exc:
             raise ManifestError(f"cannot read manifest {str(path_or_text)!r}: {exc}") from exc
     else:
@@ -439,9 +461,9 @@ def load_manifest(path_or_text: str | Path, name: str | None = None) -> dict:
     if not candidates:
         raise ManifestError("no Workflow, WorkflowTemplate or CronWorkflow document found")
     if name is not None:
-        candidates = [d for d in candidates if _doc_name(d) == name]
+        candidates = [d for d in candidates if doc_name(d) == name]
         if not candidates:
-            known = ", ".join(_doc_name(d) for d in docs if d.get("kind") in WORKFLOW_KINDS)
+            known = ", ".join(doc_name(d) for d in docs if d.get("kind") in WORKFLOW_KINDS)
             raise ManifestError(f"no workflow named {name!r} in the manifest (found: {known})")
     elif len(candidates) > 1:
         # A Workflow that refers to templates in the same file is the obvious choice.
@@ -449,48 +471,48 @@ def load_manifest(path_or_text: str | Path, name: str | None = None) -> dict:
         if len(workflows) == 1:
             candidates = workflows
     if len(candidates) > 1:
-        found = ", ".join(f"{d.get('kind')}/{_doc_name(d)}" for d in candidates)
+        found = ", ".join(f"{d.get('kind')}/{doc_name(d)}" for d in candidates)
         raise ManifestError(f"several workflows in the manifest ({found}); choose one by name")
-    templates = {_doc_name(d): d for d in docs if d.get("kind") == "WorkflowTemplate"}
-    return normalise_workflow(candidates[0], templates)
+    folders = [own_file.parent] if own_file is not None else []
+    for folder in template_dirs:
+        if not Path(folder).is_dir():
+            raise ManifestError(f"--templates {folder}: not a folder")
+        folders.append(Path(folder))
+    library = TemplateLibrary(folders, [(d, str(own_file or "the manifest")) for d in docs],
+                              own_file)
+    return normalise_workflow(candidates[0], library, notes=notes, now=now)
 
 
-def _doc_name(doc: dict) -> str:
-    meta = doc.get("metadata") or {}
-    return str(meta.get("name") or meta.get("generateName") or "")
-
-
-def normalise_workflow(doc: dict, workflow_templates: dict[str, dict] | None = None) -> dict:
-    """Turn a Workflow, WorkflowTemplate or CronWorkflow document into a plain Workflow."""
+def normalise_workflow(doc: dict, workflow_templates: TemplateLibrary | dict[str, dict] | None
+                       = None, *, notes: list[str] | None = None, now: datetime | None = None
+                       ) -> dict:
+    """Turn a Workflow, WorkflowTemplate, ClusterWorkflowTemplate or CronWorkflow document into
+    the plain Workflow Argo would run: a template as ``argo submit --from`` submits it, a
+    CronWorkflow as its schedule starts it (``library.cron_workflow``), with
+    ``spec.workflowTemplateRef`` joined (``library.join_specs``) and steps' and tasks'
+    ``templateRef`` copied in when there are templates to find them in."""
     doc = copy.deepcopy(doc)
     kind = doc.get("kind", "Workflow")
     meta = dict(doc.get("metadata") or {})
     if kind == "CronWorkflow":
-        spec = (doc.get("spec") or {}).get("workflowSpec")
-        if not isinstance(spec, dict):
-            raise ManifestError("spec.workflowSpec: missing in CronWorkflow")
-        meta = _submitted_metadata(meta)
-    elif kind == "WorkflowTemplate":
+        meta, spec, cron_notes = cron_workflow(doc, now)
+        if notes is not None:
+            notes += cron_notes
+    elif kind in TEMPLATE_KINDS:
         spec = doc.get("spec") or {}
         meta = _submitted_metadata(meta)
     elif kind == "Workflow":
         spec = doc.get("spec") or {}
     else:
         raise ManifestError(f"kind: {kind!r} is not a workflow")
-    ref = spec.get("workflowTemplateRef")
-    if ref:
-        if ref.get("clusterScope"):
-            raise ManifestError(
-                "spec.workflowTemplateRef.clusterScope: ClusterWorkflowTemplates are not"
-                " supported by the local runner"
-            )
-        base = (workflow_templates or {}).get(ref.get("name"))
-        if base is None:
-            raise ManifestError(
-                f"spec.workflowTemplateRef.name: WorkflowTemplate {ref.get('name')!r}"
-                " not found in the manifest"
-            )
-        spec = _merge_specs(copy.deepcopy(base.get("spec") or {}), spec)
+    if isinstance(workflow_templates, dict):  # {name: WorkflowTemplate document}
+        workflow_templates = TemplateLibrary(
+            documents=[(d, "the manifest") for d in workflow_templates.values()])
+    if not isinstance(spec, dict):
+        raise ManifestError("spec: expected a mapping")
+    spec = resolve_workflow_template_ref(spec, workflow_templates)
+    if workflow_templates is not None and not workflow_templates.empty():
+        spec = inline_template_refs(spec, workflow_templates)
     return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": meta,
             "spec": spec}
 
@@ -500,19 +522,6 @@ def _submitted_metadata(meta: dict) -> dict:
     meta.pop("generateName", None)
     meta["generateName"] = f"{name}-" if name else "workflow-"
     return meta
-
-
-def _merge_specs(base: dict, override: dict) -> dict:
-    override = {k: v for k, v in override.items() if k != "workflowTemplateRef"}
-    args = override.pop("arguments", None) or {}
-    base.update(override)
-    if args.get("parameters"):
-        params = {p["name"]: dict(p) for p in (base.get("arguments") or {}).get("parameters")
-                  or []}
-        for param in args["parameters"]:
-            params.setdefault(param["name"], {}).update(param)
-        base.setdefault("arguments", {})["parameters"] = list(params.values())
-    return base
 
 
 def check_workflow(workflow: dict) -> None:
