@@ -91,7 +91,7 @@ UNSUPPORTED = manifest("""
       entrypoint: main
       serviceAccountName: runner
       podGC: {strategy: OnPodCompletion}
-      hooks: {exit: {template: main}}
+      hooks: {done: {template: main}}  # a hook not named exit needs an expression
       volumes:
       - {name: cfg, configMap: {name: c}}
       templates:
@@ -122,7 +122,7 @@ def test_unsupported_fields_are_all_reported_with_paths() -> None:
     problems = unsupported_fields(load_manifest(UNSUPPORTED))
     text = "\n".join(problems)
     expected = [
-        "spec.hooks: lifecycle hooks are not supported",
+        "spec.hooks.done.expression: required for a hook not named exit",
         "spec.volumes[0].configMap: configMap volumes are not supported",
         "spec.templates[0].dag.tasks[1].templateRef: templateRef are not supported",
         "spec.templates[0].dag.tasks[2].depends: unexpected end",

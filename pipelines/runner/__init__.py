@@ -18,6 +18,10 @@ artifact store, unarchived), ``volumes/<claim>`` for volumeClaimTemplates and ``
 links for workflow output parameters that name a folder on a volume. ``persistentVolumeClaim``
 volumes live in ``<home>/volumes/<claimName>`` and persist across runs.
 
+``harness.run`` runs a Hera ``Workflow``/``WorkflowTemplate`` (or any manifest) for a test and
+returns a ``WorkflowRun`` to assert on; ``run_workflow`` takes a Hera object too, its parameters
+and options optional (a temporary home). ``sublimate.pipelines.testing`` is the pytest fixture.
+
 Container paths are mapped onto local folders by rewriting the literal paths in commands,
 args, env values, script sources and working directories (see ``paths``); paths computed
 at run time (``os.path.join("/mnt", "x")``) are not rewritten.
@@ -26,9 +30,9 @@ at run time (``os.path.join("/mnt", "x")``) are not rewritten.
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .display import console_reporter, format_table
-from .engine import run_workflow
 from .errors import ManifestError, ParameterError, RunInterrupted
 from .executor import Executor, LocalExecutor, PodHooks, PodOutcome
+from .harness import NodeView, WorkflowRun, run, run_workflow
 from .manifest import CLUSTER_ONLY_FIELDS, load_manifest, unsupported_fields
 from .model import NodeResult, RunEvent, RunOptions, RunResult
 from .parameters import resolve_parameters
@@ -45,6 +49,7 @@ __all__ = [
     "NodePhase",
     "NodeResult",
     "NodeType",
+    "NodeView",
     "ParameterError",
     "PodHooks",
     "PodOutcome",
@@ -53,10 +58,12 @@ __all__ = [
     "RunInterrupted",
     "RunOptions",
     "RunResult",
+    "WorkflowRun",
     "console_reporter",
     "format_table",
     "load_manifest",
     "resolve_parameters",
+    "run",
     "run_workflow",
     "settle_interrupted_runs",
     "unsupported_fields",

@@ -26,8 +26,10 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
@@ -40,7 +42,7 @@ from .inputs import resolve_inputs
 from .library import ANNOTATION_SCHEDULED_TIME
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .model import NodeResult, RunOptions, RunResult, iso
+from .model import NodeResult, RunEvent, RunOptions, RunResult, iso
 from .parameters import resolve_parameters
 from .plan import Layout, template_deadline, template_kind
 from .pod import run_pod
@@ -49,6 +51,9 @@ from .run_folder import RunRecord, make_run_dir
 from .scope import CancelScope
 from .steps import run_steps
 from .substitution import Vars
+
+if TYPE_CHECKING:
+    from .hooks import Hook, WorkflowHooks
 
 
 def prepare_workflow(workflow: dict, parameters: dict[str, str]) -> tuple[dict, dict[str, str]]:
@@ -128,6 +133,46 @@ class Run:
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
         self.layout = Layout.of(home, self.run_dir, self.spec)
+        # Lifecycle hooks watch nodes' phase changes (``hooks``): the reporter is wrapped only
+        # once something watches, so a workflow without hooks pays nothing for them.
+        self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
+        self._all_watcher: Callable[[RunEvent], None] | None = None
+
+    # ------------------------------------------------------------------------ watchers
+
+    def watch_node(self, name: str, callback: Callable[[RunEvent], None]) -> None:
+        """Call ``callback`` on every phase change of the node named ``name``."""
+        with self.lock:
+            self._watch()[name] = callback
+
+    def unwatch_node(self, name: str) -> None:
+        with self.lock:
+            self._watch().pop(name, None)
+
+    def watch_all(self, callback: Callable[[RunEvent], None] | None) -> None:
+        """Call ``callback`` on every node's phase changes (None: no longer)."""
+        with self.lock:
+            self._watch()
+            self._all_watcher = callback
+
+    def _watch(self) -> dict[str, Callable[[RunEvent], None]]:
+        if self._node_watchers is None:
+            self._node_watchers = {}
+            report = self.record.reporter
+
+            def dispatch(event: RunEvent) -> None:
+                report(event)
+                if event.kind != "node" or event.node is None:
+                    return
+                assert self._node_watchers is not None
+                watcher = self._node_watchers.get(event.node.name)
+                if watcher is not None:
+                    watcher(event)
+                if self._all_watcher is not None:
+                    self._all_watcher(event)
+
+            self.record.reporter = dispatch
+        return self._node_watchers
 
     # ------------------------------------------------------------------------ driver
 
@@ -180,14 +225,31 @@ class Run:
 
     def _drive(self, done: threading.Event, wake: threading.Event) -> None:
         try:
+            hooks: WorkflowHooks | None = None
+            handler: Hook | None = None
+            if self.spec.get("hooks") or self.spec.get("onExit"):
+                # Imported here: a workflow without hooks does not pay for the module.
+                from .hooks import WorkflowHooks, exit_hook, named_hooks, workflow_arguments
+
+                handler = exit_hook(self.spec, workflow_arguments(self))
+                if named_hooks(self.spec):
+                    hooks = WorkflowHooks(self, named_hooks(self.spec))
+                    hooks.start()
             root = self.execute(self.spec["entrypoint"], {"parameters": dict(self.params)},
                                 self.name, self.name, None, self.root_scope)
             phase, message = root.phase, root.message
             stop = self.root_scope.reason
             if stop is not None:  # a deadline or a stop signal
                 phase, message = NodePhase.FAILED, stop
-            if self.spec.get("onExit") and self.exit_scope.reason is None:
-                phase, message = run_exit_handler(self, self.spec["onExit"], phase, message)
+            if hooks is not None:
+                # operator.go: hooks are evaluated with the final status, and every fired
+                # hook ends, before the exit handler starts; an expression error is the
+                # entrypoint node's error there, the workflow's here.
+                error = hooks.finish(phase)
+                if error:
+                    phase, message = NodePhase.ERROR, error
+            if handler is not None and self.exit_scope.reason is None:
+                phase, message = run_exit_handler(self, handler, phase, message)
             self.record.conclude(phase, message)
         except Exception as exc:  # an engine bug must still leave a readable status
             self.record.conclude(NodePhase.ERROR, f"internal error: {exc!r}")
@@ -247,6 +309,11 @@ class Run:
             node = self.record.add_node(name, display, call["template"], NodeType.POD, parent)
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         if items is None:
+            if "hooks" in call or "onExit" in call:
+                from .hooks import call_with_hooks  # only a workflow with hooks imports it
+
+                return call_with_hooks(self, call, call_vars, name, display, parent, scope,
+                                       slots, where, prefix)
             return call_one(self, call, call_vars, name, display, parent, scope, slots, where)
 
         def run_item(child: str, child_display: str, item: Vars, group: NodeResult

@@ -1,9 +1,12 @@
-"""The exit handler (``spec.onExit``): a template that runs after the workflow, whatever its end.
+"""The exit handler (``spec.onExit`` or ``spec.hooks.exit``): a template that runs after the
+workflow, whatever its end.
 
 It sees ``{{workflow.status}}`` and ``{{workflow.failures}}`` (the failed pods, as Argo lists
 them), runs as node ``onExit`` outside the workflow's deadline, and turns a workflow that
 succeeded into a failed one when it fails itself. A stopped run (``argo stop``, Ctrl-C) runs it
-too, with ``workflow.status`` Failed; a terminated one (a second Ctrl-C) does not.
+too, with ``workflow.status`` Failed; a terminated one (a second Ctrl-C) does not. Its arguments
+are the hook's, else the workflow's (``WorkflowSpec.GetExitHook(spec.arguments)`` in Argo's
+``workflow_types.go``: ``onExit`` gets the workflow's arguments, a hook without any gets them too).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
+from .errors import NodeError
 from .model import iso
 
 if TYPE_CHECKING:
     from .engine import Run
+    from .hooks import Hook
 
 
-def run_exit_handler(run: Run, template: str, phase: NodePhase, message: str
+def run_exit_handler(run: Run, hook: Hook, phase: NodePhase, message: str
                      ) -> tuple[NodePhase, str]:
     """The workflow's phase and message once the handler has run."""
     failures = [
@@ -39,7 +44,14 @@ def run_exit_handler(run: Run, template: str, phase: NodePhase, message: str
         run.globals["workflow.failures"] = json.dumps(failures)
     # The workflow's deadline and a stop do not cover the exit handler, as in Argo: it runs
     # in a scope of its own, which only terminating the run stops.
-    handler = run.execute(template, {}, f"{run.name}.onExit", "onExit", None, run.exit_scope)
+    name = f"{run.name}.onExit"
+    try:
+        arguments = hook.resolve_arguments(run.globals, "onExit")
+    except NodeError as exc:
+        handler = run.record.add_node(name, "onExit", hook.template, NodeType.POD, None)
+        handler = run.record.finish(handler, NodePhase.ERROR, str(exc))
+    else:
+        handler = run.execute(hook.template, arguments, name, "onExit", None, run.exit_scope)
     if handler.phase.failed and phase == NodePhase.SUCCEEDED:
         return NodePhase.FAILED, f"exit handler failed: {handler.message}"
     return phase, message

@@ -1,8 +1,8 @@
 """Loading, normalising and validating rendered Argo manifests.
 
 Validation walks the spec against a whitelist so that no field is ever silently ignored:
-a key is either supported, cluster-only (accepted and ignored, see ``CLUSTER_ONLY_FIELDS``)
-or reported with its path.
+a key is either supported, cluster-only (accepted, not applied, and reported once as a note:
+``fields.FIELDS`` says which) or reported with its path.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 from .durations import parse_duration
 from .errors import ManifestError
 from .expressions import ExpressionError, parse_depends
+from .fields import CLUSTER_ONLY, FIELDS, SUPPORTED, classify, field_pattern
 from .library import (
     TEMPLATE_KINDS,
     TemplateLibrary,
@@ -33,49 +34,11 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
 # Fields that only mean something to a Kubernetes cluster (scheduling, images, pod policy,
-# garbage collection, metrics). The local runner accepts them and ignores them; artifact
-# ``archive`` settings are ignored too because the local store keeps files unarchived.
+# garbage collection, metrics, artifact archiving): their names, from the one table in
+# ``fields``. The checker decides by path (``fields.classify``); this set of names is for code
+# that filters a template's own keys.
 CLUSTER_ONLY_FIELDS = frozenset(
-    {
-        "image",
-        "imagePullPolicy",
-        "imagePullSecrets",
-        "resources",
-        "securityContext",
-        "metrics",
-        "podGC",
-        "ttlStrategy",
-        "serviceAccountName",
-        "automountServiceAccountToken",
-        "podMetadata",
-        "metadata",
-        "nodeSelector",
-        "tolerations",
-        "affinity",
-        "synchronization",
-        "priority",
-        "priorityClassName",
-        "podPriorityClassName",
-        "schedulerName",
-        "archiveLogs",
-        "archiveLocation",
-        "artifactRepositoryRef",
-        "artifactGC",
-        "podDisruptionBudget",
-        "workflowMetadata",
-        "labels",
-        "annotations",
-        "ports",
-        "livenessProbe",
-        "readinessProbe",
-        "startupProbe",
-        "terminationMessagePath",
-        "terminationMessagePolicy",
-        "executor",
-        "dnsPolicy",
-        "dnsConfig",
-        "hostNetwork",
-    }
+    path.rsplit(".", 1)[-1] for path, field in FIELDS.items() if field.status == CLUSTER_ONLY
 )
 
 # Known Argo features with a friendlier name for the error message.
@@ -91,9 +54,7 @@ _REFUSED = {
     "initContainers": "initContainers",
     "templateRef": "templateRef",
     "memoize": "memoize",
-    "hooks": "lifecycle hooks",
     "inline": "inline templates",
-    "onExit": "task/step-level onExit",
     "expression": "expressions",
     "podSpecPatch": "podSpecPatch",
     "templateDefaults": "templateDefaults",
@@ -149,6 +110,8 @@ _STEP = {
     "when": ANY,
     "continueOn": {"failed": ANY, "error": ANY},
     **_LOOP,
+    "hooks": ANY,  # checked by hooks.hook_problems
+    "onExit": ANY,
 }
 _TASK = {**_STEP, "dependencies": ANY, "depends": ANY}
 _VOLUME = {"name": ANY, "persistentVolumeClaim": {"claimName": ANY, "readOnly": ANY},
@@ -200,6 +163,7 @@ _SPEC = {
     )},
     "templates": _list(_TEMPLATE),
     "onExit": ANY,
+    "hooks": ANY,  # checked by hooks.hook_problems
     "parallelism": ANY,
     "activeDeadlineSeconds": ANY,
     "volumes": _list(_VOLUME),
@@ -225,7 +189,7 @@ def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
         sub = f"{path}.{key}"
         if key in spec:
             _walk(item, spec[key], sub, problems)
-        elif key in CLUSTER_ONLY_FIELDS:
+        elif _cluster_only(sub):
             continue
         elif key in _ARTIFACT_LOCATIONS and ".artifacts[" in path:
             problems.append(
@@ -243,6 +207,49 @@ def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
             problems.append(f"{sub}: {key} volumes are not supported by the local runner")
         else:
             problems.append(f"{sub}: field is not supported by the local runner")
+
+
+def _cluster_only(path: str) -> bool:
+    field = classify(path)
+    return field is not None and field.status == CLUSTER_ONLY
+
+
+def cluster_only_fields(workflow: dict) -> list[str]:
+    """The paths of the cluster-only fields (``fields.FIELDS``) a workflow sets, in order: what
+    a local run accepts and does not apply."""
+    found: list[str] = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            items = [(f"{path}.{key}", item) for key, item in value.items()]
+        elif isinstance(value, list):
+            items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            return
+        for sub, item in items:
+            field = classify(sub)
+            if field is not None and field.status == CLUSTER_ONLY:
+                found.append(sub)
+            elif isinstance(value, list) or (field is not None and field.status == SUPPORTED):
+                walk(item, sub)
+
+    walk(workflow.get("spec"), "spec")
+    return found
+
+
+def cluster_only_note(workflow: dict) -> str | None:
+    """One line naming the cluster-only fields a workflow sets, or None when it sets none."""
+    names = sorted({_short_name(path) for path in cluster_only_fields(workflow)})
+    if not names:
+        return None
+    return (f"not applied locally: {', '.join(names)} (cluster-only: scheduling, images, "
+            "resources, pod and security settings, garbage collection, metrics, archiving)")
+
+
+def _short_name(path: str) -> str:
+    """``spec.templates[3].container.image`` -> ``container.image``."""
+    name = field_pattern(path).replace("[]", "").removeprefix("spec.")
+    return name.removeprefix("templates.")
 
 
 def _strings(value: Any, path: str):
@@ -297,7 +304,15 @@ def unsupported_fields(workflow: dict) -> list[str]:
         problems.append("spec.entrypoint: missing")
     elif entry not in names:
         problems.append(f"spec.entrypoint: template {entry!r} not found")
-    if spec.get("onExit") and spec["onExit"] not in names:
+    if spec.get("hooks") is not None:
+        from .hooks import hook_problems  # only a manifest with hooks pays for the import
+
+        problems += hook_problems(spec, "spec", names)
+        if isinstance(spec["hooks"], dict) and isinstance(spec["hooks"].get("exit"), dict) \
+                and "expression" in spec["hooks"]["exit"]:
+            problems.append("spec.hooks.exit.expression: Argo runs the workflow's exit hook "
+                            "whatever its expression (operator.go); remove it")
+    elif spec.get("onExit") and spec["onExit"] not in names:
         problems.append(f"spec.onExit: template {spec['onExit']!r} not found")
     workflow_volumes = _volume_names(spec, "spec", problems)
     for i, claim in enumerate(spec.get("volumeClaimTemplates") or []):
@@ -425,6 +440,10 @@ def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:
     loops = [k for k in ("withItems", "withParam", "withSequence") if k in call]
     if len(loops) > 1:
         problems.append(f"{path}: only one of {', '.join(loops)} may be used")
+    if "hooks" in call or "onExit" in call:
+        from .hooks import hook_problems  # only a manifest with hooks pays for the import
+
+        problems += hook_problems(call, path, names, looped=bool(loops))
 
 
 # ------------------------------------------------------------------------------ loading
@@ -438,8 +457,8 @@ def load_manifest(path_or_text: str | Path, name: str | None = None,
     ``path_or_text`` is a file path, or YAML text when it contains a newline. The templates it
     refers to (``workflowTemplateRef``, ``templateRef``) are looked up in the manifest, in the
     other YAML files of its folder and in ``template_dirs`` (see ``library``). What is accepted
-    but not applied (a CronWorkflow's scheduling) is appended to ``notes``; ``now`` is when a
-    CronWorkflow fires (default: this moment).
+    but not applied (a CronWorkflow's scheduling, cluster-only fields: ``cluster_only_note``) is
+    appended to ``notes``; ``now`` is when a CronWorkflow fires (default: this moment).
     """
     own_file: Path | None = None
     if isinstance(path_or_text, Path) or "\n" not in path_or_text:
@@ -480,7 +499,10 @@ def load_manifest(path_or_text: str | Path, name: str | None = None,
         folders.append(Path(folder))
     library = TemplateLibrary(folders, [(d, str(own_file or "the manifest")) for d in docs],
                               own_file)
-    return normalise_workflow(candidates[0], library, notes=notes, now=now)
+    workflow = normalise_workflow(candidates[0], library, notes=notes, now=now)
+    if notes is not None and (note := cluster_only_note(workflow)):
+        notes.append(note)
+    return workflow
 
 
 def normalise_workflow(doc: dict, workflow_templates: TemplateLibrary | dict[str, dict] | None

@@ -1,0 +1,370 @@
+"""What the local runner does with each field of an Argo Workflow spec: one table, ``FIELDS``.
+
+A field is named by its path from the workflow's ``spec``, list items written ``[]``
+(``spec.templates[].container.image``; a steps template's step is ``steps[][]``). Each is:
+
+- ``SUPPORTED``: the runner implements it;
+- ``REFUSED``: the runner refuses a manifest that uses it, with a message naming the field;
+- ``CLUSTER_ONLY``: it means something only on a Kubernetes cluster (scheduling, images,
+  resources, security, pod policy, garbage collection, metrics, archiving): accepted, not
+  applied, and reported once per run as ``not applied locally: ...``.
+
+The fields under a refused or cluster-only field are not listed: their parent decides. The
+table is plain Python (no schema is read when a workflow runs);
+tests/test_runner_completeness.py walks Argo's JSON schema and fails on any field the table
+does not classify, and feeds each entry through the runner's checker so the table cannot lie.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+SUPPORTED: Final = "supported"
+REFUSED: Final = "refused"
+CLUSTER_ONLY: Final = "cluster-only"
+
+
+@dataclass(frozen=True)
+class Field:
+    status: str
+    reason: str = ""  # why a field is refused or cluster-only
+
+
+_YES = Field(SUPPORTED)
+
+# Reasons, shared by many fields.
+_SCHEDULING = "pod scheduling (nodes, priority, scheduler)"
+_POD = "pod and container settings of a Kubernetes pod"
+_IMAGE = "container images (the local runner runs commands on this machine)"
+_RESOURCES = "resource requests and limits (the runner uses this machine's CPUs and GPUs)"
+_SECURITY = "security contexts and service accounts"
+_GC = "garbage collection of pods, artifacts and workflows"
+_METRICS = "Prometheus metrics"
+_ARCHIVE = "artifact archiving and repositories (the local store keeps plain files)"
+_PROBES = "container probes and termination messages"
+_META = "Kubernetes labels and annotations"
+_SYNC = "synchronization (semaphores and mutexes across workflows)"
+_PVC_CLAIM = "the claim's storage request (a local folder stands for the volume)"
+
+_LOCATION = "artifact locations (artifacts live in the run's local store)"
+_VOLUME_KIND = "volume kinds other than persistentVolumeClaim and emptyDir"
+
+
+def _cluster(reason: str) -> Field:
+    return Field(CLUSTER_ONLY, reason)
+
+
+def _refused(reason: str) -> Field:
+    return Field(REFUSED, reason)
+
+
+def _under(prefix: str, table: dict[str, Field]) -> dict[str, Field]:
+    return {f"{prefix}.{key}": field for key, field in table.items()}
+
+
+_ENV = {
+    "": _YES,
+    "[].name": _YES,
+    "[].value": _YES,
+    "[].valueFrom": _YES,
+    # an optional secret comes from the local environment; a required one is refused
+    "[].valueFrom.secretKeyRef": _YES,
+    "[].valueFrom.secretKeyRef.name": _YES,
+    "[].valueFrom.secretKeyRef.key": _YES,
+    "[].valueFrom.secretKeyRef.optional": _YES,
+    "[].valueFrom.configMapKeyRef": _refused("config maps"),
+    "[].valueFrom.fieldRef": _refused("pod field references"),
+    "[].valueFrom.fileKeyRef": _refused("file key references"),
+    "[].valueFrom.resourceFieldRef": _refused("resource field references"),
+}
+_MOUNTS = {
+    "": _YES,
+    "[].name": _YES,
+    "[].mountPath": _YES,
+    "[].subPath": _YES,
+    "[].readOnly": _YES,
+    "[].mountPropagation": _refused("mount propagation"),
+    "[].recursiveReadOnly": _refused("recursive read-only mounts"),
+    "[].subPathExpr": _refused("subPathExpr"),
+}
+_CONTAINER = {
+    "name": _YES,
+    "command": _YES,
+    "args": _YES,
+    "workingDir": _YES,
+    **{f"env{key}": field for key, field in _ENV.items()},
+    **{f"volumeMounts{key}": field for key, field in _MOUNTS.items()},
+    "image": _cluster(_IMAGE),
+    "imagePullPolicy": _cluster(_IMAGE),
+    "resources": _cluster(_RESOURCES),
+    "securityContext": _cluster(_SECURITY),
+    "ports": _cluster(_POD),
+    "livenessProbe": _cluster(_PROBES),
+    "readinessProbe": _cluster(_PROBES),
+    "startupProbe": _cluster(_PROBES),
+    "terminationMessagePath": _cluster(_PROBES),
+    "terminationMessagePolicy": _cluster(_PROBES),
+    "envFrom": _refused("envFrom"),
+    "lifecycle": _refused("container lifecycle handlers"),
+    "resizePolicy": _refused("resize policies"),
+    "restartPolicy": _refused("container restart policies"),
+    "restartPolicyRules": _refused("container restart policies"),
+    "stdin": _refused("interactive containers"),
+    "stdinOnce": _refused("interactive containers"),
+    "tty": _refused("interactive containers"),
+    "volumeDevices": _refused("block volume devices"),
+}
+
+
+def _artifact(*, supported: tuple[str, ...], cluster: tuple[str, ...] = ()) -> dict[str, Field]:
+    """An Artifact's fields where it is used: ``supported`` ones, ``cluster`` ones, the rest
+    refused (the storage locations with their own reason)."""
+    fields = ("name", "path", "from", "optional", "mode", "archive", "archiveLogs", "artifactGC",
+              "globalName", "raw", "deleted", "fromExpression", "recurseMode", "subPath",
+              "artifactory", "azure", "gcs", "git", "hdfs", "http", "oss", "plugin", "s3")
+    table: dict[str, Field] = {}
+    for key in fields:
+        if key in supported:
+            table[key] = _YES
+        elif key in cluster or key in ("archiveLogs", "artifactGC"):
+            table[key] = _cluster(_ARCHIVE if key == "archive" else _GC if key == "artifactGC"
+                                  else "log archiving")
+        elif key in ("artifactory", "azure", "gcs", "git", "hdfs", "http", "oss", "plugin",
+                     "s3"):
+            table[key] = _refused(_LOCATION)
+        else:
+            table[key] = _refused(f"artifact {key}")
+    if "raw" in supported:
+        table["raw.data"] = _YES
+    return table
+
+
+def _parameter(*supported: str) -> dict[str, Field]:
+    fields = ("name", "value", "default", "enum", "description", "globalName", "valueFrom")
+    return {key: _YES if key in supported else _refused(f"parameter {key} here")
+            for key in fields}
+
+
+_ARGUMENTS = {
+    "": _YES,
+    "parameters": _YES,
+    **_under("parameters[]", _parameter("name", "value")),
+    "artifacts": _YES,
+    **_under("artifacts[]", _artifact(supported=("name", "from", "raw"))),
+}
+_CALL = {
+    "name": _YES,
+    "template": _YES,
+    "when": _YES,
+    "continueOn": _YES,
+    "continueOn.failed": _YES,
+    "continueOn.error": _YES,
+    "withItems": _YES,
+    "withParam": _YES,
+    "withSequence": _YES,
+    "withSequence.count": _YES,
+    "withSequence.start": _YES,
+    "withSequence.end": _YES,
+    "withSequence.format": _YES,
+    **{f"arguments{key and '.' + key}": field for key, field in _ARGUMENTS.items()},
+    "hooks": _YES,  # exit and expression hooks (pipelines/runner/hooks.py)
+    "inline": _refused("inline templates"),
+    "onExit": _YES,
+    "templateRef": _refused("templateRef without templates to resolve it from"),
+}
+_TASK = {**_CALL, "dependencies": _YES, "depends": _YES}
+
+_VOLUME = {
+    "name": _YES,
+    "persistentVolumeClaim": _YES,
+    "persistentVolumeClaim.claimName": _YES,
+    "persistentVolumeClaim.readOnly": _YES,
+    "emptyDir": _YES,
+    "emptyDir.medium": _cluster("emptyDir medium and size (a local folder)"),
+    "emptyDir.sizeLimit": _cluster("emptyDir medium and size (a local folder)"),
+    **{kind: _refused(_VOLUME_KIND) for kind in (
+        "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi",
+        "downwardAPI", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk",
+        "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "photonPersistentDisk",
+        "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos",
+        "vsphereVolume")},
+}
+_VALUE_FROM = {
+    "path": _YES,
+    "default": _YES,
+    "parameter": _YES,
+    **{key: _refused(f"valueFrom.{key}") for key in (
+        "configMapKeyRef", "event", "expression", "jqFilter", "jsonPath", "supplied")},
+}
+
+_TEMPLATE = {
+    "name": _YES,
+    "inputs": _YES,
+    "inputs.parameters": _YES,
+    **_under("inputs.parameters[]",
+             _parameter("name", "value", "default", "enum", "description")),
+    "inputs.artifacts": _YES,
+    **_under("inputs.artifacts[]", _artifact(
+        supported=("name", "path", "from", "optional", "raw", "mode"), cluster=("archive",))),
+    "outputs": _YES,
+    "outputs.parameters": _YES,
+    **_under("outputs.parameters[]", {
+        **_parameter("name", "description", "globalName", "valueFrom"),
+        **_under("valueFrom", _VALUE_FROM),
+    }),
+    "outputs.artifacts": _YES,
+    **_under("outputs.artifacts[]", _artifact(
+        supported=("name", "path", "from", "optional", "globalName", "mode"),
+        cluster=("archive",))),
+    "outputs.exitCode": _refused("outputs.exitCode"),
+    "outputs.result": _refused("outputs.result"),
+    "container": _YES,
+    **_under("container", _CONTAINER),
+    "script": _YES,
+    **_under("script", {**_CONTAINER, "source": _YES}),
+    "dag": _YES,
+    "dag.failFast": _YES,
+    "dag.tasks": _YES,
+    **_under("dag.tasks[]", _TASK),
+    "dag.target": _refused("dag.target"),
+    "steps": _YES,
+    **_under("steps[][]", _CALL),
+    "retryStrategy": _YES,
+    "retryStrategy.limit": _YES,
+    "retryStrategy.retryPolicy": _YES,
+    "retryStrategy.backoff": _YES,
+    "retryStrategy.backoff.duration": _YES,
+    "retryStrategy.backoff.factor": _YES,
+    "retryStrategy.backoff.maxDuration": _YES,
+    "retryStrategy.backoff.cap": _refused("retryStrategy.backoff.cap"),
+    "retryStrategy.expression": _refused("retryStrategy.expression"),
+    "retryStrategy.affinity": _cluster(_SCHEDULING),
+    "activeDeadlineSeconds": _YES,
+    "timeout": _YES,
+    "parallelism": _YES,
+    "failFast": _YES,
+    "volumes": _YES,
+    **_under("volumes[]", _VOLUME),
+    # other template kinds and pod additions
+    **{key: _refused(f"{key} templates") for key in (
+        "resource", "suspend", "http", "plugin", "data", "containerSet")},
+    "daemon": _refused("daemon templates"),
+    "sidecars": _refused("sidecars"),
+    "initContainers": _refused("initContainers"),
+    "memoize": _refused("memoize"),
+    "podSpecPatch": _refused("podSpecPatch"),
+    "hostAliases": _refused("hostAliases"),
+    "pendingTimeout": _refused("pendingTimeout"),
+    "podResources": _refused("pod-level resources"),
+    "resourceClaims": _refused("dynamic resource claims"),
+    # cluster-only
+    "affinity": _cluster(_SCHEDULING),
+    "nodeSelector": _cluster(_SCHEDULING),
+    "tolerations": _cluster(_SCHEDULING),
+    "priorityClassName": _cluster(_SCHEDULING),
+    "schedulerName": _cluster(_SCHEDULING),
+    "securityContext": _cluster(_SECURITY),
+    "serviceAccountName": _cluster(_SECURITY),
+    "automountServiceAccountToken": _cluster(_SECURITY),
+    "executor": _cluster(_SECURITY),
+    "metadata": _cluster(_META),
+    "annotations": _cluster(_META),
+    "metrics": _cluster(_METRICS),
+    "archiveLocation": _cluster(_ARCHIVE),
+    "synchronization": _cluster(_SYNC),
+}
+
+_CLAIM_METADATA = ("annotations", "creationTimestamp", "deletionGracePeriodSeconds",
+                   "deletionTimestamp", "finalizers", "generateName", "generation", "labels",
+                   "managedFields", "namespace", "ownerReferences", "resourceVersion",
+                   "selfLink", "uid")
+
+_SPEC = {
+    "entrypoint": _YES,
+    "arguments": _YES,
+    "arguments.parameters": _YES,
+    **_under("arguments.parameters[]",
+             _parameter("name", "value", "default", "enum", "description")),
+    "arguments.artifacts": _refused("workflow-level artifact arguments"),
+    "templates": _YES,
+    **_under("templates[]", _TEMPLATE),
+    "onExit": _YES,
+    "hooks": _YES,  # the exit hook and expression hooks (pipelines/runner/hooks.py)
+    "parallelism": _YES,
+    "activeDeadlineSeconds": _YES,
+    "volumes": _YES,
+    **_under("volumes[]", _VOLUME),
+    "volumeClaimTemplates": _YES,
+    "volumeClaimTemplates[].metadata": _YES,
+    "volumeClaimTemplates[].metadata.name": _YES,
+    **{f"volumeClaimTemplates[].metadata.{key}": _cluster(_PVC_CLAIM)
+       for key in _CLAIM_METADATA},
+    "volumeClaimTemplates[].apiVersion": _cluster(_PVC_CLAIM),
+    "volumeClaimTemplates[].kind": _cluster(_PVC_CLAIM),
+    "volumeClaimTemplates[].spec": _cluster(_PVC_CLAIM),
+    "volumeClaimTemplates[].status": _cluster(_PVC_CLAIM),
+    "workflowTemplateRef": _YES,
+    "workflowTemplateRef.name": _YES,
+    "workflowTemplateRef.clusterScope": _YES,
+    # refused
+    "executorPlugins": _refused("executor plugins"),
+    "hostAliases": _refused("hostAliases"),
+    "podResources": _refused("pod-level resources"),
+    "podSpecPatch": _refused("podSpecPatch"),
+    "resourceClaims": _refused("dynamic resource claims"),
+    "retryStrategy": _refused("workflow-level retryStrategy"),
+    "shutdown": _refused("spec.shutdown"),
+    "suspend": _refused("suspending a workflow"),
+    "templateDefaults": _refused("templateDefaults"),
+    "volumeClaimGC": _refused("volumeClaimGC"),
+    # cluster-only
+    "affinity": _cluster(_SCHEDULING),
+    "nodeSelector": _cluster(_SCHEDULING),
+    "tolerations": _cluster(_SCHEDULING),
+    "priority": _cluster(_SCHEDULING),
+    "podPriorityClassName": _cluster(_SCHEDULING),
+    "schedulerName": _cluster(_SCHEDULING),
+    "podDisruptionBudget": _cluster(_SCHEDULING),
+    "dnsConfig": _cluster(_POD),
+    "dnsPolicy": _cluster(_POD),
+    "hostNetwork": _cluster(_POD),
+    "imagePullSecrets": _cluster(_IMAGE),
+    "securityContext": _cluster(_SECURITY),
+    "serviceAccountName": _cluster(_SECURITY),
+    "automountServiceAccountToken": _cluster(_SECURITY),
+    "executor": _cluster(_SECURITY),
+    "podMetadata": _cluster(_META),
+    "workflowMetadata": _cluster(_META),
+    "podGC": _cluster(_GC),
+    "ttlStrategy": _cluster(_GC),
+    "artifactGC": _cluster(_GC),
+    "archiveLogs": _cluster(_ARCHIVE),
+    "artifactRepositoryRef": _cluster(_ARCHIVE),
+    "metrics": _cluster(_METRICS),
+    "synchronization": _cluster(_SYNC),
+}
+
+FIELDS: Final[dict[str, Field]] = {"spec": _YES, **_under("spec", _SPEC)}
+
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def field_pattern(path: str) -> str:
+    """The table's name of a concrete path: ``spec.templates[2].steps[0][1].name`` ->
+    ``spec.templates[].steps[][].name``."""
+    return _INDEX.sub("[]", path)
+
+
+def classify(path: str) -> Field | None:
+    """The table's entry for a concrete or pattern path; None when the table does not know it."""
+    return FIELDS.get(field_pattern(path))
+
+
+def paths_with(status: str) -> list[str]:
+    return [path for path, field in FIELDS.items() if field.status == status]
+
+
+__all__ = ["CLUSTER_ONLY", "FIELDS", "REFUSED", "SUPPORTED", "Field", "classify",
+           "field_pattern", "paths_with"]

@@ -1,0 +1,587 @@
+"""Lifecycle hooks (``hooks``) and step/task-level ``onExit``, as Argo's controller runs them.
+
+Sources (argoproj/argo-workflows): ``workflow/controller/hooks.go`` (named hooks),
+``workflow/controller/exit_handler.go`` (``runOnExitNode``), ``operator.go`` (the workflow's
+hooks and exit handler), ``steps.go`` and ``dag.go`` (where a step's or task's hooks are
+evaluated and waited for), ``pkg/apis/workflow/v1alpha1/workflow_types.go`` (``LifecycleHook``,
+``GetExitHook``) and ``workflow/validate/validate.go`` (``validateHooks``).
+
+- A hook named ``exit`` is an exit handler; any other name needs an ``expression`` (validate.go)
+  and fires, once, the first time it holds (hooks.go: a hook node that exists is never started
+  again). The name means nothing else.
+- ``onExit`` is ``hooks.exit`` with the workflow's arguments, and a hook without arguments gets
+  the workflow's (``GetExitHook(spec.arguments)``, ``WithArgs``). Both at once is refused here
+  (Argo would silently prefer ``onExit``).
+- Workflow level: named hooks are evaluated while the workflow runs, with ``workflow.status``
+  ``Running``, and once more when its entrypoint has ended, with its final status; all fired
+  hooks end before the exit handler starts (operator.go: ``hookCompleted``). Their nodes are
+  ``<workflow>.hooks.<name>``, children of the workflow's node; the exit handler is ``onExit``.
+  A failed named hook does not change the workflow's phase (the phase comes from the entrypoint's
+  node and the exit handler only).
+- Step/task level: named hooks are evaluated as the step's or task's node changes phase, with
+  ``steps.<name>.status`` / ``tasks.<name>.status`` set to it (steps.go, dag.go: ``Status.Set``
+  before ``executeTmplLifeCycleHook``), in the scope of its template (earlier steps' / finished
+  tasks' outputs, the workflow's variables). A task is not evaluated while Pending (dag.go) and a
+  step skipped by ``when`` not at all (steps.go: it has no step entry). The exit hook runs once the
+  node has completed (Succeeded, Failed or Error; not Skipped or Omitted), and only if its own
+  ``expression``, when it has one, holds (exit_handler.go); its arguments may use the node's
+  ``outputs.parameters``/``outputs.artifacts`` and ``status``. Hook nodes are
+  ``<node>.hooks.<name>`` and ``<node>.onExit``, children of the hooked node, shown as
+  ``<step>.hooks.<name>`` / ``<step>.onExit`` (``initializeNode`` trims the boundary's name).
+  The step group / the task's dependents wait for every hook (``CheckAllHooksFullfilled``), but
+  a hook's failure leaves the step's or task's phase, and its template's, as they were.
+- An exit hook is an exit handler: a stop (``argo stop``, Ctrl-C) does not stop it, only a
+  termination does (``ShouldExecute(true)``, ``onExitTemplate`` skips the deadline). Named hooks
+  run in the hooked node's scope: a stop stops them, and none starts once stopping.
+- An expression that cannot be evaluated (an unknown name, a member of nil) is an error: Argo
+  marks the entrypoint's node (workflow level) or the task's node Error; here the hook does not
+  fire and the workflow, or the hooked node once it ends, ends Error with the message.
+
+Not supported (refused by ``hook_problems``): ``templateRef`` in a hook, and hooks or ``onExit``
+on a looped step or task (Argo hooks every item, and a DAG task's group as well).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
+
+from .calls import call_arguments, call_one
+from .errors import NodeError
+from .expressions import ExpressionError, _Parser
+from .model import NodeResult, RunEvent
+from .outputs import result_vars
+from .scope import CancelScope
+from .substitution import Vars
+
+if TYPE_CHECKING:
+    from .engine import Run
+
+EXIT = "exit"  # wfv1.ExitLifecycleEvent
+# The node phases Argo's ``Completed()`` accepts: an exit hook runs only after one of them.
+_COMPLETED = (NodePhase.SUCCEEDED, NodePhase.FAILED, NodePhase.ERROR)
+# operator.go: the workflow's status from its node's phase (Skipped/Omitted read Succeeded).
+_WORKFLOW_STATUS = {NodePhase.SKIPPED: NodePhase.SUCCEEDED, NodePhase.OMITTED: NodePhase.SUCCEEDED}
+
+
+class Hook(NamedTuple):
+    name: str
+    template: str
+    arguments: dict  # as in the manifest: {"parameters": [...], "artifacts": [...]}
+    expression: str | None
+    # The workflow's own arguments (a hook without any): values resolved at submission, taken
+    # as they are (Argo's substitution leaves unresolved tags in them alone).
+    workflow_arguments: bool = False
+
+    def resolve_arguments(self, variables: Vars, where: str) -> dict:
+        """``{"parameters": {name: value}, "artifacts": {...}}``; ``NodeError``."""
+        if self.workflow_arguments:
+            return {"parameters": {p["name"]: p.get("value", "")
+                                   for p in self.arguments.get("parameters") or []},
+                    "artifacts": {}}
+        return call_arguments({"arguments": self.arguments}, variables, where)
+
+
+def exit_hook(holder: dict, workflow_arguments: dict) -> Hook | None:
+    """``GetExitHook(spec.arguments)`` of a spec, step or task: ``onExit``, else ``hooks.exit``;
+    either gets the workflow's arguments when it has none of its own."""
+    if holder.get("onExit"):
+        return Hook(EXIT, str(holder["onExit"]), workflow_arguments, None, True)
+    hook = (holder.get("hooks") or {}).get(EXIT)
+    if not hook:
+        return None
+    own = hook.get("arguments") or {}
+    return Hook(EXIT, str(hook["template"]), own or workflow_arguments,
+                hook.get("expression") or None, not own)
+
+
+def named_hooks(holder: dict) -> list[Hook]:
+    """The hooks other than ``exit``, in manifest order (Argo ranges over a Go map)."""
+    return [Hook(str(name), str(hook["template"]), hook.get("arguments") or {},
+                 str(hook["expression"]))
+            for name, hook in (holder.get("hooks") or {}).items() if name != EXIT]
+
+
+def workflow_arguments(run: Run) -> dict:
+    return {"parameters": [{"name": k, "value": v} for k, v in run.params.items()]}
+
+
+# ------------------------------------------------------------------ hook expressions
+#
+# Here rather than in ``expressions`` (``depends``, ``when``) so that a run without hooks
+# never imports it. A hook's ``expression`` is expr-lang (github.com/expr-lang/expr), which
+# Argo evaluates with ``argoexpr.EvalBool`` (util/expr/argoexpr/eval.go) against
+# ``env.GetFuncMap(scope)`` (util/expr/env/env.go): the scope's dotted names expanded into
+# nested maps (util/expand/expand.go), so ``steps["step-1"].status`` reads
+# ``steps.step-1.status``. The subset here is what hook conditions need: string, number, bool
+# and nil literals, names, member (``a.b``) and index (``a["b"]``) access, ``==``, ``!=``,
+# ``&&``/``and``, ``||``/``or``, ``!``/``not`` and parentheses. Anything else is refused by
+# name rather than guessed at. As in expr: a name missing from the environment is an error
+# ("unknown name": expr.Env on a map is strict, checker/checker.go), a missing map key is
+# nil, and a member of nil is an error ("cannot fetch x from <nil>": vm/runtime/runtime.go).
+
+_HOOK_TOKEN = (
+    r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""
+    r"""|(?P<num>\d+(?:\.\d+)?)"""
+    r"""|(?P<name>[A-Za-z_$][\w$]*)"""
+    r"""|(?P<op>==|!=|&&|\|\||\?\?|\?\.|<=|>=|\.\.|[!().\[\]<>+\-*/%^?:,|{}#~`]))"""
+)
+_HOOK_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+# expr's word operators and keywords that the subset does not evaluate.
+_HOOK_UNSUPPORTED_WORDS = frozenset({"in", "matches", "contains", "startsWith", "endsWith",
+                                     "let", "if", "else", "while"})
+_HOOK_OPERATOR_NAMES = {
+    "<": "ordering comparison", ">": "ordering comparison", "<=": "ordering comparison",
+    ">=": "ordering comparison", "+": "arithmetic", "-": "arithmetic", "*": "arithmetic",
+    "/": "arithmetic", "%": "arithmetic", "^": "arithmetic", "..": "ranges",
+    "?": "the conditional operator", ":": "the conditional operator", "??": "nil coalescing",
+    "?.": "optional chaining", ",": "lists and arguments", "|": "pipes", "{": "map literals",
+    "}": "map literals", "#": "predicates", "~": "bitwise operators", "`": "raw strings",
+}
+
+
+class _Str(str):
+    """A string literal token (so that ``"and"`` is not the keyword)."""
+
+
+class _Name(str):
+    """An identifier token."""
+
+
+def _tokenize_hook(expr: str) -> list:
+    tokens: list = []
+    pos, text = 0, expr.rstrip()
+    while pos < len(text):
+        match = re.compile(_HOOK_TOKEN).match(text, pos)
+        if not match:
+            raise ExpressionError(f"unexpected {text[pos:].strip()[:20]!r} in expression "
+                                  f"{expr!r}")
+        pos = match.end()
+        if match.group("str") is not None:
+            raw = match.group("str")[1:-1]
+            tokens.append(_Str(re.sub(r"\\(.)", lambda m: _HOOK_ESCAPES.get(m.group(1),
+                                                                            m.group(0)), raw)))
+        elif match.group("num") is not None:
+            number = match.group("num")
+            tokens.append(float(number) if "." in number else int(number))
+        elif match.group("name") is not None:
+            tokens.append(_Name(match.group("name")))
+        else:
+            tokens.append(match.group("op"))
+    return tokens
+
+
+_NIL = object()  # the nil literal, distinct from a missing value
+
+
+class _HookParser(_Parser):
+    """``expr := or``; ``or := and (("||"|"or") and)*``; ``and := eq (("&&"|"and") eq)*``;
+    ``eq := unary (("=="|"!=") unary)*``; ``unary := ("!"|"not") unary | postfix``;
+    ``postfix := primary ("." name | "[" expr "]")*``; ``primary := literal | name | (expr)``.
+    The tree is tuples: ("lit", v), ("name", n), ("get", obj, key), ("not", x), ("and", a, b),
+    ("or", a, b), ("eq", a, b), ("ne", a, b)."""
+
+    def parse_or(self) -> tuple:
+        left = self.parse_and()
+        while self.peek() in ("||", "or") and not isinstance(self.peek(), _Str):
+            self.take()
+            left = ("or", left, self.parse_and())
+        return left
+
+    def parse_and(self) -> tuple:
+        left = self.parse_eq()
+        while self.peek() in ("&&", "and") and not isinstance(self.peek(), _Str):
+            self.take()
+            left = ("and", left, self.parse_eq())
+        return left
+
+    def parse_eq(self) -> tuple:
+        left = self.parse_unary()
+        while self.peek() in ("==", "!=") and not isinstance(self.peek(), _Str):
+            op = self.take()
+            left = ("eq" if op == "==" else "ne", left, self.parse_unary())
+        self._refuse_operator(self.peek())
+        return left
+
+    def parse_unary(self) -> tuple:
+        token = self.peek()
+        if token in ("!", "not") and not isinstance(token, _Str):
+            self.take()
+            return ("not", self.parse_unary())
+        return self.parse_postfix()
+
+    def parse_postfix(self) -> tuple:
+        node = self.parse_primary()
+        while True:
+            token = self.peek()
+            if isinstance(token, _Str) or token not in (".", "[", "("):
+                return node
+            self.take()
+            if token == "(":
+                raise ExpressionError(f"function calls are not supported in hook expressions "
+                                      f"(in {self.source!r})")
+            if token == ".":
+                member = self.take()
+                if not isinstance(member, _Name):
+                    raise ExpressionError(f"expected a member name after '.', not {member!r}, "
+                                          f"in {self.source!r}")
+                node = ("get", node, str(member))
+            else:
+                key = self.parse_or()
+                if self.take() != "]":
+                    raise ExpressionError(f"missing ']' in {self.source!r}")
+                node = ("get", node, key)
+
+    def parse_primary(self) -> tuple:
+        token = self.take()
+        if isinstance(token, _Str):
+            return ("lit", str(token))
+        if isinstance(token, int | float):
+            return ("lit", token)
+        if token == "(":
+            inner = self.parse_or()
+            if self.take() != ")":
+                raise ExpressionError(f"missing ')' in {self.source!r}")
+            return inner
+        if isinstance(token, _Name):
+            if token in ("true", "false"):
+                return ("lit", token == "true")
+            if token == "nil":
+                return ("lit", None)
+            if token in _HOOK_UNSUPPORTED_WORDS:
+                raise ExpressionError(f"the {token!r} operator is not supported in hook "
+                                      f"expressions (in {self.source!r})")
+            if self.peek() == "(" and not isinstance(self.peek(), _Str):
+                raise ExpressionError(f"function calls ({token}(...)) are not supported in hook "
+                                      f"expressions (in {self.source!r})")
+            return ("name", str(token))
+        self._refuse_operator(token)
+        raise ExpressionError(f"unexpected {token!r} in {self.source!r}")
+
+    def _refuse_operator(self, token: object) -> None:
+        if isinstance(token, str) and not isinstance(token, _Str | _Name) \
+                and token in _HOOK_OPERATOR_NAMES:
+            raise ExpressionError(f"{_HOOK_OPERATOR_NAMES[token]} ({token!r}) is not supported in "
+                                  f"hook expressions (in {self.source!r})")
+        if isinstance(token, _Name) and token in _HOOK_UNSUPPORTED_WORDS:
+            raise ExpressionError(f"the {token!r} operator is not supported in hook "
+                                  f"expressions (in {self.source!r})")
+
+
+def parse_hook_expression(expr: str) -> tuple:
+    """The tree of a hook's ``expression``; ``ExpressionError`` naming what is unsupported."""
+    parser = _HookParser(_tokenize_hook(expr), expr)
+    if not parser.tokens:
+        raise ExpressionError("empty expression")
+    tree = parser.parse_or()
+    if parser.peek() is not None:
+        parser._refuse_operator(parser.peek())
+    parser.expect_end()
+    return tree
+
+
+def expand_scope(scope: Mapping[str, object]) -> dict[str, object]:
+    """Argo's ``expand.Expand``: dotted names as nested maps; a name that is also the prefix of
+    another is dropped, as ``removeConflicts`` does (compares sorted neighbours only)."""
+    keys = sorted(scope)
+    nested: dict[str, object] = {}
+    for i, key in enumerate(keys):
+        if i + 1 < len(keys) and keys[i + 1].startswith(key + "."):
+            continue
+        *parents, leaf = key.split(".")
+        holder = nested
+        for part in parents:
+            child = holder.get(part)
+            if not isinstance(child, dict):
+                child = holder[part] = {}
+            holder = child
+        holder.setdefault(leaf, scope[key])
+    return nested
+
+
+def evaluate_hook_expression(source: str, env: Mapping[str, object],
+                             tree: tuple | None = None) -> bool:
+    """Evaluate a hook's ``expression`` (``tree``: already parsed) against ``expand_scope``'d
+    variables, as ``argoexpr.EvalBool`` does; ``ExpressionError`` on any error."""
+    tree = parse_hook_expression(source) if tree is None else tree
+    _check_names(tree, env, source)  # expr compiles first: an unknown name fails even if unused
+    result = _eval_hook(tree, env, source)
+    if not isinstance(result, bool):
+        raise ExpressionError(f"unable to cast expression result {result!r} to bool "
+                              f"({source!r})")
+    return result
+
+
+def _check_names(tree: tuple, env: Mapping[str, object], source: str) -> None:
+    kind = tree[0]
+    if kind == "name":
+        if tree[1] not in env:
+            raise ExpressionError(f"unknown name {tree[1]} in {source!r}")
+    elif kind != "lit":
+        for part in tree[1:]:
+            if isinstance(part, tuple):
+                _check_names(part, env, source)
+
+
+def _eval_hook(tree: tuple, env: Mapping[str, object], source: str) -> object:
+    kind = tree[0]
+    if kind == "lit":
+        return tree[1]
+    if kind == "name":
+        return env[tree[1]]
+    if kind == "get":
+        holder = _eval_hook(tree[1], env, source)
+        key = tree[2] if isinstance(tree[2], str) else _eval_hook(tree[2], env, source)
+        if isinstance(holder, dict):
+            return holder.get(key)  # type: ignore[call-overload]
+        kind_name = "<nil>" if holder is None else type(holder).__name__
+        raise ExpressionError(f"cannot fetch {key} from {kind_name} in {source!r}")
+    if kind == "not":
+        return not _hook_bool(_eval_hook(tree[1], env, source), "!", source)
+    if kind in ("and", "or"):  # short-circuit, as expr's jumps do
+        left = _hook_bool(_eval_hook(tree[1], env, source), kind, source)
+        if left == (kind == "or"):
+            return left
+        return _hook_bool(_eval_hook(tree[2], env, source), kind, source)
+    a, b = _eval_hook(tree[1], env, source), _eval_hook(tree[2], env, source)
+    equal = _hook_equal(a, b)
+    return equal if kind == "eq" else not equal
+
+
+def _hook_bool(value: object, op: str, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ExpressionError(f"invalid operation {op} on {value!r} (not a boolean) in {source!r}")
+
+
+def _hook_equal(a: object, b: object) -> bool:
+    """expr's ``runtime.Equal``: numbers by value, otherwise same type and value."""
+    numeric = (int, float)
+    if isinstance(a, numeric) and isinstance(b, numeric) \
+            and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b
+    if isinstance(a, str) and isinstance(b, str):  # phases are str enums
+        return str.__eq__(a, b)
+    return type(a) is type(b) and a == b
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def hook_problems(holder: dict, path: str, names: set, looped: bool = False) -> list[str]:
+    """What the local runner cannot run in a spec's, step's or task's ``hooks``/``onExit``."""
+    problems: list[str] = []
+    hooks = holder.get("hooks")
+    if looped and (hooks or holder.get("onExit")):
+        field = "hooks" if hooks else "onExit"
+        problems.append(f"{path}.{field}: hooks and onExit on a looped step or task are not "
+                        "supported by the local runner")
+    if holder.get("onExit") and holder["onExit"] not in names:
+        problems.append(f"{path}.onExit: template {holder['onExit']!r} not found")
+    if hooks is None:
+        return problems
+    if not isinstance(hooks, dict):
+        return [*problems, f"{path}.hooks: expected a mapping of hook names to hooks"]
+    if holder.get("onExit") and EXIT in hooks:
+        problems.append(f"{path}: use either onExit or hooks.exit, not both (Argo runs onExit "
+                        "and ignores hooks.exit)")
+    for name, hook in hooks.items():
+        where = f"{path}.hooks.{name}"
+        if not isinstance(hook, dict):
+            problems.append(f"{where}: expected a mapping")
+            continue
+        for key in hook:
+            if key == "templateRef":
+                problems.append(f"{where}.templateRef: templateRef in a hook is not supported "
+                                "by the local runner (use template)")
+            elif key not in ("template", "arguments", "expression"):
+                problems.append(f"{where}.{key}: field is not supported by the local runner")
+        if "template" in hook and hook["template"] not in names:
+            problems.append(f"{where}.template: template {hook['template']!r} not found")
+        elif "template" not in hook and "templateRef" not in hook:
+            problems.append(f"{where}.template: missing")
+        args = hook.get("arguments") or {}
+        if not isinstance(args, dict) or set(args) - {"parameters", "artifacts"}:
+            problems.append(f"{where}.arguments: only parameters and artifacts are supported")
+        expression = hook.get("expression")
+        if name != EXIT and not expression:
+            problems.append(f"{where}.expression: required for a hook not named exit "
+                            "(Argo: Expression required)")
+        if expression:
+            try:
+                parse_hook_expression(str(expression))
+            except ExpressionError as exc:
+                problems.append(f"{where}.expression: {exc}")
+    return problems
+
+
+# ------------------------------------------------------------------------- running
+
+
+def _run_hook(run: Run, hook: Hook, hook_vars: Vars, name: str, display: str,
+              parent: NodeResult | None, scope: CancelScope) -> NodeResult:
+    """One hook's template, its arguments substituted with ``hook_vars``."""
+    try:
+        arguments = hook.resolve_arguments(hook_vars, display)
+    except NodeError as exc:
+        node = run.record.add_node(name, display, hook.template, NodeType.POD, parent)
+        return run.record.finish(node, NodePhase.ERROR, str(exc))
+    return run.execute(hook.template, arguments, name, display, parent, scope)
+
+
+class _Watch:
+    """Named hooks evaluated on every phase change of one node (or of any node, at workflow
+    level), each fired at most once in a thread of its own."""
+
+    def __init__(self, run: Run, hooks: list[Hook], env: Callable[[NodeResult | None], Vars],
+                 fire: Callable[[Hook, Vars], None]) -> None:
+        self.run, self.hooks, self.env, self.fire = run, hooks, env, fire
+        self.lock = threading.Lock()
+        self.fired: set[str] = set()
+        self.threads: list[threading.Thread] = []
+        self.error = ""  # the first expression that could not be evaluated
+        self.trees = {h.name: parse_hook_expression(h.expression or "") for h in hooks}
+
+    def evaluate(self, node: NodeResult | None, scope: CancelScope) -> None:
+        if scope.stop_reason():
+            return  # nothing new starts once stopping (Argo's Stop strategy: exit hooks only)
+        with self.lock:
+            pending = [h for h in self.hooks if h.name not in self.fired]
+            if not pending:
+                return
+            with self.run.lock:  # other threads add workflow outputs to the globals
+                variables = self.env(node)
+            tree_env = expand_scope(variables)
+            for hook in pending:
+                try:
+                    holds = evaluate_hook_expression(hook.expression or "", tree_env,
+                                                     self.trees[hook.name])
+                except ExpressionError as exc:
+                    self.error = self.error or f"hooks.{hook.name}: {exc}"
+                    self.fired.add(hook.name)  # an error is reported once, not retried
+                    continue
+                if holds:
+                    self.fired.add(hook.name)
+                    thread = threading.Thread(target=self.fire, args=(hook, variables),
+                                              daemon=True)
+                    self.threads.append(thread)
+                    thread.start()
+
+    def wait(self) -> None:
+        while True:
+            with self.lock:
+                threads = [t for t in self.threads if t.is_alive()]
+            if not threads:
+                return
+            for thread in threads:
+                thread.join()
+
+
+def call_with_hooks(run: Run, call: dict, call_vars: Vars, name: str, display: str,
+                    parent: NodeResult, scope: CancelScope, slots: threading.Semaphore | None,
+                    where: str, prefix: str) -> NodeResult:
+    """A step or task (not looped) with ``hooks``/``onExit``: its node as ``call_one`` gives it,
+    once its hooks have ended (they never change its phase)."""
+    hooks = named_hooks(call)
+    ref = f"{prefix}.{call['name']}"  # steps.<name> / tasks.<name>
+    hooked: list[NodeResult] = []
+
+    def hook_env(node: NodeResult | None) -> Vars:
+        assert node is not None
+        variables = {**call_vars, **run.globals}
+        variables.setdefault("workflow.status", NodePhase.RUNNING)
+        variables[f"{ref}.status"] = node.phase
+        return variables
+
+    def fire(hook: Hook, variables: Vars) -> None:
+        node = hooked[0]
+        # hooks.go: the hooked node's outputs join the scope for arguments (resolveExitTmplArgument)
+        hook_vars = {**variables, **_outputs(prefix, call["name"], node, run)}
+        _run_hook(run, hook, hook_vars, f"{node.name}.hooks.{hook.name}",
+                  f"{node.display_name}.hooks.{hook.name}", node, scope)
+
+    watch = _Watch(run, hooks, hook_env, fire) if hooks else None
+    if watch is not None:
+        def on_event(event: RunEvent) -> None:
+            node = event.node
+            assert node is not None
+            if not hooked:
+                hooked.append(node)
+            if prefix == "tasks" and node.phase == NodePhase.PENDING:
+                return  # dag.go evaluates a task's hooks once it runs or has ended
+            if prefix == "steps" and node.type == NodeType.SKIPPED:
+                return  # steps.go: a step skipped by `when` has no hooks evaluated
+            watch.evaluate(node, scope)
+
+        run.watch_node(name, on_event)
+    try:
+        node = call_one(run, call, call_vars, name, display, parent, scope, slots, where)
+    finally:
+        if watch is not None:
+            run.unwatch_node(name)
+    if watch is not None:
+        watch.wait()
+    error = watch.error if watch is not None else ""
+    final = exit_hook(call, workflow_arguments(run))
+    if final is not None and node.phase in _COMPLETED:
+        with run.lock:
+            variables = hook_env(node)
+        runs = True
+        if final.expression:
+            try:
+                runs = evaluate_hook_expression(final.expression, expand_scope(variables))
+            except ExpressionError as exc:
+                error, runs = error or f"hooks.exit: {exc}", False
+        if runs:
+            # An exit handler: stopping the workflow does not stop it, terminating does.
+            _run_hook(run, final, {**variables, **_outputs(prefix, call["name"], node, run)},
+                      f"{node.name}.onExit", f"{node.display_name}.onExit", node,
+                      run.exit_scope)
+    if error:
+        return run.record.finish(node, NodePhase.ERROR, error)
+    return node
+
+
+def _outputs(prefix: str, call_name: str, node: NodeResult, run: Run) -> Vars:
+    """The hooked node's variables for its hooks' arguments: exit_handler.go
+    ``resolveExitTmplArgument`` adds its output parameters and artifacts to the scope (its
+    ``status`` is there already)."""
+    ref = f"{prefix}.{call_name}"
+    return {k: v for k, v in result_vars(prefix, call_name, node, run.record.nodes).items()
+            if k.startswith((f"{ref}.outputs.parameters.", f"{ref}.outputs.artifacts."))}
+
+
+class WorkflowHooks:
+    """The workflow's named hooks: evaluated on every node change while it runs, once more
+    with its final status, and waited for before its exit handler."""
+
+    def __init__(self, run: Run, hooks: list[Hook]) -> None:
+        self.run = run
+        self.status: str = NodePhase.RUNNING
+        self.watch = _Watch(run, hooks, self._env, self._fire)
+
+    def _env(self, node: NodeResult | None) -> Vars:
+        return {**self.run.globals, "workflow.status": self.status}
+
+    def _fire(self, hook: Hook, variables: Vars) -> None:
+        run = self.run
+        name = f"{run.name}.hooks.{hook.name}"
+        # No boundary: initializeNode leaves the display name the node's full name.
+        parent = run.record.nodes.get(run.name)  # the workflow's node, as addChildNode does
+        _run_hook(run, hook, variables, name, name, parent, run.root_scope)
+
+    def start(self) -> None:
+        self.run.watch_all(lambda event: self.watch.evaluate(event.node, self.run.root_scope))
+
+    def finish(self, phase: NodePhase) -> str:
+        """Evaluate with the final status and wait for every fired hook; an expression error,
+        or ``""``."""
+        self.run.watch_all(None)
+        self.status = _WORKFLOW_STATUS.get(phase, phase)
+        self.watch.evaluate(None, self.run.root_scope)
+        self.watch.wait()
+        return self.watch.error

@@ -1,0 +1,356 @@
+"""Every field of Argo's Workflow spec is classified in ``runner.fields.FIELDS`` (supported,
+refused or cluster-only), and the runner's checker does what the table says for each one.
+
+A new Argo schema (pipelines/lint/schema/) that adds a field fails
+``test_every_schema_field_is_classified`` until the field is classified in fields.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sublimate.pipelines.runner import ManifestError, load_manifest
+from sublimate.pipelines.runner.fields import (
+    CLUSTER_ONLY,
+    FIELDS,
+    REFUSED,
+    SUPPORTED,
+    field_pattern,
+    paths_with,
+)
+from sublimate.pipelines.runner.manifest import (
+    CLUSTER_ONLY_FIELDS,
+    check_workflow,
+    cluster_only_fields,
+    cluster_only_note,
+    unsupported_fields,
+)
+
+_DEF_PREFIX = "io.argoproj.workflow.v1alpha1."
+
+
+@cache
+def _definitions() -> dict[str, Any]:
+    raw = resources.files("sublimate.pipelines.lint").joinpath(
+        "schema/argo-workflows.schema.json.gz").read_bytes()
+    return json.loads(gzip.decompress(raw))["definitions"]
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = _definitions()[schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+@cache
+def _schema_fields() -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """({path: its schema} for every field the table must classify, unclassified paths).
+
+    Walks WorkflowSpec and, following $refs, the fields under every SUPPORTED field (a refused
+    or cluster-only field decides for everything under it)."""
+    found: dict[str, dict[str, Any]] = {}
+    unclassified: list[str] = []
+
+    def walk(schema: dict[str, Any], path: str) -> None:
+        schema = _resolve(schema)
+        if schema.get("type") == "array" or "items" in schema:
+            walk(schema.get("items") or {}, f"{path}[]")
+            return
+        for key, sub in (schema.get("properties") or {}).items():
+            child = f"{path}.{key}"
+            found[child] = sub
+            field = FIELDS.get(child)
+            if field is None:
+                unclassified.append(child)
+            elif field.status == SUPPORTED:
+                walk(sub, child)
+
+    walk({"$ref": f"#/definitions/{_DEF_PREFIX}WorkflowSpec"}, "spec")
+    return found, tuple(unclassified)
+
+
+def test_every_schema_field_is_classified() -> None:
+    _, unclassified = _schema_fields()
+    assert not unclassified, (
+        f"{len(unclassified)} fields of Argo's schema are not classified in "
+        "pipelines/runner/fields.py (SUPPORTED, REFUSED or CLUSTER_ONLY):\n"
+        + "\n".join(unclassified))
+
+
+def test_the_table_names_only_schema_fields() -> None:
+    found, _ = _schema_fields()
+    stale = [path for path in FIELDS if path != "spec" and path not in found]
+    assert not stale, "fields.py classifies paths Argo's schema does not have:\n" + \
+        "\n".join(stale)
+    for path, field in FIELDS.items():
+        assert field.status in (SUPPORTED, REFUSED, CLUSTER_ONLY), path
+        assert field.status == SUPPORTED or field.reason, f"{path}: give a reason"
+
+
+# A workflow that uses every SUPPORTED field (the checker does not resolve references).
+EVERYTHING = yaml.safe_load(textwrap.dedent("""
+    spec:
+      entrypoint: main
+      onExit: leaf
+      hooks:
+        running: {expression: 'workflow.status == "Running"', template: leaf}
+      parallelism: 2
+      activeDeadlineSeconds: 600
+      workflowTemplateRef: {name: base, clusterScope: false}
+      arguments:
+        parameters:
+        - {name: p, value: "1", default: "0", enum: ["0", "1"], description: a parameter}
+      volumes:
+      - name: work
+        persistentVolumeClaim: {claimName: work, readOnly: false}
+      - name: scratch
+        emptyDir: {}
+      volumeClaimTemplates:
+      - metadata: {name: data}
+      templates:
+      - name: main
+        failFast: true
+        parallelism: 1
+        activeDeadlineSeconds: 60
+        timeout: 1m
+        retryStrategy:
+          limit: 2
+          retryPolicy: OnFailure
+          backoff: {duration: 1s, factor: 2, maxDuration: 1m}
+        dag:
+          failFast: true
+          tasks:
+          - name: a
+            template: leaf
+            when: "1 == 1"
+            continueOn: {failed: true, error: true}
+            withItems: [1, 2]
+            arguments:
+              parameters: [{name: x, value: "{{item}}"}]
+              artifacts:
+              - {name: data, from: "{{workflow.outputs.artifacts.out}}"}
+              - name: raw
+                raw: {data: hello}
+          - {name: b, template: leaf, dependencies: [a], withParam: "[1]"}
+          - name: c
+            template: leaf
+            depends: a
+            withSequence: {count: "2", start: "0", end: "1", format: "%02d"}
+          - name: d
+            template: leaf
+            depends: c
+            hooks:
+              exit: {template: leaf}
+          - {name: e, template: leaf, depends: d, onExit: leaf}
+      - name: sequential
+        steps:
+        - - name: one
+            template: leaf
+            when: "1 == 1"
+            continueOn: {failed: true, error: true}
+            withItems: [1]
+            arguments:
+              parameters: [{name: x, value: "1"}]
+              artifacts:
+              - {name: data, from: "{{workflow.outputs.artifacts.out}}"}
+              - name: raw
+                raw: {data: hello}
+        - - {name: two, template: leaf, withParam: "[1]"}
+          - {name: four, template: leaf, hooks: {exit: {template: leaf}}}
+          - {name: five, template: leaf, onExit: leaf}
+          - name: three
+            template: leaf
+            withSequence: {count: "2", start: "0", end: "1", format: "%02d"}
+      - name: leaf
+        inputs:
+          parameters:
+          - {name: x, value: "1", default: "0", enum: ["0", "1"], description: x}
+          artifacts:
+          - {name: data, path: /tmp/data, from: "{{workflow.outputs.artifacts.out}}",
+             optional: true, mode: 0o644}
+          - name: raw
+            path: /tmp/raw
+            raw: {data: hello}
+        outputs:
+          parameters:
+          - name: out
+            description: out
+            globalName: out
+            valueFrom: {path: /tmp/out, default: "0", parameter: "{{inputs.parameters.x}}"}
+          artifacts:
+          - {name: out, path: /tmp/out, from: /tmp/out, optional: true, globalName: out,
+             mode: 0o644}
+        volumes:
+        - name: local
+          persistentVolumeClaim: {claimName: local, readOnly: true}
+        - name: tmp
+          emptyDir: {}
+        container:
+          name: main
+          command: ["true"]
+          args: [x]
+          workingDir: /tmp
+          env:
+          - {name: A, value: "1"}
+          - name: TOKEN
+            valueFrom:
+              secretKeyRef: {name: s, key: k, optional: true}
+          volumeMounts:
+          - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
+      - name: scripted
+        script:
+          name: main
+          command: [python]
+          args: [x]
+          workingDir: /tmp
+          source: print(1)
+          env:
+          - {name: A, value: "1"}
+          - name: TOKEN
+            valueFrom:
+              secretKeyRef: {name: s, key: k, optional: true}
+          volumeMounts:
+          - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
+"""))
+
+
+def _nodes(value: Any, path: str = "spec") -> Iterator[tuple[str, Any]]:
+    """(concrete path, value) of every mapping key and list item under ``value``."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nodes(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nodes(item, f"{path}[{i}]")
+
+
+def test_every_supported_field_is_accepted() -> None:
+    """One manifest uses every SUPPORTED field; the checker accepts it, finds nothing
+    cluster-only in it, and it leaves no SUPPORTED field out."""
+    workflow = copy.deepcopy(EVERYTHING)
+    check_workflow(workflow)
+    assert cluster_only_fields(workflow) == []
+    used = {field_pattern(path) for path, _ in _nodes(workflow["spec"])}
+    missing = [path for path in paths_with(SUPPORTED) if path not in used]
+    assert not missing, "SUPPORTED fields the example does not show accepted:\n" + \
+        "\n".join(missing)
+
+
+def _example_value(schema: dict[str, Any]) -> Any:
+    schema = _resolve(schema)
+    kind = schema.get("type")
+    if kind == "array" or "items" in schema:
+        return []
+    if kind == "boolean":
+        return True
+    if kind == "integer":
+        return 1
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return "x"
+    return {}
+
+
+def _with_field(path: str) -> tuple[dict, str]:
+    """EVERYTHING with the field at ``path`` (a pattern) added to the first mapping where it
+    can go; and the field's concrete path."""
+    workflow = copy.deepcopy(EVERYTHING)
+    parent, key = path.rsplit(".", 1)
+    for concrete, value in _nodes(workflow["spec"]):
+        if isinstance(value, dict) and field_pattern(concrete) == parent:
+            value[key] = _example_value(_schema_fields()[0][path])
+            return {"spec": workflow["spec"]}, f"{concrete}.{key}"
+    raise AssertionError(f"{path}: the example has no {parent} to add it to")
+
+
+@pytest.mark.parametrize("path", paths_with(REFUSED))
+def test_refused_fields_are_refused_by_name(path: str) -> None:
+    workflow, concrete = _with_field(path)
+    problems = unsupported_fields(workflow)
+    assert [p for p in problems if p.startswith(f"{concrete}:")], \
+        f"{path} is REFUSED in fields.py but the checker says {problems}"
+    assert cluster_only_fields(workflow) == []
+
+
+@pytest.mark.parametrize("path", paths_with(CLUSTER_ONLY))
+def test_cluster_only_fields_are_accepted_and_reported(path: str) -> None:
+    workflow, concrete = _with_field(path)
+    assert unsupported_fields(workflow) == [], f"{path} is CLUSTER_ONLY in fields.py"
+    assert cluster_only_fields(workflow) == [concrete]
+    note = cluster_only_note(workflow)
+    assert note is not None and note.startswith("not applied locally: ")
+    short = field_pattern(path).replace("[]", "").removeprefix("spec.")
+    assert short.removeprefix("templates.") in note
+
+
+def test_cluster_only_fields_are_noted_once_per_run(tmp_path: Path) -> None:
+    manifest = tmp_path / "wf.yaml"
+    manifest.write_text(textwrap.dedent("""
+        apiVersion: argoproj.io/v1alpha1
+        kind: Workflow
+        metadata: {generateName: wf-}
+        spec:
+          entrypoint: main
+          serviceAccountName: runner
+          podGC: {strategy: OnPodSuccess}
+          nodeSelector: {gpu: "true"}
+          templates:
+          - name: main
+            steps: [[{name: a, template: leaf}, {name: b, template: leaf}]]
+          - name: leaf
+            tolerations: [{key: gpu, operator: Exists}]
+            container:
+              image: python:3.11
+              command: ["true"]
+              resources: {limits: {cpu: "1"}}
+          - name: other
+            container: {image: python:3.11, command: ["true"]}
+    """))
+    notes: list[str] = []
+    workflow = load_manifest(manifest, notes=notes)
+    assert notes == [
+        "not applied locally: container.image, container.resources, nodeSelector, podGC, "
+        "serviceAccountName, tolerations (cluster-only: scheduling, images, resources, pod and "
+        "security settings, garbage collection, metrics, archiving)"]
+    check_workflow(workflow)  # accepted all the same
+    bare = {"spec": {"entrypoint": "main", "templates": [
+        {"name": "main", "container": {"command": ["true"]}}]}}
+    assert cluster_only_note(bare) is None
+
+
+def test_an_image_volume_is_refused_not_ignored() -> None:
+    """``image`` is cluster-only on a container, but an image *volume* would mount nothing."""
+    workflow, concrete = _with_field("spec.volumes[].image")
+    with pytest.raises(ManifestError, match=re.escape(f"{concrete}: field is not supported")):
+        check_workflow(workflow)
+
+
+def test_cluster_only_names_are_no_template_key() -> None:
+    """plan.py leaves a template's CLUSTER_ONLY_FIELDS keys unsubstituted: none may be a
+    supported template field."""
+    template_keys = {path.removeprefix("spec.templates[].") for path in paths_with(SUPPORTED)
+                     if path.startswith("spec.templates[].")}
+    assert not CLUSTER_ONLY_FIELDS & template_keys
+
+
+def test_the_run_path_does_not_read_the_schema() -> None:
+    code = ("import sys; import sublimate.pipelines.runner.manifest; "
+            "print(sorted(m for m in ('jsonschema', 'gzip', 'sublimate.pipelines.lint.schema') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
