@@ -54,6 +54,7 @@ from sublimate.components.settings import (
 )
 from sublimate.components.termination import OneLineParser, fail
 from sublimate.components.training import ProcessGroup, log
+from sublimate.components.watchdog import ATTEMPT_ENV
 
 MODEL_NAME = run_files.MODEL  # kept for callers of the first releases
 METRICS_FLUSH_STEPS = training.METRICS_FLUSH_STEPS
@@ -110,22 +111,38 @@ def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int,
 
 
 def fault_injection_step(rank: int, variable: str = "SUBLIMATE_FAIL_AT_STEP") -> int | None:
-    """Resilience testing: the step at which to SIGKILL this worker (first attempt only).
+    """Resilience testing: the step at which to SIGKILL this worker (first launch only).
 
     Set ``SUBLIMATE_FAIL_AT_STEP`` (and ``SUBLIMATE_FAIL_RANK``, default 0) in the environment;
     ``SUBLIMATE_FAIL_DURING_CHECKPOINT`` kills the rank halfway through writing its checkpoint
-    file of that step instead.
+    file of that step instead, and ``SUBLIMATE_FREEZE_AT_STEP`` stops it (SIGSTOP) as a hung
+    process would be. Only torchrun's first start of the launcher's first attempt is hit, so
+    a restart or a relaunch resumes and finishes.
     """
     at_step = os.environ.get(variable)
     if (at_step is None or os.environ.get("SUBLIMATE_FAIL_RANK", "0") != str(rank)
-            or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"):
+            or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+            or launcher_attempt() > 0):
         return None
     return int(at_step)
+
+
+def launcher_attempt() -> int:
+    """Which of the launcher's attempts this process belongs to (0: the first; relaunches
+    after a stall or a lost node count up). The attempt id is ``<pid>-<attempt>-<time>``."""
+    parts = os.environ.get(ATTEMPT_ENV, "").split("-")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
 
 
 def kill_self(rank: int, step: int) -> None:
     print(f"fault injection: killing rank {rank} at step {step}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def freeze_self(rank: int, step: int) -> None:
+    print(f"fault injection: freezing rank {rank} (pid {os.getpid()}) at step {step}",
+          flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
@@ -329,6 +346,7 @@ class Run:
         self.learner, self.training_model, self.reporter = learner, training_model, reporter
         self.loss_fn = nn.CrossEntropyLoss()
         self.fail_at = fault_injection_step(group.rank)
+        self.freeze_at = fault_injection_step(group.rank, "SUBLIMATE_FREEZE_AT_STEP")
         self.fail_in_checkpoint = fault_injection_step(group.rank,
                                                        "SUBLIMATE_FAIL_DURING_CHECKPOINT")
         # Progress, counted from the run's start (a resumed launch starts at first_step).
@@ -423,6 +441,8 @@ class Run:
                 progress.step(step)
             if step == fail_at:
                 kill_self(rank, step)
+            if step == self.freeze_at:
+                freeze_self(rank, step)
             if checkpoint_every and step % checkpoint_every == 0 and step < total_steps:
                 self.save_checkpoint(step, self.train_seconds + perf_counter() - epoch_started)
         self.step, self.lr = step, lr

@@ -42,6 +42,7 @@ class NodeType(StrEnum):
     RETRY = "Retry"
     SKIPPED = "Skipped"
     SUSPEND = "Suspend"
+    CONTAINER = "Container"  # a containerSet's container, a child of its pod's node
 
 
 # The task results a DAG `depends` expression may test (`task.Succeeded`, ...).

@@ -187,29 +187,25 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     the launcher's watchdog stops the job after stall-seconds with one message naming the ranks,
     their nodes and the step, and relaunches it from the last checkpoint."""
     home = tmp_path / "home"
-    # 40 epochs (880 steps) keep the job stepping well after its first checkpoint at step 20,
-    # however fast the machine: at 12 epochs a fast CI machine finished all 264 steps in 0.8 s.
-    process = start_run(home, "-p", "epochs=40", "-p", "checkpoint-every=20",
-                        "-p", "max-restarts=1", "-p", "stall-seconds=6",
-                        "-p", "collective-timeout=600")
-    try:
-        run_dir, _ = first_checkpoint(home, process, timeout=240)
-        # Rank 1's heartbeat names its process from its first write ("starting"), so the test
-        # need not wait for a running heartbeat (they come every 5 s, longer than a fast run).
-        beat = json.loads((run_dir / "progress" / "rank-1.json").read_text())
-        frozen = beat["pid"]
-        stopped_at = time.monotonic()
-        os.kill(frozen, signal.SIGSTOP)
-    finally:
-        output = finish_run(process)
-    assert process.returncode == 0, output[-4000:]
+    # Rank 1 stops itself at step 30 (fault injection, the launcher's first attempt only): no
+    # race between the test and a job that, on a fast machine, trains 880 steps in 2.5 s.
+    started = time.monotonic()
+    result = run_cli("run", "-p", "epochs=40", "-p", "checkpoint-every=20",
+                     "-p", "max-restarts=1", "-p", "stall-seconds=6",
+                     "-p", "collective-timeout=600", home=home, timeout=400,
+                     env={"SUBLIMATE_FREEZE_AT_STEP": "30", "SUBLIMATE_FAIL_RANK": "1"})
+    output = result.stdout + result.stderr
+    froze = re.search(r"fault injection: freezing rank 1 \(pid (\d+)\) at step 30", output)
+    assert froze, output[-3000:]
+    frozen = int(froze.group(1))
+    assert result.returncode == 0, output[-4000:]
     message = re.search(r"train: error: training stalled: no progress for (\d+)s: ranks 0,1 "
                         r"\(node0, node1\) stopped reporting at step (\d+)", output)
     assert message, output[-3000:]
     assert int(message.group(1)) >= 6
     assert "relaunching from the last checkpoint (relaunch 1 of 1)" in output
     assert re.search(r"resumed from checkpoint at step \d+", output)
-    assert time.monotonic() - stopped_at > 6
+    assert time.monotonic() - started > 6
     # The launcher ended the frozen worker after cancelling the stalled attempt.
     assert not Path(f"/proc/{frozen}").exists() or \
         Path(f"/proc/{frozen}/stat").read_text().split()[2] == "Z"

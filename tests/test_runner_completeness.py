@@ -114,6 +114,17 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
       arguments:
         parameters:
         - {name: p, value: "1", default: "0", enum: ["0", "1"], description: a parameter}
+        artifacts:
+        - {name: s3, s3: {bucket: b, key: k}, archive: {none: {}}}
+        - {name: gcs, gcs: {bucket: b, key: k}, archive: {tar: {compressionLevel: 1}}}
+        - {name: oss, oss: {bucket: b, key: k}}
+        - {name: azure, azure: {container: c, blob: k}}
+        - {name: hdfs, hdfs: {path: /k}}
+        - {name: artifactory, artifactory: {url: "http://127.0.0.1/r/k"}}
+        - {name: http, http: {url: "http://127.0.0.1/k", headers: [{name: A, value: b}]}}
+        - {name: git, git: {repo: /tmp/repo, revision: main}}
+        - {name: raw, raw: {data: x}}
+      artifactRepositoryRef: {configMap: artifact-repositories, key: default}
       volumes:
       - name: work
         persistentVolumeClaim: {claimName: work, readOnly: false}
@@ -125,14 +136,18 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
       - name: main
         failFast: true
         parallelism: 1
-        activeDeadlineSeconds: 60
-        timeout: 1m
         retryStrategy:
           limit: 2
           retryPolicy: OnFailure
-          backoff: {duration: 1s, factor: 2, maxDuration: 1m}
+          backoff: {duration: 1s, factor: 2, maxDuration: 1m, cap: 30s}
+        outputs:
+          parameters:
+          - {name: picked, valueFrom: {expression: "tasks.b.status == 'Succeeded' ? 'b' : 'c'"}}
+          artifacts:
+          - {name: chosen, fromExpression: "tasks.e.outputs.artifacts.out"}
         dag:
           failFast: true
+          target: "{{workflow.parameters.p}}"
           tasks:
           - name: a
             template: leaf
@@ -142,9 +157,18 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
             arguments:
               parameters: [{name: x, value: "{{item}}"}]
               artifacts:
-              - {name: data, from: "{{workflow.outputs.artifacts.out}}"}
+              - {name: data, from: "{{workflow.outputs.artifacts.out}}", subPath: x}
+              - {name: picked, fromExpression: "workflow.outputs.artifacts.out"}
               - name: raw
                 raw: {data: hello}
+              - {name: s3, s3: {bucket: b, key: k}, archive: {none: {}}}
+              - {name: gcs, gcs: {bucket: b, key: k}, archive: {tar: {compressionLevel: 1}}}
+              - {name: oss, oss: {bucket: b, key: k}}
+              - {name: azure, azure: {container: c, blob: k}}
+              - {name: hdfs, hdfs: {path: /k}}
+              - {name: artifactory, artifactory: {url: "http://127.0.0.1/r/k"}}
+              - {name: http, http: {url: "http://127.0.0.1/k", headers: [{name: A, value: b}]}}
+              - {name: git, git: {repo: /tmp/repo, revision: main}}
           - {name: b, template: leaf, dependencies: [a], withParam: "[1]"}
           - name: c
             template: leaf
@@ -166,9 +190,18 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
             arguments:
               parameters: [{name: x, value: "1"}]
               artifacts:
-              - {name: data, from: "{{workflow.outputs.artifacts.out}}"}
+              - {name: data, from: "{{workflow.outputs.artifacts.out}}", subPath: x}
+              - {name: picked, fromExpression: "workflow.outputs.artifacts.out"}
               - name: raw
                 raw: {data: hello}
+              - {name: s3, s3: {bucket: b, key: k}, archive: {none: {}}}
+              - {name: gcs, gcs: {bucket: b, key: k}, archive: {tar: {compressionLevel: 1}}}
+              - {name: oss, oss: {bucket: b, key: k}}
+              - {name: azure, azure: {container: c, blob: k}}
+              - {name: hdfs, hdfs: {path: /k}}
+              - {name: artifactory, artifactory: {url: "http://127.0.0.1/r/k"}}
+              - {name: http, http: {url: "http://127.0.0.1/k", headers: [{name: A, value: b}]}}
+              - {name: git, git: {repo: /tmp/repo, revision: main}}
         - - {name: two, template: leaf, withParam: "[1]"}
           - {name: four, template: leaf, hooks: {exit: {template: leaf}}}
           - {name: five, template: leaf, onExit: leaf}
@@ -185,6 +218,16 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
           - name: raw
             path: /tmp/raw
             raw: {data: hello}
+          - {path: /tmp/in, name: s3, s3: {bucket: b, key: k}, archive: {none: {}}}
+          - {path: /tmp/in, name: gcs, gcs: {bucket: b, key: k},
+             archive: {tar: {compressionLevel: 1}}}
+          - {path: /tmp/in, name: oss, oss: {bucket: b, key: k}}
+          - {path: /tmp/in, name: azure, azure: {container: c, blob: k}}
+          - {path: /tmp/in, name: hdfs, hdfs: {path: /k}}
+          - {path: /tmp/in, name: artifactory, artifactory: {url: "http://127.0.0.1/r/k"}}
+          - {path: /tmp/in, name: http,
+             http: {url: "http://127.0.0.1/k", headers: [{name: A, value: b}]}}
+          - {path: /tmp/in, name: git, git: {repo: /tmp/repo, revision: main}}
         outputs:
           parameters:
           - name: out
@@ -194,6 +237,13 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
           artifacts:
           - {name: out, path: /tmp/out, from: /tmp/out, optional: true, globalName: out,
              mode: 0o644}
+          - {path: /tmp/o, name: s3, s3: {bucket: b, key: k}, archive: {none: {}}}
+          - {path: /tmp/o, name: gcs, gcs: {bucket: b, key: k},
+             archive: {tar: {compressionLevel: 1}}}
+          - {path: /tmp/o, name: oss, oss: {bucket: b, key: k}}
+          - {path: /tmp/o, name: azure, azure: {container: c, blob: k}}
+          - {path: /tmp/o, name: hdfs, hdfs: {path: /k}}
+          - {path: /tmp/o, name: artifactory, artifactory: {url: "http://127.0.0.1/r/k"}}
         volumes:
         - name: local
           persistentVolumeClaim: {claimName: local, readOnly: true}
@@ -212,6 +262,8 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
           volumeMounts:
           - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
       - name: scripted
+        activeDeadlineSeconds: 60
+        timeout: 1m
         script:
           name: main
           command: [python]
@@ -225,6 +277,52 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
               secretKeyRef: {name: s, key: k, optional: true}
           volumeMounts:
           - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
+      - name: set
+        initContainers:
+        - name: setup
+          command: ["true"]
+          args: [x]
+          workingDir: /tmp
+          mirrorVolumeMounts: true
+          env:
+          - {name: A, value: "1"}
+          - name: TOKEN
+            valueFrom:
+              secretKeyRef: {name: s, key: k, optional: true}
+          volumeMounts:
+          - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
+        sidecars:
+        - name: helper
+          command: ["true"]
+          args: [x]
+          workingDir: /tmp
+          mirrorVolumeMounts: true
+          env:
+          - {name: A, value: "1"}
+          - name: TOKEN
+            valueFrom:
+              secretKeyRef: {name: s, key: k, optional: true}
+          volumeMounts:
+          - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
+        containerSet:
+          retryStrategy: {retries: "2", duration: 1s}
+          volumeMounts:
+          - {name: scratch, mountPath: /mnt/scratch, subPath: x, readOnly: true}
+          containers:
+          - name: a
+            command: ["true"]
+          - name: main
+            dependencies: [a]
+            command: ["true"]
+            args: [x]
+            workingDir: /tmp
+            env:
+            - {name: A, value: "1"}
+            - name: TOKEN
+              valueFrom:
+                secretKeyRef: {name: s, key: k, optional: true}
+            volumeMounts:
+            - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
 """))
 
 

@@ -109,10 +109,10 @@ UNSUPPORTED = manifest("""
         script:
           image: python
           command: [python]
-          source: "print('{{=inputs.parameters.x}}')"
+          source: "print('{{=sprig.regexFind(inputs.parameters.x, 'y')}}')"
           env: [{name: T, valueFrom: {secretKeyRef: {name: s, key: k}}}]
         outputs:
-          artifacts: [{name: o, path: /o, s3: {key: k}}]
+          artifacts: [{name: o, path: /o, http: {url: "http://127.0.0.1/o"}}]
       - name: noentry
         container: {image: busybox}
 """)
@@ -128,9 +128,9 @@ def test_unsupported_fields_are_all_reported_with_paths() -> None:
         "spec.templates[0].dag.tasks[2].depends: unexpected end",
         "spec.templates[1].resource: resource templates are not supported by the local runner",
         "spec.templates[2].retryStrategy.expression:",
-        "spec.templates[2].script.source: expression tags",
+        "spec.templates[2].script.source: sprig.regexFind is not supported",
         "spec.templates[2].script.env[0].valueFrom.secretKeyRef:",
-        "spec.templates[2].outputs.artifacts[0].s3: s3 artifact locations",
+        "spec.templates[2].outputs.artifacts[0].http: http artifact locations",
         "spec.templates[3].container.command: required by the local runner",
     ]
     for fragment in expected:

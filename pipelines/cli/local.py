@@ -46,6 +46,11 @@ def add_local_commands(commands: Any) -> None:
                      help="a folder of WorkflowTemplates and ClusterWorkflowTemplates the "
                           "manifest refers to (repeatable; the manifest's own folder is always "
                           "searched)")
+    run.add_argument("--mounts", choices=["auto", "namespace", "rewrite"], default="auto",
+                     help="how steps find the manifest's absolute paths (volumes, outputs, the "
+                          "script): namespace mounts the run's folders there in a private "
+                          "mount namespace (Linux: root or user namespaces), rewrite rewrites "
+                          "the paths where written; auto: namespace where possible")
     run.add_argument("--dry-run", action="store_true",
                      help="print what would start first (commands, env, mounts, deadlines) and "
                           "what decides the rest; start nothing, create no run folder")
@@ -109,6 +114,12 @@ def command_run(args: argparse.Namespace) -> int:
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
+    if args.mounts == "namespace":
+        from sublimate.pipelines.runner.mounts import unavailable
+
+        if reason := unavailable():
+            raise UsageError(f"--mounts namespace: mount namespaces are not available here "
+                             f"({reason}); use --mounts rewrite")
     if args.dry_run:
         return dry_run(workflow, parameters, args.home)
     options = RunOptions(
@@ -117,6 +128,7 @@ def command_run(args: argparse.Namespace) -> int:
         # progress goes to stderr, so `-o json` keeps stdout machine-readable
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
+        mounts=args.mounts,
     )
     # A run whose runner was killed still says Running in its status.json: say what happened
     # to it (and record it there) before this one starts.

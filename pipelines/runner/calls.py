@@ -53,9 +53,17 @@ def call_arguments(call: dict, call_vars: Vars, where: str) -> dict:
     """The call's arguments, substituted: ``{"parameters": {name: value}, "artifacts": {...}}``."""
     args: dict = substitute(call.get("arguments") or {}, call_vars,  # type: ignore[assignment]
                             f"{where}.arguments")
+    artifacts = {a["name"]: a for a in args.get("artifacts") or []}
+    for name, art in artifacts.items():
+        if art.get("fromExpression"):
+            # dag.go/steps.go resolveArtifact: the expression names the artifact to pass on.
+            from .outputs import artifact_source
+
+            path = artifact_source(art, call_vars, f"{where}.arguments.artifacts.{name}")
+            artifacts[name] = {**art, "from": path}
     return {
         "parameters": {p["name"]: p.get("value", "") for p in args.get("parameters") or []},
-        "artifacts": {a["name"]: a for a in args.get("artifacts") or []},
+        "artifacts": artifacts,
     }
 
 

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, NamedTuple
 from sublimate.pipelines.argo_terms import FAILURE_HANDLING_RESULTS, NodePhase, NodeType
 
 from .calls import continues, parallelism_slots
+from .errors import NodeError
 from .expressions import Ast, depends_references, evaluate_depends, parse_depends
 from .model import NodeResult
 from .outputs import result_vars, template_outputs
 from .scope import CancelScope
-from .substitution import Vars
+from .substitution import Vars, substitute_text
 
 if TYPE_CHECKING:
     from .engine import Run
@@ -39,16 +40,19 @@ class Decision(NamedTuple):
 
 
 class TaskEnd(NamedTuple):
-    """How a task ended, as ``depends`` sees it: its phase and, for a loop, its children's."""
+    """How a task ended, as ``depends`` sees it: its phase and, for a loop, its children's
+    (None for a task without a loop)."""
 
     phase: NodePhase
-    members: tuple[NodePhase, ...]
+    members: tuple[NodePhase, ...] | None
 
 
 class DagPlan:
     """Which tasks of one DAG run next, given how the others ended."""
 
-    def __init__(self, dag: dict) -> None:
+    def __init__(self, dag: dict, target: str = "") -> None:
+        """``target``: the DAG's ``target`` as resolved (space-separated task names); none
+        means every task."""
         self.tasks: dict[str, dict] = {t["name"]: t for t in dag["tasks"]}
         self.logic: dict[str, Ast] = {}
         for name, task in self.tasks.items():
@@ -60,15 +64,32 @@ class DagPlan:
                     ast = ("and", ast, ("ref", dep, None))
                 self.logic[name] = ast
         self.refs = {n: depends_references(a) for n, a in self.logic.items()}
+        if target:
+            self._keep(target.split(" "))
         # Dependencies whose failure some task handles: it does not fail the DAG.
-        self.handled = {dep for refs in self.refs.values() for dep, result in refs
-                        if result in FAILURE_HANDLING_RESULTS}
+        self.handled = {dep for name, refs in self.refs.items() if name in self.tasks
+                        for dep, result in refs if result in FAILURE_HANDLING_RESULTS}
         self.fail_fast = dag.get("failFast", True) not in (False, "false")
         self.pending = list(self.tasks)
         self.running: set[str] = set()
         self.ended: dict[str, TaskEnd] = {}
         self.halted = ""  # why no new task starts (failFast)
         self.unhandled: list[str] = []  # failed tasks that fail the DAG, in the order they ended
+
+    def _keep(self, targets: list[str]) -> None:
+        """Only the targets and what they depend on, transitively (dag.go executeDAG: each
+        target task is executed, and executeDAGTask executes its dependencies first; no other
+        task gets a node)."""
+        needed: set[str] = set()
+        pending = [t for t in targets if t]
+        while pending:
+            name = pending.pop()
+            if name not in self.tasks:
+                raise ValueError(f"target {name!r} is not defined")
+            if name not in needed:
+                needed.add(name)
+                pending += self.dependencies(name)
+        self.tasks = {n: t for n, t in self.tasks.items() if n in needed}
 
     def dependencies(self, name: str) -> list[str]:
         return list(dict.fromkeys(dep for dep, _ in self.refs.get(name, [])))
@@ -108,16 +129,16 @@ class DagPlan:
 
     def finished(self, name: str, phase: NodePhase,
                  members: tuple[NodePhase, ...] | None = None) -> None:
-        """A running task ended; ``members`` are a loop's children's phases."""
+        """A running task ended; ``members`` are a loop's children's phases (None: no loop)."""
         self.running.discard(name)
-        self.ended[name] = TaskEnd(phase, (phase,) if members is None else members)
+        self.ended[name] = TaskEnd(phase, members)
         if phase.failed and not continues(self.tasks[name], phase) and name not in self.handled:
             self.unhandled.append(name)
             if self.fail_fast and not self.halted:
                 self.halted = f"task {name!r} failed (failFast)"
 
     def _omit(self, name: str, message: str) -> Decision:
-        self.ended[name] = TaskEnd(NodePhase.OMITTED, (NodePhase.OMITTED,))
+        self.ended[name] = TaskEnd(NodePhase.OMITTED, None)
         return Decision(name, False, message)
 
     def _holds(self, dep: str, result: str | None) -> bool:
@@ -128,20 +149,22 @@ class DagPlan:
                 phase.failed and continues(self.tasks[dep], phase))
         if result == "Errored":
             return phase == NodePhase.ERROR
+        # dag.go evaluateDependsLogic: both are computed over a TaskGroup's children only (false
+        # for any other node), and AllFailed counts Failed children, not Errored ones.
         if result == "AnySucceeded":
-            return any(p == NodePhase.SUCCEEDED for p in end.members)
+            return any(p == NodePhase.SUCCEEDED for p in end.members or ())
         if result == "AllFailed":
-            return bool(end.members) and all(p.failed for p in end.members)
+            return bool(end.members) and all(p == NodePhase.FAILED for p in end.members or ())
         if result == "Daemoned":
             return False
         return phase == result
 
 
-def members(node: NodeResult, nodes: dict[str, NodeResult]) -> tuple[NodePhase, ...]:
-    """A loop's children's phases (none for an empty loop); a single node's own phase."""
+def members(node: NodeResult, nodes: dict[str, NodeResult]) -> tuple[NodePhase, ...] | None:
+    """A loop's children's phases (none for an empty loop); None for a task without a loop."""
     if node.type == NodeType.TASK_GROUP:
         return tuple(nodes[c].phase for c in node.children)
-    return (node.phase,)
+    return None
 
 
 _RESULT_WORDS = {
@@ -194,7 +217,11 @@ def run_dag(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
             ) -> NodeResult:
     record = run.record
     record.transition(node, NodePhase.RUNNING)
-    plan = DagPlan(template["dag"])
+    try:
+        target = substitute_text(str(template["dag"].get("target") or ""), local, "dag.target")
+        plan = DagPlan(template["dag"], target)
+    except (ValueError, NodeError) as exc:  # executeDAG panics on an unknown target
+        return record.finish(node, NodePhase.ERROR, f"dag.target: {exc}")
     slots = parallelism_slots(template, local)
     results: dict[str, NodeResult] = {}
     task_vars: Vars = {}
@@ -205,7 +232,9 @@ def run_dag(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
             if not decision.runs:
                 results[name] = _omit(record, node, name, task, decision.message)
                 continue
-            call_vars = {**local, **task_vars}
+            # dag.go resolves a task's arguments with the global scope as of its start: the
+            # workflow outputs earlier tasks set, the current status and duration.
+            call_vars = {**local, **run.live_globals(), **task_vars}
             threading.Thread(
                 target=lambda n=name, t=task, v=call_vars: done.put((n, run.call(
                     t, v, f"{node.name}.{n}", n, node, scope, slots, "tasks"))),

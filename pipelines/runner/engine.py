@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
+from .artifacts import workflow_artifacts
 from .calls import call_one
 from .dag import run_dag
 from .errors import ManifestError, NodeError, RunInterrupted
@@ -42,7 +43,8 @@ from .inputs import resolve_inputs
 from .library import ANNOTATION_SCHEDULED_TIME
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .model import NodeResult, RunEvent, RunOptions, RunResult, iso
+from .model import NodeResult, RunEvent, RunOptions, RunResult, iso, now
+from .mounts import resolve as resolve_mounts
 from .parameters import resolve_parameters
 from .plan import Layout, template_deadline, template_kind
 from .pod import run_pod
@@ -132,7 +134,8 @@ class Run:
         limit = options.parallelism or self.spec.get("parallelism")
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
-        self.layout = Layout.of(home, self.run_dir, self.spec)
+        self.layout = Layout.of(home, self.run_dir, self.spec,
+                                resolve_mounts(options.mounts, options.executor is None))
         # Lifecycle hooks watch nodes' phase changes (``hooks``): the reporter is wrapped only
         # once something watches, so a workflow without hooks pays nothing for them.
         self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
@@ -235,7 +238,9 @@ class Run:
                 if named_hooks(self.spec):
                     hooks = WorkflowHooks(self, named_hooks(self.spec))
                     hooks.start()
-            root = self.execute(self.spec["entrypoint"], {"parameters": dict(self.params)},
+            entry_args = {"parameters": dict(self.params),
+                          "artifacts": workflow_artifacts(self.spec, self.globals)}
+            root = self.execute(self.spec["entrypoint"], entry_args,
                                 self.name, self.name, None, self.root_scope)
             phase, message = root.phase, root.message
             stop = self.root_scope.reason
@@ -284,7 +289,7 @@ class Run:
         """One try of a template, under a scope of its own that its deadline stops."""
         scope = parent_scope.child()
         try:
-            local = {**self.globals, **inputs, "retries": str(attempt)}
+            local = {**self.live_globals(), **inputs, "retries": str(attempt)}
             limit = template_deadline(template, local)
             if limit is not None:
                 scope.deadline(limit, f"{node.display_name!r} exceeded its deadline of "
@@ -298,6 +303,19 @@ class Run:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         finally:
             scope.close()
+
+    def live_globals(self) -> Vars:
+        """The ``workflow.*`` variables as of now: global outputs set so far (operator.go
+        ``addOutputsToGlobalScope``, read by dag.go/steps.go as each call starts),
+        ``workflow.status`` (the workflow's phase, Running until the exit handler sets the
+        final one) and ``workflow.duration`` (elapsed seconds, Go's ``%f``), as
+        ``setGlobalRuntimeParameters`` sets them on every pass of the controller."""
+        with self.lock:
+            values = dict(self.globals)
+        values.setdefault("workflow.status", NodePhase.RUNNING)
+        elapsed = (now() - self.record.started_at).total_seconds()
+        values["workflow.duration"] = f"{elapsed:f}"
+        return values
 
     def call(self, call: dict, call_vars: Vars, name: str, display: str, parent: NodeResult,
              scope: CancelScope, slots: threading.Semaphore | None, prefix: str) -> NodeResult:

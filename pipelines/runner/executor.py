@@ -12,12 +12,18 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
+from .mounts import namespace_cleanup, namespace_setup
 from .plan import PodRequest
 from .process import LocalProcess
 from .scope import Stoppable
+
+if TYPE_CHECKING:
+    from .containers import ContainerEnd
+    from .plan import Container
 
 
 @dataclass
@@ -29,6 +35,8 @@ class PodOutcome:
     message: str = ""  # the container's termination message (read when it failed)
     error: str = ""  # could not start: "failed to start 'x': No such file or directory"
     stopped: bool = False  # stopped by a deadline or Ctrl-C before it ended on its own
+    # A pod of several containers (init containers, sidecars, a containerSet): each one's end.
+    containers: list[ContainerEnd] = field(default_factory=list)
 
 
 class PodHooks(Protocol):
@@ -56,6 +64,10 @@ class LocalExecutor:
     """Runs a pod as a local process group, with its log in ``request.log``."""
 
     def run(self, request: PodRequest, hooks: PodHooks) -> PodOutcome:
+        if request.containers:  # init containers, sidecars or a containerSet
+            from .containers import run_containers  # deferred: only such pods pay for it
+
+            return run_containers(request, hooks, start_container)
         argv = list(request.argv)
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # so that the runner's venv is used
@@ -64,7 +76,10 @@ class LocalExecutor:
         env.update(request.env)
         env.update(request.runner_env)
         request.termination_log.unlink(missing_ok=True)
-        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line)
+        if request.mounts_note:
+            hooks.on_line(f"note: {request.mounts_note}")
+        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line,
+                               setup=namespace_setup(request))
         try:
             process.start()
         except OSError as exc:
@@ -75,11 +90,31 @@ class LocalExecutor:
             code, stdout = process.wait()
         finally:
             hooks.on_exit(process)
+            namespace_cleanup(request)
         message = ""
         if code != 0 and not process.stopped:
             message = _termination_message(request)
         return PodOutcome(exit_code=code, stdout=stdout, message=message,
                           stopped=process.stopped)
+
+
+def start_container(request: PodRequest, container: Container,
+                    on_line: Callable[[str], None], append: bool = False) -> LocalProcess:
+    """Start one container of a pod of several (``containers``) as ``LocalExecutor.run``
+    starts a pod's only one: same environment, its own log and termination log."""
+    argv = list(container.argv)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(container.env)
+    env.update(request.runner_env)
+    env["SUBLIMATE_TERMINATION_LOG"] = str(container.termination_log)
+    if not append:
+        container.termination_log.unlink(missing_ok=True)
+    process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append)
+    process.start()
+    return process
 
 
 def _termination_message(request: PodRequest) -> str:

@@ -1,23 +1,22 @@
 """The exit handler (``spec.onExit`` or ``spec.hooks.exit``): a template that runs after the
 workflow, whatever its end.
 
-It sees ``{{workflow.status}}`` and ``{{workflow.failures}}`` (the failed pods, as Argo lists
-them), runs as node ``onExit`` outside the workflow's deadline, and turns a workflow that
-succeeded into a failed one when it fails itself. A stopped run (``argo stop``, Ctrl-C) runs it
-too, with ``workflow.status`` Failed; a terminated one (a second Ctrl-C) does not. Its arguments
+It sees ``{{workflow.status}}`` and ``{{workflow.failures}}`` (every failed or errored node, as
+Argo's operator.go lists and quotes them), runs as node ``onExit`` outside the workflow's
+deadline, and turns a workflow that succeeded into a failed one when it fails itself. A stopped
+run (``argo stop``, Ctrl-C) runs it too, with ``workflow.status`` Failed; a terminated one (a
+second Ctrl-C) does not. Its arguments
 are the hook's, else the workflow's (``WorkflowSpec.GetExitHook(spec.arguments)`` in Argo's
 ``workflow_types.go``: ``onExit`` gets the workflow's arguments, a hook without any gets them too).
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .errors import NodeError
-from .model import iso
 
 if TYPE_CHECKING:
     from .engine import Run
@@ -27,26 +26,15 @@ if TYPE_CHECKING:
 def run_exit_handler(run: Run, hook: Hook, phase: NodePhase, message: str
                      ) -> tuple[NodePhase, str]:
     """The workflow's phase and message once the handler has run."""
-    failures = [
-        {
-            "displayName": n.display_name,
-            "message": n.message,
-            "templateName": n.template,
-            "phase": n.phase,
-            "podName": n.id,
-            "finishedAt": iso(n.finished_at),
-        }
-        for n in list(run.record.nodes.values())
-        if n.phase.failed and n.type == NodeType.POD
-    ]
+    failures = run.record.failures()  # every Failed/Error node, quoted as Argo does
     with run.lock:
         run.globals["workflow.status"] = phase
-        run.globals["workflow.failures"] = json.dumps(failures)
+        run.globals["workflow.failures"] = failures
     # The workflow's deadline and a stop do not cover the exit handler, as in Argo: it runs
     # in a scope of its own, which only terminating the run stops.
     name = f"{run.name}.onExit"
     try:
-        arguments = hook.resolve_arguments(run.globals, "onExit")
+        arguments = hook.resolve_arguments(run.live_globals(), "onExit")
     except NodeError as exc:
         handler = run.record.add_node(name, "onExit", hook.template, NodeType.POD, None)
         handler = run.record.finish(handler, NodePhase.ERROR, str(exc))

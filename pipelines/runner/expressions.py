@@ -6,6 +6,7 @@ substitution it turns unknown bare words into strings, so ``heads == heads`` is 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -53,10 +54,15 @@ def evaluate_depends(ast: Ast, lookup: Callable[[str, str | None], bool]) -> boo
 
 # ------------------------------------------------------------------------------- when
 
+# govaluate's tokenizer (github.com/Knetic/govaluate, lexerState/parsing.go): a bare word starts
+# with a letter and goes on with letters, digits, ``_`` and ``.``; a number is digits and dots;
+# ``+ - * / %`` are modifiers. So an unquoted ``foo-bar`` is ``foo - bar``: Argo turns the
+# variables into strings (steps.go shouldExecute) and govaluate refuses ``-`` on strings.
 _WHEN_TOKEN = re.compile(
-    r"""\s*(?:(?P<op>&&|\|\||==|!=|<=|>=|=~|!~|<|>|!|\(|\))"""
-    r"""|(?P<str>'[^']*'|"[^"]*")|(?P<word>[^\s()!=<>&|'"~]+))"""
+    r"""\s*(?:(?P<op>&&|\|\||==|!=|<=|>=|=~|!~|<|>|!|\(|\)|\+|-|\*|/|%)"""
+    r"""|(?P<str>'[^']*'|"[^"]*")|(?P<num>[0-9.]+)|(?P<word>[^\W\d_][\w.]*))"""
 )
+_WHEN_HINT = " (hint: try wrapping the affected expression in quotes (\"))"
 _COMPARISONS = ("==", "!=", "<", ">", "<=", ">=", "=~", "!~")
 
 
@@ -77,13 +83,21 @@ def _tokenize_when(expr: str) -> list:
     while pos < len(text):
         match = _WHEN_TOKEN.match(text, pos)
         if not match:
-            raise ExpressionError(f"unexpected {text[pos:].strip()!r} in when {expr!r}")
+            raise ExpressionError(f"Invalid 'when' expression {expr!r}: Invalid token: "
+                                  f"{text[pos:].strip()[:1]!r}{_WHEN_HINT}")
         pos = match.end()
         if match.group("op"):
             tokens.append(match.group("op"))
         elif match.group("str") is not None:
             raw = match.group("str")[1:-1]
             tokens.append(_Literal(raw, raw))
+        elif match.group("num") is not None:
+            number = match.group("num")
+            try:
+                tokens.append(_Literal(float(number), number))
+            except ValueError:
+                raise ExpressionError(f"Invalid 'when' expression {expr!r}: Unable to parse "
+                                      f"numeric value {number!r} to float64") from None
         else:
             word = match.group("word")
             tokens.append(_Literal(_word_value(word), word))
@@ -95,10 +109,7 @@ def _word_value(word: str) -> object:
         return True
     if word == "false":
         return False
-    try:
-        return float(word)
-    except ValueError:
-        return word  # govaluate variables become strings after Argo's substitution
+    return word  # govaluate variables become strings after Argo's substitution
 
 
 class _WhenParser(_Parser):
@@ -119,17 +130,38 @@ class _WhenParser(_Parser):
         return left
 
     def parse_comparison(self) -> object:
-        left = self.parse_unary()
+        left = self.parse_additive()
         while self.peek() in _COMPARISONS:
             op = str(self.take())
-            right = self.parse_unary()
+            right = self.parse_additive()
             left = _Literal(_compare(op, left, right, self.source), "")
+        return left
+
+    def parse_additive(self) -> object:
+        left = self.parse_multiplicative()
+        while self.peek() in ("+", "-"):
+            op = str(self.take())
+            left = _modify(op, left, self.parse_multiplicative(), self.source)
+        return left
+
+    def parse_multiplicative(self) -> object:
+        left = self.parse_unary()
+        while self.peek() in ("*", "/", "%"):
+            op = str(self.take())
+            left = _modify(op, left, self.parse_unary(), self.source)
         return left
 
     def parse_unary(self) -> object:
         token = self.take()
         if token == "!":
             return _Literal(not _truth(self.parse_unary(), self.source), "")
+        if token == "-":
+            operand = self.parse_unary()
+            if not isinstance(operand, _Literal) or not isinstance(operand.value, float):
+                raise ExpressionError(f"Failed to evaluate 'when' expression {self.source!r}: "
+                                      f"Value {_shown(operand)!r} cannot be used with the "
+                                      f"prefix '-'")
+            return _Literal(-operand.value, f"-{operand.text}")
         if token == "(":
             inner = self.parse_or()
             if self.take() != ")":
@@ -138,6 +170,41 @@ class _WhenParser(_Parser):
         if isinstance(token, _Literal):
             return token
         raise ExpressionError(f"unexpected {token!r} in when {self.source!r}")
+
+
+def _shown(value: object) -> object:
+    return value.value if isinstance(value, _Literal) else value
+
+
+def _modify(op: str, left: object, right: object, source: str) -> _Literal:
+    """govaluate's modifiers: ``+`` adds numbers or joins when either side is a string; the
+    others need numbers ("Value 'x' cannot be used with the modifier '-', it is not a
+    number")."""
+    a, b = _shown(left), _shown(right)
+    if op == "+" and (isinstance(a, str) or isinstance(b, str)):
+        joined = f"{_text_of(a)}{_text_of(b)}"
+        return _Literal(joined, joined)
+    for value in (a, b):
+        if not isinstance(value, float):
+            raise ExpressionError(f"Failed to evaluate 'when' expression {source!r}: Value "
+                                  f"{value!r} cannot be used with the modifier '{op}', it is "
+                                  f"not a number{_WHEN_HINT}")
+    assert isinstance(a, float) and isinstance(b, float)
+    if op in ("/", "%") and b == 0:
+        result = math.inf if op == "/" and a > 0 else -math.inf if op == "/" and a < 0 \
+            else math.nan
+    else:
+        result = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0,
+                  "%": math.fmod(a, b) if b else 0.0}[op]
+    return _Literal(result, _text_of(result))
+
+
+def _text_of(value: object) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _truth(value: object, source: str) -> bool:

@@ -42,13 +42,14 @@ _RESOURCES = "resource requests and limits (the runner uses this machine's CPUs 
 _SECURITY = "security contexts and service accounts"
 _GC = "garbage collection of pods, artifacts and workflows"
 _METRICS = "Prometheus metrics"
-_ARCHIVE = "artifact archiving and repositories (the local store keeps plain files)"
+_ARCHIVE = "log archiving and archive locations (the home's one artifact repository is used)"
 _PROBES = "container probes and termination messages"
 _META = "Kubernetes labels and annotations"
 _SYNC = "synchronization (semaphores and mutexes across workflows)"
 _PVC_CLAIM = "the claim's storage request (a local folder stands for the volume)"
 
-_LOCATION = "artifact locations (artifacts live in the run's local store)"
+_LOCATION = ("this artifact location (artifacts are stored in the home's artifact repository; "
+             "http and git are only fetched, from this machine)")
 _VOLUME_KIND = "volume kinds other than persistentVolumeClaim and emptyDir"
 
 
@@ -138,7 +139,49 @@ def _artifact(*, supported: tuple[str, ...], cluster: tuple[str, ...] = ()) -> d
             table[key] = _refused(f"artifact {key}")
     if "raw" in supported:
         table["raw.data"] = _YES
+    if "archive" in supported:  # pipelines/runner/artifacts.py: none, tar (gzip), not zip
+        table.update({"archive.none": _YES, "archive.tar": _YES,
+                      "archive.tar.compressionLevel": _YES,
+                      "archive.zip": _refused("zip archives")})
+    for kind, (keys, others) in _LOCATION_FIELDS.items():
+        if kind in supported:
+            table.update({f"{kind}.{key}": _YES for key in keys})
+            table.update({f"{kind}.{key}": field for key, field in others.items()})
     return table
+
+
+# Bucket locations: the local repository (pipelines/runner/repository.py) stands in for every
+# bucket, so only the bucket and key mean something here; http and git are fetched from this
+# machine only.
+_BUCKET = "where a bucket is and its credentials (the home's artifact repository stands in)"
+_LOCATION_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Field]]] = {
+    "s3": (("bucket", "key"), {key: _cluster(_BUCKET) for key in (
+        "accessKeySecret", "addressingStyle", "caSecret", "createBucketIfNotPresent",
+        "encryptionOptions", "endpoint", "insecure", "region", "roleARN", "secretKeySecret",
+        "sessionTokenSecret", "useSDKCreds")}),
+    "gcs": (("bucket", "key"), {"serviceAccountKeySecret": _cluster(_BUCKET)}),
+    "oss": (("bucket", "key"), {key: _cluster(_BUCKET) for key in (
+        "accessKeySecret", "createBucketIfNotPresent", "endpoint", "lifecycleRule",
+        "secretKeySecret", "securityToken", "useSDKCreds")}),
+    "azure": (("container", "blob"), {key: _cluster(_BUCKET) for key in (
+        "accountKeySecret", "endpoint", "useSDKCreds")}),
+    "hdfs": (("path",), {key: _cluster(_BUCKET) for key in (
+        "addresses", "dataTransferProtection", "force", "hdfsUser", "krbCCacheSecret",
+        "krbConfigConfigMap", "krbKeytabSecret", "krbRealm", "krbServicePrincipalName",
+        "krbUsername")}),
+    "artifactory": (("url",), {key: _cluster(_BUCKET) for key in (
+        "passwordSecret", "usernameSecret")}),
+    "http": (("url", "headers", "headers[].name", "headers[].value"), {
+        "auth": _refused("http artifact auth (secrets are not available locally)"),
+        "saveStreamViaFile": _cluster("how an http download is buffered")}),
+    "git": (("repo", "revision"), {
+        **{key: _cluster(_BUCKET) for key in (
+            "usernameSecret", "passwordSecret", "sshPrivateKeySecret", "insecureIgnoreHostKey",
+            "insecureSkipTLS")},
+        **{key: _refused(f"git {key}") for key in (
+            "branch", "depth", "fetch", "singleBranch", "disableSubmodules")}}),
+}
+_BUCKETS = ("s3", "gcs", "oss", "azure", "hdfs", "artifactory")
 
 
 def _parameter(*supported: str) -> dict[str, Field]:
@@ -152,7 +195,9 @@ _ARGUMENTS = {
     "parameters": _YES,
     **_under("parameters[]", _parameter("name", "value")),
     "artifacts": _YES,
-    **_under("artifacts[]", _artifact(supported=("name", "from", "raw"))),
+    **_under("artifacts[]", _artifact(supported=(
+        "name", "from", "raw", "subPath", "archive", *_BUCKETS, "http", "git",
+        "fromExpression"))),  # fromExpression: pipelines/runner/expr.py
 }
 _CALL = {
     "name": _YES,
@@ -195,8 +240,9 @@ _VALUE_FROM = {
     "path": _YES,
     "default": _YES,
     "parameter": _YES,
+    "expression": _YES,  # a DAG/steps template's output (pipelines/runner/expr.py)
     **{key: _refused(f"valueFrom.{key}") for key in (
-        "configMapKeyRef", "event", "expression", "jqFilter", "jsonPath", "supplied")},
+        "configMapKeyRef", "event", "jqFilter", "jsonPath", "supplied")},
 }
 
 _TEMPLATE = {
@@ -206,8 +252,9 @@ _TEMPLATE = {
     **_under("inputs.parameters[]",
              _parameter("name", "value", "default", "enum", "description")),
     "inputs.artifacts": _YES,
-    **_under("inputs.artifacts[]", _artifact(
-        supported=("name", "path", "from", "optional", "raw", "mode"), cluster=("archive",))),
+    **_under("inputs.artifacts[]", _artifact(supported=(
+        "name", "path", "from", "optional", "raw", "mode", "archive", *_BUCKETS, "http",
+        "git"))),
     "outputs": _YES,
     "outputs.parameters": _YES,
     **_under("outputs.parameters[]", {
@@ -216,8 +263,8 @@ _TEMPLATE = {
     }),
     "outputs.artifacts": _YES,
     **_under("outputs.artifacts[]", _artifact(
-        supported=("name", "path", "from", "optional", "globalName", "mode"),
-        cluster=("archive",))),
+        supported=("name", "path", "from", "optional", "globalName", "mode", "archive",
+                   *_BUCKETS, "fromExpression"))),
     "outputs.exitCode": _refused("outputs.exitCode"),
     "outputs.result": _refused("outputs.result"),
     "container": _YES,
@@ -228,7 +275,7 @@ _TEMPLATE = {
     "dag.failFast": _YES,
     "dag.tasks": _YES,
     **_under("dag.tasks[]", _TASK),
-    "dag.target": _refused("dag.target"),
+    "dag.target": _YES,
     "steps": _YES,
     **_under("steps[][]", _CALL),
     "retryStrategy": _YES,
@@ -238,7 +285,7 @@ _TEMPLATE = {
     "retryStrategy.backoff.duration": _YES,
     "retryStrategy.backoff.factor": _YES,
     "retryStrategy.backoff.maxDuration": _YES,
-    "retryStrategy.backoff.cap": _refused("retryStrategy.backoff.cap"),
+    "retryStrategy.backoff.cap": _YES,
     "retryStrategy.expression": _refused("retryStrategy.expression"),
     "retryStrategy.affinity": _cluster(_SCHEDULING),
     "activeDeadlineSeconds": _YES,
@@ -249,10 +296,20 @@ _TEMPLATE = {
     **_under("volumes[]", _VOLUME),
     # other template kinds and pod additions
     **{key: _refused(f"{key} templates") for key in (
-        "resource", "suspend", "http", "plugin", "data", "containerSet")},
+        "resource", "suspend", "http", "plugin", "data")},
     "daemon": _refused("daemon templates"),
-    "sidecars": _refused("sidecars"),
-    "initContainers": _refused("initContainers"),
+    # pods of several containers: pipelines/runner/containers.py
+    "containerSet": _YES,
+    "containerSet.containers": _YES,
+    **_under("containerSet.containers[]", {**_CONTAINER, "dependencies": _YES}),
+    **{f"containerSet.volumeMounts{key}": field for key, field in _MOUNTS.items()},
+    "containerSet.retryStrategy": _YES,
+    "containerSet.retryStrategy.retries": _YES,
+    "containerSet.retryStrategy.duration": _YES,
+    "sidecars": _YES,
+    **_under("sidecars[]", {**_CONTAINER, "mirrorVolumeMounts": _YES}),
+    "initContainers": _YES,
+    **_under("initContainers[]", {**_CONTAINER, "mirrorVolumeMounts": _YES}),
     "memoize": _refused("memoize"),
     "podSpecPatch": _refused("podSpecPatch"),
     "hostAliases": _refused("hostAliases"),
@@ -287,7 +344,9 @@ _SPEC = {
     "arguments.parameters": _YES,
     **_under("arguments.parameters[]",
              _parameter("name", "value", "default", "enum", "description")),
-    "arguments.artifacts": _refused("workflow-level artifact arguments"),
+    "arguments.artifacts": _YES,  # the entrypoint's artifact arguments
+    **_under("arguments.artifacts[]", _artifact(supported=(
+        "name", "raw", "archive", *_BUCKETS, "http", "git"))),
     "templates": _YES,
     **_under("templates[]", _TEMPLATE),
     "onExit": _YES,
@@ -341,7 +400,10 @@ _SPEC = {
     "ttlStrategy": _cluster(_GC),
     "artifactGC": _cluster(_GC),
     "archiveLogs": _cluster(_ARCHIVE),
-    "artifactRepositoryRef": _cluster(_ARCHIVE),
+    # every reference names the home's one artifact repository (pipelines/runner/repository.py)
+    "artifactRepositoryRef": _YES,
+    "artifactRepositoryRef.configMap": _YES,
+    "artifactRepositoryRef.key": _YES,
     "metrics": _cluster(_METRICS),
     "synchronization": _cluster(_SYNC),
 }

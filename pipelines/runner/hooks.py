@@ -52,7 +52,7 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .calls import call_arguments, call_one
 from .errors import NodeError
-from .expressions import ExpressionError, _Parser
+from .expressions import ExpressionError
 from .model import NodeResult, RunEvent
 from .outputs import result_vars
 from .scope import CancelScope
@@ -112,261 +112,41 @@ def workflow_arguments(run: Run) -> dict:
 
 # ------------------------------------------------------------------ hook expressions
 #
-# Here rather than in ``expressions`` (``depends``, ``when``) so that a run without hooks
-# never imports it. A hook's ``expression`` is expr-lang (github.com/expr-lang/expr), which
-# Argo evaluates with ``argoexpr.EvalBool`` (util/expr/argoexpr/eval.go) against
-# ``env.GetFuncMap(scope)`` (util/expr/env/env.go): the scope's dotted names expanded into
-# nested maps (util/expand/expand.go), so ``steps["step-1"].status`` reads
-# ``steps.step-1.status``. The subset here is what hook conditions need: string, number, bool
-# and nil literals, names, member (``a.b``) and index (``a["b"]``) access, ``==``, ``!=``,
-# ``&&``/``and``, ``||``/``or``, ``!``/``not`` and parentheses. Anything else is refused by
-# name rather than guessed at. As in expr: a name missing from the environment is an error
-# ("unknown name": expr.Env on a map is strict, checker/checker.go), a missing map key is
-# nil, and a member of nil is an error ("cannot fetch x from <nil>": vm/runtime/runtime.go).
-
-_HOOK_TOKEN = (
-    r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')"""
-    r"""|(?P<num>\d+(?:\.\d+)?)"""
-    r"""|(?P<name>[A-Za-z_$][\w$]*)"""
-    r"""|(?P<op>==|!=|&&|\|\||\?\?|\?\.|<=|>=|\.\.|[!().\[\]<>+\-*/%^?:,|{}#~`]))"""
-)
-_HOOK_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
-# expr's word operators and keywords that the subset does not evaluate.
-_HOOK_UNSUPPORTED_WORDS = frozenset({"in", "matches", "contains", "startsWith", "endsWith",
-                                     "let", "if", "else", "while"})
-_HOOK_OPERATOR_NAMES = {
-    "<": "ordering comparison", ">": "ordering comparison", "<=": "ordering comparison",
-    ">=": "ordering comparison", "+": "arithmetic", "-": "arithmetic", "*": "arithmetic",
-    "/": "arithmetic", "%": "arithmetic", "^": "arithmetic", "..": "ranges",
-    "?": "the conditional operator", ":": "the conditional operator", "??": "nil coalescing",
-    "?.": "optional chaining", ",": "lists and arguments", "|": "pipes", "{": "map literals",
-    "}": "map literals", "#": "predicates", "~": "bitwise operators", "`": "raw strings",
-}
+# A hook's ``expression`` is expr-lang, which Argo evaluates with ``argoexpr.EvalBool``
+# (util/expr/argoexpr/eval.go) against ``env.GetFuncMap(scope)`` (util/expr/env/env.go): the
+# runner's one expr evaluator (:mod:`.expr`, also behind ``{{=...}}`` tags) does the same. As in
+# expr, a name missing from the environment is an error (expr.Env on a map is strict,
+# checker/checker.go), a missing map key is nil, and a member of nil is an error. The parser
+# loads only for a workflow whose hooks have expressions.
 
 
-class _Str(str):
-    """A string literal token (so that ``"and"`` is not the keyword)."""
-
-
-class _Name(str):
-    """An identifier token."""
-
-
-def _tokenize_hook(expr: str) -> list:
-    tokens: list = []
-    pos, text = 0, expr.rstrip()
-    while pos < len(text):
-        match = re.compile(_HOOK_TOKEN).match(text, pos)
-        if not match:
-            raise ExpressionError(f"unexpected {text[pos:].strip()[:20]!r} in expression "
-                                  f"{expr!r}")
-        pos = match.end()
-        if match.group("str") is not None:
-            raw = match.group("str")[1:-1]
-            tokens.append(_Str(re.sub(r"\\(.)", lambda m: _HOOK_ESCAPES.get(m.group(1),
-                                                                            m.group(0)), raw)))
-        elif match.group("num") is not None:
-            number = match.group("num")
-            tokens.append(float(number) if "." in number else int(number))
-        elif match.group("name") is not None:
-            tokens.append(_Name(match.group("name")))
-        else:
-            tokens.append(match.group("op"))
-    return tokens
-
-
-_NIL = object()  # the nil literal, distinct from a missing value
-
-
-class _HookParser(_Parser):
-    """``expr := or``; ``or := and (("||"|"or") and)*``; ``and := eq (("&&"|"and") eq)*``;
-    ``eq := unary (("=="|"!=") unary)*``; ``unary := ("!"|"not") unary | postfix``;
-    ``postfix := primary ("." name | "[" expr "]")*``; ``primary := literal | name | (expr)``.
-    The tree is tuples: ("lit", v), ("name", n), ("get", obj, key), ("not", x), ("and", a, b),
-    ("or", a, b), ("eq", a, b), ("ne", a, b)."""
-
-    def parse_or(self) -> tuple:
-        left = self.parse_and()
-        while self.peek() in ("||", "or") and not isinstance(self.peek(), _Str):
-            self.take()
-            left = ("or", left, self.parse_and())
-        return left
-
-    def parse_and(self) -> tuple:
-        left = self.parse_eq()
-        while self.peek() in ("&&", "and") and not isinstance(self.peek(), _Str):
-            self.take()
-            left = ("and", left, self.parse_eq())
-        return left
-
-    def parse_eq(self) -> tuple:
-        left = self.parse_unary()
-        while self.peek() in ("==", "!=") and not isinstance(self.peek(), _Str):
-            op = self.take()
-            left = ("eq" if op == "==" else "ne", left, self.parse_unary())
-        self._refuse_operator(self.peek())
-        return left
-
-    def parse_unary(self) -> tuple:
-        token = self.peek()
-        if token in ("!", "not") and not isinstance(token, _Str):
-            self.take()
-            return ("not", self.parse_unary())
-        return self.parse_postfix()
-
-    def parse_postfix(self) -> tuple:
-        node = self.parse_primary()
-        while True:
-            token = self.peek()
-            if isinstance(token, _Str) or token not in (".", "[", "("):
-                return node
-            self.take()
-            if token == "(":
-                raise ExpressionError(f"function calls are not supported in hook expressions "
-                                      f"(in {self.source!r})")
-            if token == ".":
-                member = self.take()
-                if not isinstance(member, _Name):
-                    raise ExpressionError(f"expected a member name after '.', not {member!r}, "
-                                          f"in {self.source!r}")
-                node = ("get", node, str(member))
-            else:
-                key = self.parse_or()
-                if self.take() != "]":
-                    raise ExpressionError(f"missing ']' in {self.source!r}")
-                node = ("get", node, key)
-
-    def parse_primary(self) -> tuple:
-        token = self.take()
-        if isinstance(token, _Str):
-            return ("lit", str(token))
-        if isinstance(token, int | float):
-            return ("lit", token)
-        if token == "(":
-            inner = self.parse_or()
-            if self.take() != ")":
-                raise ExpressionError(f"missing ')' in {self.source!r}")
-            return inner
-        if isinstance(token, _Name):
-            if token in ("true", "false"):
-                return ("lit", token == "true")
-            if token == "nil":
-                return ("lit", None)
-            if token in _HOOK_UNSUPPORTED_WORDS:
-                raise ExpressionError(f"the {token!r} operator is not supported in hook "
-                                      f"expressions (in {self.source!r})")
-            if self.peek() == "(" and not isinstance(self.peek(), _Str):
-                raise ExpressionError(f"function calls ({token}(...)) are not supported in hook "
-                                      f"expressions (in {self.source!r})")
-            return ("name", str(token))
-        self._refuse_operator(token)
-        raise ExpressionError(f"unexpected {token!r} in {self.source!r}")
-
-    def _refuse_operator(self, token: object) -> None:
-        if isinstance(token, str) and not isinstance(token, _Str | _Name) \
-                and token in _HOOK_OPERATOR_NAMES:
-            raise ExpressionError(f"{_HOOK_OPERATOR_NAMES[token]} ({token!r}) is not supported in "
-                                  f"hook expressions (in {self.source!r})")
-        if isinstance(token, _Name) and token in _HOOK_UNSUPPORTED_WORDS:
-            raise ExpressionError(f"the {token!r} operator is not supported in hook "
-                                  f"expressions (in {self.source!r})")
-
-
-def parse_hook_expression(expr: str) -> tuple:
+def parse_hook_expression(source: str) -> object:
     """The tree of a hook's ``expression``; ``ExpressionError`` naming what is unsupported."""
-    parser = _HookParser(_tokenize_hook(expr), expr)
-    if not parser.tokens:
-        raise ExpressionError("empty expression")
-    tree = parser.parse_or()
-    if parser.peek() is not None:
-        parser._refuse_operator(parser.peek())
-    parser.expect_end()
-    return tree
+    from . import expr
+
+    return expr.parse(source)
 
 
-def expand_scope(scope: Mapping[str, object]) -> dict[str, object]:
-    """Argo's ``expand.Expand``: dotted names as nested maps; a name that is also the prefix of
-    another is dropped, as ``removeConflicts`` does (compares sorted neighbours only)."""
-    keys = sorted(scope)
-    nested: dict[str, object] = {}
-    for i, key in enumerate(keys):
-        if i + 1 < len(keys) and keys[i + 1].startswith(key + "."):
-            continue
-        *parents, leaf = key.split(".")
-        holder = nested
-        for part in parents:
-            child = holder.get(part)
-            if not isinstance(child, dict):
-                child = holder[part] = {}
-            holder = child
-        holder.setdefault(leaf, scope[key])
-    return nested
+def evaluate_hook_expression(source: str, scope: Mapping[str, object],
+                             tree: object | None = None) -> bool:
+    """Evaluate a hook's ``expression`` (``tree``: already parsed) against the variables
+    ``scope`` (dotted names), as ``argoexpr.EvalBool`` does; ``ExpressionError`` on any
+    error, an unknown name included (expr compiles first: it fails even if unused)."""
+    from . import expr
 
-
-def evaluate_hook_expression(source: str, env: Mapping[str, object],
-                             tree: tuple | None = None) -> bool:
-    """Evaluate a hook's ``expression`` (``tree``: already parsed) against ``expand_scope``'d
-    variables, as ``argoexpr.EvalBool`` does; ``ExpressionError`` on any error."""
-    tree = parse_hook_expression(source) if tree is None else tree
-    _check_names(tree, env, source)  # expr compiles first: an unknown name fails even if unused
-    result = _eval_hook(tree, env, source)
+    tree = expr.parse(source) if tree is None else tree
+    env = expr.environment(scope)
+    # With a map for environment, expr refuses an unknown top-level name at compile time; a
+    # missing key below one (tasks.C) is nil, as at run time.
+    missing = [path for path in expr.missing_references(tree, env)  # type: ignore[arg-type]
+               if re.split(r"[.\[]", path, maxsplit=1)[0] not in env]
+    if missing:
+        raise ExpressionError(f"unknown name {missing[0]} in {source!r}")
+    result = expr.evaluate(source, scope, tree=tree, env=env)  # type: ignore[arg-type]
     if not isinstance(result, bool):
         raise ExpressionError(f"unable to cast expression result {result!r} to bool "
                               f"({source!r})")
     return result
-
-
-def _check_names(tree: tuple, env: Mapping[str, object], source: str) -> None:
-    kind = tree[0]
-    if kind == "name":
-        if tree[1] not in env:
-            raise ExpressionError(f"unknown name {tree[1]} in {source!r}")
-    elif kind != "lit":
-        for part in tree[1:]:
-            if isinstance(part, tuple):
-                _check_names(part, env, source)
-
-
-def _eval_hook(tree: tuple, env: Mapping[str, object], source: str) -> object:
-    kind = tree[0]
-    if kind == "lit":
-        return tree[1]
-    if kind == "name":
-        return env[tree[1]]
-    if kind == "get":
-        holder = _eval_hook(tree[1], env, source)
-        key = tree[2] if isinstance(tree[2], str) else _eval_hook(tree[2], env, source)
-        if isinstance(holder, dict):
-            return holder.get(key)  # type: ignore[call-overload]
-        kind_name = "<nil>" if holder is None else type(holder).__name__
-        raise ExpressionError(f"cannot fetch {key} from {kind_name} in {source!r}")
-    if kind == "not":
-        return not _hook_bool(_eval_hook(tree[1], env, source), "!", source)
-    if kind in ("and", "or"):  # short-circuit, as expr's jumps do
-        left = _hook_bool(_eval_hook(tree[1], env, source), kind, source)
-        if left == (kind == "or"):
-            return left
-        return _hook_bool(_eval_hook(tree[2], env, source), kind, source)
-    a, b = _eval_hook(tree[1], env, source), _eval_hook(tree[2], env, source)
-    equal = _hook_equal(a, b)
-    return equal if kind == "eq" else not equal
-
-
-def _hook_bool(value: object, op: str, source: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ExpressionError(f"invalid operation {op} on {value!r} (not a boolean) in {source!r}")
-
-
-def _hook_equal(a: object, b: object) -> bool:
-    """expr's ``runtime.Equal``: numbers by value, otherwise same type and value."""
-    numeric = (int, float)
-    if isinstance(a, numeric) and isinstance(b, numeric) \
-            and not isinstance(a, bool) and not isinstance(b, bool):
-        return a == b
-    if isinstance(a, str) and isinstance(b, str):  # phases are str enums
-        return str.__eq__(a, b)
-    return type(a) is type(b) and a == b
 
 
 # --------------------------------------------------------------------------- checks
@@ -455,10 +235,9 @@ class _Watch:
                 return
             with self.run.lock:  # other threads add workflow outputs to the globals
                 variables = self.env(node)
-            tree_env = expand_scope(variables)
             for hook in pending:
                 try:
-                    holds = evaluate_hook_expression(hook.expression or "", tree_env,
+                    holds = evaluate_hook_expression(hook.expression or "", variables,
                                                      self.trees[hook.name])
                 except ExpressionError as exc:
                     self.error = self.error or f"hooks.{hook.name}: {exc}"
@@ -533,7 +312,7 @@ def call_with_hooks(run: Run, call: dict, call_vars: Vars, name: str, display: s
         runs = True
         if final.expression:
             try:
-                runs = evaluate_hook_expression(final.expression, expand_scope(variables))
+                runs = evaluate_hook_expression(final.expression, variables)
             except ExpressionError as exc:
                 error, runs = error or f"hooks.exit: {exc}", False
         if runs:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .durations import parse_duration
+from .durations import timing_problems
 from .errors import ManifestError
 from .expressions import ExpressionError, parse_depends
 from .fields import CLUSTER_ONLY, FIELDS, SUPPORTED, classify, field_pattern
@@ -27,7 +27,8 @@ from .library import (
     inline_template_refs,
     resolve_workflow_template_ref,
 )
-from .substitution import EXPRESSION_TAG
+from .repository import remote_problems
+from .substitution import expression_sites
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -48,10 +49,7 @@ _REFUSED = {
     "http": "http templates",
     "plugin": "plugin templates",
     "data": "data templates",
-    "containerSet": "containerSet templates",
     "daemon": "daemon templates",
-    "sidecars": "sidecars",
-    "initContainers": "initContainers",
     "templateRef": "templateRef",
     "memoize": "memoize",
     "inline": "inline templates",
@@ -61,7 +59,6 @@ _REFUSED = {
     "retryStrategy": "workflow-level retryStrategy",
     "envFrom": "envFrom",
     "valueFrom": "valueFrom",
-    "target": "dag.target",
     "shutdown": "spec.shutdown",
 }
 _ARTIFACT_LOCATIONS = (
@@ -74,6 +71,7 @@ _ARTIFACT_LOCATIONS = (
     "oss",
     "azure",
     "raw",
+    "plugin",
 )
 
 ANY = None  # accepted scalar or opaque value
@@ -83,9 +81,25 @@ def _list(spec: Any) -> tuple[str, Any]:
     return ("list", spec)
 
 
+# Artifact locations (fields.py says which of their fields are cluster-only): the buckets the
+# home's artifact repository stands in for, and http/git fetched from this machine.
+_BUCKETS = {
+    "s3": {"bucket": ANY, "key": ANY},
+    "gcs": {"bucket": ANY, "key": ANY},
+    "oss": {"bucket": ANY, "key": ANY},
+    "azure": {"container": ANY, "blob": ANY},
+    "hdfs": {"path": ANY},
+    "artifactory": {"url": ANY},
+}
+_FETCHED = {
+    "http": {"url": ANY, "headers": _list({"name": ANY, "value": ANY})},
+    "git": {"repo": ANY, "revision": ANY},
+}
+_ARCHIVE = {"archive": {"none": ANY, "tar": {"compressionLevel": ANY}}}
 _ARGUMENTS = {
     "parameters": _list({"name": ANY, "value": ANY}),
-    "artifacts": _list({"name": ANY, "from": ANY, "raw": {"data": ANY}}),
+    "artifacts": _list({"name": ANY, "from": ANY, "raw": {"data": ANY}, "subPath": ANY,
+                        "fromExpression": ANY, **_ARCHIVE, **_BUCKETS, **_FETCHED}),
 }
 # Secrets do not exist locally: an optional secretKeyRef is left to the local environment (the
 # variable is whatever the runner's own environment says), a required one is refused below.
@@ -124,7 +138,7 @@ _TEMPLATE = {
         ),
         "artifacts": _list(
             {"name": ANY, "path": ANY, "from": ANY, "optional": ANY, "raw": {"data": ANY},
-             "mode": ANY, "archive": ANY}
+             "mode": ANY, **_ARCHIVE, **_BUCKETS, **_FETCHED}
         ),
     },
     "outputs": {
@@ -133,22 +147,30 @@ _TEMPLATE = {
                 "name": ANY,
                 "description": ANY,
                 "globalName": ANY,
-                "valueFrom": {"path": ANY, "default": ANY, "parameter": ANY},
+                "valueFrom": {"path": ANY, "default": ANY, "parameter": ANY, "expression": ANY},
             }
         ),
         "artifacts": _list(
-            {"name": ANY, "path": ANY, "from": ANY, "optional": ANY, "archive": ANY,
-             "globalName": ANY, "mode": ANY}
+            {"name": ANY, "path": ANY, "from": ANY, "optional": ANY, **_ARCHIVE,
+             "globalName": ANY, "mode": ANY, "fromExpression": ANY, **_BUCKETS}
         ),
     },
     "container": _CONTAINER,
     "script": _SCRIPT,
-    "dag": {"tasks": _list(_TASK), "failFast": ANY},
+    # pipelines/runner/containers.py runs these and checks them (container_problems)
+    "containerSet": {
+        "containers": _list({**_CONTAINER, "dependencies": ANY}),
+        "volumeMounts": _MOUNTS,
+        "retryStrategy": {"retries": ANY, "duration": ANY},
+    },
+    "initContainers": _list({**_CONTAINER, "mirrorVolumeMounts": ANY}),
+    "sidecars": _list({**_CONTAINER, "mirrorVolumeMounts": ANY}),
+    "dag": {"tasks": _list(_TASK), "failFast": ANY, "target": ANY},
     "steps": _list(_list(_STEP)),
     "retryStrategy": {
         "limit": ANY,
         "retryPolicy": ANY,
-        "backoff": {"duration": ANY, "factor": ANY, "maxDuration": ANY},
+        "backoff": {"duration": ANY, "factor": ANY, "maxDuration": ANY, "cap": ANY},
     },
     "activeDeadlineSeconds": ANY,
     "timeout": ANY,
@@ -160,7 +182,9 @@ _SPEC = {
     "entrypoint": ANY,
     "arguments": {"parameters": _list(
         {"name": ANY, "value": ANY, "default": ANY, "enum": ANY, "description": ANY}
-    )},
+    ), "artifacts": _list({"name": ANY, "raw": {"data": ANY}, **_ARCHIVE, **_BUCKETS,
+                           **_FETCHED})},
+    "artifactRepositoryRef": {"configMap": ANY, "key": ANY},
     "templates": _list(_TEMPLATE),
     "onExit": ANY,
     "hooks": ANY,  # checked by hooks.hook_problems
@@ -193,8 +217,9 @@ def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
             continue
         elif key in _ARTIFACT_LOCATIONS and ".artifacts[" in path:
             problems.append(
-                f"{sub}: {key} artifact locations are not supported by the local runner"
-                " (artifacts live in the run's local store)"
+                f"{sub}: {key} artifact locations are not supported here by the local runner"
+                " (outputs go to the home's artifact repository; http and git are only"
+                " fetched, from this machine)"
             )
         elif key == "templateRef":
             problems.append(f"{sub}: templateRef are not supported by the local runner without "
@@ -291,13 +316,14 @@ def unsupported_fields(workflow: dict) -> list[str]:
     if not isinstance(spec, dict):
         return ["spec: missing"]
     _walk(spec, _SPEC, "spec", problems)
-    for path, text in _strings(spec, "spec"):
-        if EXPRESSION_TAG.search(text):
-            problems.append(
-                f"{path}: expression tags {{{{=...}}}} are not supported by the local runner"
-            )
+    sites = expression_sites(spec, _strings(spec, "spec"))
+    if sites:
+        from .expr import site_problems  # only a manifest with expressions pays for lark
+
+        problems += site_problems(sites)
     templates = spec.get("templates") or []
     problems += _required_secrets(templates)
+    problems += remote_problems(spec)  # http/git artifacts elsewhere than this machine
     names = {t.get("name") for t in templates if isinstance(t, dict)}
     entry = spec.get("entrypoint")
     if not entry:
@@ -356,9 +382,9 @@ def _volume_names(holder: dict, path: str, problems: list[str]) -> set[str]:
 def _check_template(
     template: dict, path: str, names: set, volumes: set[str], problems: list[str]
 ) -> None:
-    kinds = [k for k in ("container", "script", "dag", "steps") if k in template]
-    refused = [k for k in template if k in ("resource", "suspend", "http", "plugin", "data",
-                                             "containerSet")]
+    kinds = [k for k in ("container", "script", "dag", "steps", "containerSet")
+             if k in template]
+    refused = [k for k in template if k in ("resource", "suspend", "http", "plugin", "data")]
     if len(kinds) + len(refused) == 0:
         problems.append(f"{path}: template has no container, script, dag or steps")
     elif len(kinds) > 1:
@@ -366,6 +392,10 @@ def _check_template(
     if not template.get("name"):
         problems.append(f"{path}.name: missing")
     local_volumes = volumes | _volume_names(template, path, problems)
+    if any(k in template for k in ("containerSet", "initContainers", "sidecars")):
+        from .containers import container_problems  # only such templates pay for the import
+
+        problems += container_problems(template, path, local_volumes)
     for kind in ("container", "script"):
         body = template.get(kind)
         if not isinstance(body, dict):
@@ -383,21 +413,9 @@ def _check_template(
                     f"{path}.{kind}.volumeMounts[{j}].name: volume {mount.get('name')!r}"
                     " is not declared"
                 )
-    for key in ("timeout",):
-        if key in template and "{{" not in str(template[key]):
-            try:
-                parse_duration(template[key])
-            except ValueError as exc:
-                problems.append(f"{path}.{key}: {exc}")
+    problems += timing_problems(template, path)  # timeout, deadlines, backoff (validate.go)
     for number in ("parallelism", "activeDeadlineSeconds"):
         _check_int(template, number, path, problems)
-    backoff = (template.get("retryStrategy") or {}).get("backoff") or {}
-    for key in ("duration", "maxDuration"):
-        if key in backoff and "{{" not in str(backoff[key]):
-            try:
-                parse_duration(backoff[key])
-            except ValueError as exc:
-                problems.append(f"{path}.retryStrategy.backoff.{key}: {exc}")
     policy = (template.get("retryStrategy") or {}).get("retryPolicy")
     if policy not in (None, "Always", "OnFailure", "OnError", "OnTransientError"):
         problems.append(f"{path}.retryStrategy.retryPolicy: unknown policy {policy!r}")
@@ -421,6 +439,10 @@ def _check_template(
             for dep in deps:
                 if dep not in task_names:
                     problems.append(f"{path}.dag.tasks[{j}]: depends on unknown task {dep!r}")
+        # validate.go validateDAGTargets: each literal target names a task.
+        for target in str(dag.get("target") or "").split(" "):
+            if target and "{{" not in target and target not in task_names:
+                problems.append(f"{path}.dag.target: target {target!r} is not defined")
     steps = template.get("steps")
     if isinstance(steps, list):
         for j, group in enumerate(steps):

@@ -46,6 +46,10 @@ class RunOptions:
     # What runs each pod: None is the local process executor. Tests pass a fake one, so that
     # DAG/steps semantics are checked without starting processes.
     executor: Executor | None = None
+    # Where pods find the manifest's absolute paths (``mounts``): "namespace" mounts the run's
+    # folders there in a private mount namespace, "rewrite" rewrites the paths as written,
+    # "auto" is "namespace" where this machine allows it (and pods are local processes).
+    mounts: str = "auto"
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 ``result_vars`` gives the ``tasks.<name>.*`` / ``steps.<name>.*`` variables of a finished call
 (a loop's children aggregated as Argo does); ``template_outputs`` sets a DAG/steps template's
-own outputs from its tasks (``valueFrom.parameter``); ``set_param``/``set_artifact`` record a
+own outputs from its tasks (``valueFrom.parameter`` or ``.expression``, ``from`` or
+``fromExpression``); ``set_param``/``set_artifact`` record a
 node's output, and a ``globalName`` makes it a workflow output too.
 """
 
@@ -48,25 +49,55 @@ def template_outputs(run: Run, template: dict, scope_vars: Vars, node: NodeResul
     where = f"templates.{template['name']}.outputs"
     for param in outputs.get("parameters") or []:
         source = param.get("valueFrom") or {}
-        if "parameter" not in source:
+        if "parameter" not in source and "expression" not in source:
             continue
         try:
-            value = substitute_text(str(source["parameter"]), scope_vars, where)
+            if "expression" in source:
+                value = _expression_value(str(source["expression"]), scope_vars,
+                                          f"{where}.parameters.{param['name']}")
+            else:
+                value = substitute_text(str(source["parameter"]), scope_vars, where)
         except NodeError as exc:
+            # operator.go getTemplateOutputsFromScope: an error falls back to valueFrom.default.
             if "default" not in source:
                 return str(exc)
             value = as_text(source["default"])
         set_param(run, node, param, value)
     for art in outputs.get("artifacts") or []:
-        if art.get("from"):
+        if art.get("from") or art.get("fromExpression"):
             try:
-                path = substitute_text(str(art["from"]), scope_vars, where)
+                path = artifact_source(art, scope_vars, f"{where}.artifacts.{art['name']}")
             except NodeError as exc:
                 if art.get("optional"):
                     continue
                 return str(exc)
             set_artifact(run, node, art, path)
     return ""
+
+
+def _expression_value(source: str, scope_vars: Vars, where: str) -> str:
+    """``valueFrom.expression`` (controller/scope.go resolveParameter); expr loads lazily."""
+    from .expr import output_parameter
+    from .expressions import ExpressionError
+
+    try:
+        return output_parameter(source, scope_vars)
+    except ExpressionError as exc:
+        raise NodeError(f"{where}.valueFrom.expression: {exc}") from None
+
+
+def artifact_source(art: dict, scope_vars: Vars, where: str) -> str:
+    """The stored path an artifact's ``from`` or ``fromExpression`` names (scope.go
+    resolveArtifact); used for a DAG/steps template's outputs and for call arguments."""
+    if not art.get("fromExpression"):
+        return substitute_text(str(art["from"]), scope_vars, where)
+    from .expr import artifact_path
+    from .expressions import ExpressionError
+
+    try:
+        return artifact_path(str(art["fromExpression"]), scope_vars)
+    except ExpressionError as exc:
+        raise NodeError(f"{where}.fromExpression: {exc}") from None
 
 
 def set_param(run: Run, node: NodeResult, param: dict, value: str) -> None:

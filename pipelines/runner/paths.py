@@ -1,6 +1,7 @@
 """Mapping of a node's absolute container paths onto local folders by rewriting text.
 
-The local runner has no mount namespaces, so each node gets a table
+The fallback where pods cannot run in a mount namespace (``mounts``; ``--mounts rewrite``), and
+the runner's own map from container paths to local folders in either mode: each node gets a table
 ``absolute container path -> local folder`` built from its ``volumeMounts`` (a mount maps to
 its volume's folder, honouring ``subPath``) and from every other absolute path the template
 declares for outputs, input artifacts, ``valueFrom.path`` and ``workingDir`` (mapped into the
@@ -8,7 +9,8 @@ node's private ``fs/`` folder). Those paths are then replaced, longest first and
 path boundaries, in the command, args, env values, script source and working directory.
 
 Limit: only paths spelt out literally are rewritten; a path computed at run time
-(``os.path.join("/mnt", "x")``) is not, and would touch the real filesystem.
+(``os.path.join("/mnt", "x")``) is not, and would touch the real filesystem (in namespace mode it
+finds the mount).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ the command line with its ``{{...}}`` variables substituted and its container pa
 local folders (see ``paths``), the environment the template sets, the working directory, the
 mounts, the input artifacts to place, the outputs to read back and the deadline. It reads and
 writes nothing, so a dry run shows exactly what a run would start, and an executor gets all it
-needs in one value (see ``executor``).
+needs in one value (see ``executor``). A pod with init containers, sidecars or a
+``containerSet`` lists them in ``PodRequest.containers``, each planned the same way
+(``containers`` runs them).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from typing import NamedTuple
 
 from sublimate.pipelines.argo_terms import NodeType
 
+from .artifacts import Input as InputArtifact
+from .artifacts import input_source
 from .durations import parse_duration
 from .errors import NodeError
 from .manifest import CLUSTER_ONLY_FIELDS
+from .mounts import SCRIPT_PATH, Bind, binds_for
 from .paths import PathMap
 from .run_folder import node_folder
 from .substitution import Vars, as_text, substitute, substitute_text
@@ -38,12 +43,15 @@ class Layout(NamedTuple):
     run_dir: Path
     volumes: tuple[dict, ...] = ()
     claims: tuple[tuple[str, Path], ...] = ()
+    # "namespace": pods see their folders mounted at the manifest's paths (``mounts``);
+    # "rewrite": the paths are rewritten to local folders (``paths``).
+    mounts: str = "rewrite"
 
     @classmethod
-    def of(cls, home: Path, run_dir: Path, spec: dict) -> Layout:
+    def of(cls, home: Path, run_dir: Path, spec: dict, mounts: str = "rewrite") -> Layout:
         claims = tuple((c["metadata"]["name"], run_dir / "volumes" / c["metadata"]["name"])
                        for c in spec.get("volumeClaimTemplates") or [])
-        return cls(home, run_dir, tuple(spec.get("volumes") or []), claims)
+        return cls(home, run_dir, tuple(spec.get("volumes") or []), claims, mounts)
 
 
 class Mount(NamedTuple):
@@ -57,16 +65,40 @@ class Mount(NamedTuple):
     kind: str = ""
     # Outlives the pod (not in its node folder): workflow outputs may point here.
     shared: bool = False
+    read_only: bool = False  # volumeMounts[].readOnly (applied in a mount namespace)
 
 
-class InputArtifact(NamedTuple):
-    """An input artifact to put at ``target`` before the pod starts: raw text or a stored copy."""
+class Container(NamedTuple):
+    """A container of the pod other than a plain template's own one: an init container, a
+    sidecar, or a member of a ``containerSet`` (the set's ``main`` included), resolved like the
+    main container (its own path map: its volume mounts, and its own ``workingDir`` in
+    ``ctr/<name>/fs/``; ``main`` keeps the pod's map)."""
 
     name: str
-    target: Path
-    source: Path | None = None
-    raw: str | None = None
-    optional: bool = False
+    role: str  # "init", "set" or "sidecar"
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    folder: Path  # the pod's node folder: its log is <name>.log, as Argo keeps one per container
+    mounts: tuple[Mount, ...] = ()
+    from_environment: tuple[str, ...] = ()
+    dependencies: tuple[str, ...] = ()  # containerSet only: names that must succeed first
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"{self.name}.log"
+
+    @property
+    def termination_log(self) -> Path:
+        name = "termination-log" if self.name == "main" else f"{self.name}.termination-log"
+        return self.folder / name
+
+
+class SetRetry(NamedTuple):
+    """``containerSet.retryStrategy``: attempts of each container's command, in place."""
+
+    attempts: int
+    pause_s: float = 0.0
 
 
 @dataclass
@@ -90,6 +122,15 @@ class PodRequest:
     inputs: list[InputArtifact] = field(default_factory=list)
     outputs: dict = field(default_factory=dict)  # the template's outputs section, resolved
     deadline_s: float | None = None  # the template's own activeDeadlineSeconds/timeout
+    # Init containers, sidecars and a containerSet's containers (see ``containers``); empty
+    # for a plain container/script pod, which runs ``argv`` alone.
+    containers: list[Container] = field(default_factory=list)
+    set_retry: SetRetry | None = None
+    # Mount-namespace mode (``mounts``): the folders to mount at container paths (None: the
+    # paths were rewritten), the container working directory, and why a pod was rewritten.
+    binds: list[Bind] | None = None
+    working_dir: str = ""
+    mounts_note: str = ""
 
     @property
     def log(self) -> Path:
@@ -166,29 +207,29 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     """Resolve a container/script template invocation; ``NodeError`` when it cannot be."""
     where = f"templates.{template['name']}"
     body_key = "script" if "script" in template else "container"
+    if "containerSet" in template:
+        body_key = "containerSet"
     # Cluster-only fields (metrics use Argo's {{duration}}/{{status}}, ...) are not ours to
     # resolve: they mean nothing locally.
     tmpl: dict = substitute({k: v for k, v in template.items()  # type: ignore[assignment]
                              if k != "name" and k not in CLUSTER_ONLY_FIELDS}, local, where)
-    body = tmpl[body_key]
+    body = set_main(tmpl[body_key]) if body_key == "containerSet" else tmpl[body_key]
     folder = layout.run_dir / "nodes" / node_folder(display_name, node_id)
     mounts = _mounts(tmpl, body, folder, layout)
     paths = PathMap(folder / "fs")
     for mount in mounts:
         paths.mount(mount.path, mount.local)
-    argv = [paths.rewrite(str(a)) for a in body["command"]]
+    binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
+    text = paths if binds is None else PathMap(folder / "fs")  # in a namespace: as written
+    argv = [text.rewrite(str(a)) for a in body.get("command") or []]
     script = None
-    if body_key == "script":
-        script = paths.rewrite(str(body.get("source", "")))
-        argv.append(str(folder / "script"))
-    argv += [paths.rewrite(as_text(a)) for a in body.get("args") or []]
-    env: dict[str, str] = {}
-    from_environment: list[str] = []
-    for item in body.get("env") or []:
-        if "valueFrom" in item:
-            from_environment.append(item["name"])  # an optional secret: ours, or nobody's
-            continue
-        env[item["name"]] = paths.rewrite(as_text(item.get("value", "")))
+    argv += [text.rewrite(as_text(a)) for a in body.get("args") or []]
+    if body_key == "script" and body.get("source"):
+        # operator.go executeScript appends the script's path after command and args (none
+        # for an empty source); the executor writes it executable (executor.go StageFiles).
+        script = text.rewrite(str(body["source"]))
+        argv.append(str(folder / "script") if binds is None else SCRIPT_PATH)
+    env, from_environment = _environment(body, text)
     return PodRequest(
         node_id=node_id,
         node_name=node_name,
@@ -202,10 +243,123 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         mounts=mounts,
         script=script,
         from_environment=from_environment,
-        inputs=_input_artifacts(tmpl, paths, art_args or {}),
+        inputs=_input_artifacts(tmpl, paths, art_args or {}, layout.home),
         outputs=tmpl.get("outputs") or {},
         deadline_s=template_deadline(template, local),
+        containers=plan_containers(tmpl, body, mounts, folder, layout),
+        set_retry=set_retry(tmpl),
+        binds=binds,
+        working_dir=str(body.get("workingDir") or folder) if binds is not None else "",
+        mounts_note=mounts_note,
     )
+
+
+def namespace_binds(tmpl: dict, body: dict, body_key: str, mounts: list[Mount], folder: Path,
+                    layout: Layout) -> tuple[list[Bind] | None, str]:
+    """In namespace mode, what to mount where (``mounts.binds_for``); None, with why, when
+    this pod's paths are rewritten instead."""
+    if layout.mounts != "namespace":
+        return None, ""
+    if tmpl.get("initContainers") or tmpl.get("sidecars") or body_key == "containerSet":
+        return None, "paths rewritten: a pod of several containers runs without a namespace"
+    working_dir = str(body.get("workingDir") or "")
+    binds, why = binds_for(mounts, folder, working_dir,
+                           body_key == "script" and bool(body.get("source")))
+    if why:
+        return None, f"paths rewritten: {why}"
+    return binds, ""
+
+
+def set_main(container_set: dict) -> dict:
+    """The body that stands for a containerSet in the pod's plan: its container named ``main``
+    (Argo loads inputs and saves outputs from ``main`` only: docs/container-set-template.md),
+    with the set's ``volumeMounts`` added as ``ContainerSetTemplate.GetContainers`` adds them
+    to every container; with no ``main``, just those mounts (nothing runs as the pod's own
+    command)."""
+    shared = list(container_set.get("volumeMounts") or [])
+    for node in container_set.get("containers") or []:
+        if node.get("name") == "main":
+            return {**node, "volumeMounts": [*(node.get("volumeMounts") or []), *shared]}
+    return {"volumeMounts": shared}
+
+
+def set_retry(tmpl: dict) -> SetRetry | None:
+    """``containerSet.retryStrategy`` as the emissary applies it: ``retry.OnError`` with
+    ``wait.Backoff{Steps: retries, Duration: duration}`` (``ContainerSetTemplate.
+    GetRetryStrategy``), so ``retries`` is the number of attempts in all (Argo's own
+    emissary_test.go: ``retries: 1`` fails a command that succeeds on its second try), each
+    ``duration`` after the last (factor 0: a constant pause)."""
+    strategy = (tmpl.get("containerSet") or {}).get("retryStrategy")
+    if not strategy or strategy.get("retries") is None:
+        return None
+    try:
+        attempts = int(str(strategy["retries"]))
+        pause = parse_duration(str(strategy["duration"])) if strategy.get("duration") else 0.0
+    except ValueError as exc:
+        raise NodeError(f"containerSet.retryStrategy: {exc}") from exc
+    if attempts < 1:
+        raise NodeError(f"containerSet.retryStrategy.retries: {attempts} would never run the "
+                        "containers (the emissary makes `retries` attempts in all)")
+    return SetRetry(attempts, pause)
+
+
+def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Path,
+                    layout: Layout) -> list[Container]:
+    """Init containers (in order), then a containerSet's containers, then sidecars."""
+    volumes_only = {"volumes": tmpl.get("volumes") or []}
+    # mirrorVolumeMounts: the main container's volume mounts, input artifacts included
+    # (workflowpod.go addInitContainers/addSidecars -> mirrorVolumeMounts, called "after all
+    # volumes have been manipulated in the main container").
+    main_paths = PathMap(folder / "fs")
+    for mount in main_mounts:
+        main_paths.mount(mount.path, mount.local)
+    mirrored = [m for m in main_mounts if m.volume]
+    mirrored += [Mount(a["path"], main_paths.local(a["path"]))
+                 for a in (tmpl.get("inputs") or {}).get("artifacts") or [] if a.get("path")]
+
+    def plan(body: dict, role: str) -> Container:
+        name = str(body.get("name") or "")
+        if name == "main" and role == "set":
+            mounts, paths = main_mounts, main_paths
+        else:
+            root = folder / "ctr" / name / "fs"
+            mounts = _mounts(volumes_only, body, folder, layout, fs_root=root)
+            if role != "set" and body.get("mirrorVolumeMounts"):
+                mounts = [*mirrored, *mounts]
+            paths = PathMap(root)
+            for mount in mounts:
+                paths.mount(mount.path, mount.local)
+        env, from_environment = _environment(body, paths)
+        return Container(
+            name=name, role=role,
+            argv=[paths.rewrite(str(a)) for a in body.get("command") or []]
+            + [paths.rewrite(as_text(a)) for a in body.get("args") or []],
+            env=env,
+            cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
+            folder=folder, mounts=tuple(mounts), from_environment=tuple(from_environment),
+            dependencies=tuple(str(d) for d in body.get("dependencies") or []))
+
+    found = [plan(c, "init") for c in tmpl.get("initContainers") or []]
+    container_set = tmpl.get("containerSet")
+    if container_set is not None:
+        shared = list(container_set.get("volumeMounts") or [])
+        for node in container_set.get("containers") or []:
+            body = main if node.get("name") == "main" else \
+                {**node, "volumeMounts": [*(node.get("volumeMounts") or []), *shared]}
+            found.append(plan(body, "set"))
+    found += [plan(c, "sidecar") for c in tmpl.get("sidecars") or []]
+    return found
+
+
+def _environment(body: dict, paths: PathMap) -> tuple[dict[str, str], list[str]]:
+    env: dict[str, str] = {}
+    from_environment: list[str] = []
+    for item in body.get("env") or []:
+        if "valueFrom" in item:
+            from_environment.append(item["name"])  # an optional secret: ours, or nobody's
+            continue
+        env[item["name"]] = paths.rewrite(as_text(item.get("value", "")))
+    return env, from_environment
 
 
 def _volume_folders(volumes: list | tuple, folder: Path, home: Path
@@ -221,14 +375,15 @@ def _volume_folders(volumes: list | tuple, folder: Path, home: Path
     return found
 
 
-def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout) -> list[Mount]:
+def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout,
+            fs_root: Path | None = None) -> list[Mount]:
     # emptyDir volumes belong to one pod, so workflow-level ones are resolved per node too.
     volumes = {
         **{name: (path, "volumeClaimTemplate") for name, path in layout.claims},
         **_volume_folders(layout.volumes, folder, layout.home),
         **_volume_folders(tmpl.get("volumes") or [], folder, layout.home),
     }
-    paths = PathMap(folder / "fs")
+    paths = PathMap(fs_root or folder / "fs")
     mounts: list[Mount] = []
     for mount in body.get("volumeMounts") or []:
         local, kind = volumes[mount["name"]]
@@ -236,7 +391,8 @@ def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout) -> list[Mount]
             local = local / mount["subPath"]
         paths.mount(mount["mountPath"], local)
         mounts.append(Mount(mount["mountPath"], local, mount["name"], kind,
-                            shared=not local.is_relative_to(folder)))
+                            shared=not local.is_relative_to(folder),
+                            read_only=bool(mount.get("readOnly"))))
     outputs = tmpl.get("outputs") or {}
     declared = [(p.get("valueFrom") or {}).get("path") for p in outputs.get("parameters") or []]
     declared += [a.get("path") for a in outputs.get("artifacts") or []]
@@ -250,18 +406,35 @@ def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout) -> list[Mount]
     return mounts
 
 
-def _input_artifacts(tmpl: dict, paths: PathMap, art_args: dict[str, dict]
+def _input_artifacts(tmpl: dict, paths: PathMap, art_args: dict[str, dict], home: Path
                      ) -> list[InputArtifact]:
+    """Each input artifact as the executor loads it. An argument replaces the template's
+    artifact but for its path and mode (workflow/common/util.go ProcessArgs); a ``from`` is a
+    stored object's path, whose archive is detected (the output's ``archive`` went with it in
+    Argo: a tarball unless ``none``)."""
     found = []
     for art in (tmpl.get("inputs") or {}).get("artifacts") or []:
         name = art["name"]
         source = art_args.get(name) or art
         target = paths.local(art["path"])
+        optional = bool(art.get("optional") or source.get("optional"))
+        mode = int(art["mode"]) if art.get("mode") is not None else None
+        archive = source.get("archive") or {}
+        kind = "none" if "none" in archive else "tar" if "tar" in archive else None
+        common = {"optional": optional, "mode": mode}
         if "raw" in source:
-            found.append(InputArtifact(name, target, raw=str(source["raw"].get("data", ""))))
-        elif source.get("from"):
-            found.append(InputArtifact(name, target, source=Path(source["from"]),
-                                       optional=bool(art.get("optional"))))
-        elif not art.get("optional"):
+            found.append(InputArtifact(name, target, raw=str(source["raw"].get("data", "")),
+                                       mode=mode))
+        elif isinstance(source.get("http"), dict):
+            headers = tuple((str(h.get("name", "")), str(h.get("value", "")))
+                            for h in source["http"].get("headers") or [])
+            found.append(InputArtifact(name, target, url=str(source["http"].get("url", "")),
+                                       headers=headers, archive=kind, **common))
+        elif isinstance(source.get("git"), dict):
+            found.append(InputArtifact(name, target, git=source["git"], **common))
+        elif (stored := input_source({**source, "name": name}, home)) is not None:
+            found.append(InputArtifact(name, target, source=stored,
+                                       archive=None if source.get("from") else kind, **common))
+        elif not optional:
             raise NodeError(f"input artifact {name!r} was not supplied")
     return found

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sublimate.pipelines.argo_terms import NodePhase
+from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from . import artifacts
 from .errors import NodeError
@@ -23,6 +23,7 @@ from .scope import CancelScope, Stoppable
 from .substitution import Vars, as_text
 
 if TYPE_CHECKING:
+    from .containers import ContainerEnd
     from .engine import Run
     from .run_folder import RunRecord
 
@@ -36,21 +37,29 @@ def run_pod(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
                        display_name=node.display_name, layout=run.layout, art_args=art_args)
     stage(request, record)
     node.log = request.log
+    hooks = _Hooks(record, node, scope, _container_nodes(record, node, request))
     slots = run.pod_slots
     if slots is not None:
         slots.acquire()
     try:
         if scope.stop_reason():
             return record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
-        outcome = run.executor.run(request, _Hooks(record, node, scope))
+        outcome = run.executor.run(request, hooks)
     finally:
         if slots is not None:
             slots.release()
     if outcome.error:
         return record.finish(node, NodePhase.ERROR, outcome.error)
     phase, message = _ending(outcome, request, scope)
+    if outcome.containers:
+        from .containers import STOPPED_WHILE_RUNNING, pod_ending  # deferred: only such pods
+
+        phase, message = pod_ending(outcome, scope.stop_reason() or "stopped")
+        for child in hooks.containers.values():
+            if not child.done:  # the pod failed first (assessNodeStatus)
+                record.finish(child, NodePhase.FAILED, STOPPED_WHILE_RUNNING)
     node.exit_code = outcome.exit_code
-    node.result = request.paths.restore(outcome.stdout.strip())
+    node.result = request.paths.restore(script_result(outcome.stdout))
     problem = _collect_outputs(run, request, node)
     if problem and phase == NodePhase.SUCCEEDED:
         phase, message = NodePhase.ERROR, problem
@@ -69,26 +78,27 @@ def stage(request: PodRequest, record: RunRecord) -> None:
     for local in [*request.output_files().values(), *request.artifact_paths().values()]:
         local.parent.mkdir(parents=True, exist_ok=True)
     for art in request.inputs:
-        if art.raw is not None:
-            artifacts.place_raw(art.raw, art.target)
-        elif art.source is not None:
-            if not art.source.exists():
-                if art.optional:
-                    continue
-                raise NodeError(f"input artifact {art.name!r}: {art.source} not found")
-            artifacts.place(art.source, art.target)
+        artifacts.load_input(art)
     request.cwd.mkdir(parents=True, exist_ok=True)
+    for container in request.containers:  # init containers, sidecars, a containerSet's
+        for mount in container.mounts:
+            if mount.volume:
+                mount.local.mkdir(parents=True, exist_ok=True)
+        container.cwd.mkdir(parents=True, exist_ok=True)
     if request.script is not None:
         request.script_path.write_text(request.script)
+        request.script_path.chmod(0o755)  # executor.go StageFiles: mode 0755, runnable as is
 
 
 class _Hooks:
     """The executor's view of the node: log lines, Running, and the stop of its scope."""
 
-    def __init__(self, record: RunRecord, node: NodeResult, scope: CancelScope) -> None:
+    def __init__(self, record: RunRecord, node: NodeResult, scope: CancelScope,
+                 containers: dict[str, NodeResult] | None = None) -> None:
         self.record = record
         self.node = node
         self.scope = scope
+        self.containers = containers or {}
 
     def on_line(self, line: str) -> None:
         self.record.log_line(self.node, line)
@@ -99,6 +109,47 @@ class _Hooks:
 
     def on_exit(self, handle: Stoppable) -> None:
         self.scope.discard(handle)
+
+    def on_container(self, name: str, end: ContainerEnd | None) -> None:
+        """A containerSet's container started (``end`` None) or ended: its node follows."""
+        child = self.containers.get(name)
+        if child is None:
+            return
+        if end is None:
+            self.record.transition(child, NodePhase.RUNNING)
+            return
+        from .containers import container_phase
+
+        child.exit_code = end.exit_code
+        self.record.finish(child, *container_phase(end))
+
+
+def _container_nodes(record: RunRecord, node: NodeResult, request: PodRequest
+                     ) -> dict[str, NodeResult]:
+    """A containerSet's containers as ``Container`` nodes ``<pod>.<name>``, children of the pod's
+    node (container_set_template.go ``executeContainerSet``), each with its own log."""
+    found: dict[str, NodeResult] = {}
+    for container in request.containers:
+        if container.role == "set":
+            child = record.add_node(f"{node.name}.{container.name}", container.name,
+                                    node.template, NodeType.CONTAINER, node)
+            child.log = container.log
+            found[container.name] = child
+    return found
+
+
+MAX_RESULT_BYTES = 256 * 1024
+
+
+def script_result(stdout: str) -> str:
+    """``outputs.result`` as executor.go ``CaptureScriptResult`` takes it: one trailing newline
+    removed, nothing else trimmed, and only the last 256 KiB (bytes) kept."""
+    if stdout.endswith("\n"):
+        stdout = stdout[:-1]
+    data = stdout.encode()
+    if len(data) > MAX_RESULT_BYTES:
+        stdout = data[-MAX_RESULT_BYTES:].decode("utf-8", "replace")
+    return stdout
 
 
 def _ending(outcome: PodOutcome, request: PodRequest, scope: CancelScope
@@ -135,6 +186,11 @@ def _collect_outputs(run: Run, request: PodRequest, node: NodeResult) -> str:
             if not art.get("optional"):
                 problem = problem or f"output artifact {art['name']!r}: {art['path']} not found"
             continue
-        stored = artifacts.save(local, request.run_dir / "artifacts" / node.id / art["name"])
-        set_artifact(run, node, art, str(stored))
+        try:
+            stored = artifacts.save_output(art, local, run.layout.home,
+                                           run.globals["workflow.name"], node.id)
+        except NodeError as exc:
+            problem = problem or str(exc)
+            continue
+        set_artifact(run, node, art, str(stored.path))
     return problem

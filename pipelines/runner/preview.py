@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sublimate.pipelines.argo_terms import NodeType
 
+from .artifacts import workflow_artifacts
 from .calls import call_arguments, when_text
 from .dag import DagPlan, describe_depends
 from .engine import prepare_workflow, seconds, workflow_globals
@@ -64,9 +65,10 @@ def preview_workflow(workflow: dict, parameters: dict[str, str], home: Path) -> 
     run_dir = Path(home) / "runs" / name
     preview = Preview(name, run_dir, params, on_exit=spec.get("onExit"),
                       deadline_s=spec.get("activeDeadlineSeconds"))
-    planner = _Planner(preview, spec, Layout.of(Path(home), run_dir, spec),
-                       workflow_globals(workflow, name, params, datetime.now(UTC)))
-    planner.template(spec["entrypoint"], {"parameters": dict(params)}, name, name, "", 0, [])
+    globals_ = workflow_globals(workflow, name, params, datetime.now(UTC))
+    planner = _Planner(preview, spec, Layout.of(Path(home), run_dir, spec), globals_)
+    entry_args = {"parameters": dict(params), "artifacts": workflow_artifacts(spec, globals_)}
+    planner.template(spec["entrypoint"], entry_args, name, name, "", 0, [])
     return preview
 
 

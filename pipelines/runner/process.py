@@ -60,6 +60,15 @@ def _die_with_runner(prctl: Callable[..., int], runner_pid: int) -> Callable[[],
     return preexec
 
 
+def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
+    def preexec() -> None:
+        if first is not None:
+            first()
+        then()
+
+    return preexec
+
+
 class LocalProcess:
     """A command in its own session, so that stopping it stops everything it started."""
 
@@ -70,7 +79,11 @@ class LocalProcess:
         env: dict[str, str],
         log_path: Path,
         on_line: Callable[[str], None] | None = None,
+        append: bool = False,  # a containerSet retry: Argo appends the attempt's log
+        setup: Callable[[], None] | None = None,  # lock-free, in the child before exec
     ) -> None:
+        self.append = append
+        self.setup = setup
         self.argv = argv
         self.cwd = cwd
         self.env = env
@@ -85,7 +98,9 @@ class LocalProcess:
         """Start the process; ``OSError`` (command not found...) propagates to the caller."""
         prctl = _resolve_prctl()
         preexec = _die_with_runner(prctl, os.getpid()) if prctl is not None else None
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
+        if self.setup is not None:  # a mount namespace (mounts.setup): after PDEATHSIG is set
+            preexec = _then(preexec, self.setup)
+        self._log = open(self.log_path, "ab" if self.append else "wb")  # noqa: SIM115 - closed in wait()
         try:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -133,13 +148,13 @@ class LocalProcess:
         self._log.close()
         return code, b"".join(self._stdout).decode("utf-8", "replace")
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = KILL_GRACE_S) -> None:
         """SIGTERM the whole process group, then SIGKILL it after a grace period."""
         if self.proc is None or self._stopped.is_set():
             return
         self._stopped.set()
         self._signal(signal.SIGTERM)
-        timer = threading.Timer(KILL_GRACE_S, self._signal, args=(signal.SIGKILL,))
+        timer = threading.Timer(grace_s, self._signal, args=(signal.SIGKILL,))
         timer.daemon = True
         timer.start()
 

@@ -3,7 +3,8 @@
 As in Argo, attempts are child nodes ``name(0)``, ``name(1)``, ...; ``retryPolicy`` says which
 endings are retried (``OnFailure`` by default; ``OnTransientError`` retries nothing here, as
 nothing is transient locally), ``limit`` how many times, and ``backoff`` how long to wait
-(``duration * factor**n``, all waits within ``maxDuration``). The Retry node ends like its last
+(``duration * factor**n``, at most ``cap``, all waits within ``maxDuration``; durations as
+``durations.parse_duration``). The Retry node ends like its last
 attempt and carries its outputs.
 """
 
@@ -37,10 +38,14 @@ class RetryPolicy(NamedTuple):  # not a dataclass: cheaper to define at every st
     max_total: float | None
     retry_on: frozenset[NodePhase]
     policy: str
+    cap: float | None = None
 
     def wait_before(self, attempt: int) -> float:
-        """Seconds to wait after attempt ``attempt`` (0-based) before the next one."""
-        return self.delay * self.factor**attempt
+        """Seconds to wait after attempt ``attempt`` (0-based) before the next one:
+        operator.go, ``duration * factor^n`` (a factor of 0 or less: no growth), at most
+        ``cap``."""
+        wait = self.delay * (self.factor**attempt if self.factor > 0 else 1)
+        return min(wait, self.cap) if self.cap is not None else wait
 
     def describe(self) -> str:
         text = f"retried up to {self.limit}x ({self.policy})"
@@ -60,8 +65,9 @@ def retry_policy(retry: dict, scope: Vars, where: str) -> RetryPolicy:
     return RetryPolicy(
         limit=limit,
         delay=parse_duration(backoff.get("duration", 0)),
-        factor=float(backoff.get("factor", 1)),
+        factor=float(int(backoff.get("factor", 1))),  # intstr.Int32: an integer
         max_total=parse_duration(backoff["maxDuration"]) if "maxDuration" in backoff else None,
+        cap=parse_duration(backoff["cap"]) if "cap" in backoff else None,
         retry_on=_RETRIED.get(policy, frozenset()),
         policy=policy,
     )
@@ -71,7 +77,7 @@ def run_with_retries(run: Run, template: dict, kind: NodeType, inputs: Vars, nod
                      scope: CancelScope, art_args: dict[str, dict]) -> NodeResult:
     record = run.record
     try:
-        policy = retry_policy(template["retryStrategy"], {**run.globals, **inputs},
+        policy = retry_policy(template["retryStrategy"], {**run.live_globals(), **inputs},
                               template["name"])
     except (NodeError, ValueError) as exc:
         return record.finish(node, NodePhase.ERROR, f"retryStrategy: {exc}")

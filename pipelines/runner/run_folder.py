@@ -76,6 +76,23 @@ def node_id(workflow: str, node_name: str) -> str:
     return workflow if node_name == workflow else f"{workflow}-{_fnv32a(node_name)}"
 
 
+def pod_name(workflow: str, node_name: str, template: str) -> str:
+    """Argo's v2 pod name (``workflow/util/pod_name.go`` ``GeneratePodName``): the workflow's
+    name for its root node, else ``<workflow>-<template>-<fnv32a(node name)>``."""
+    if node_name == workflow:
+        return workflow
+    prefix = f"{workflow}-{template}" if template else workflow
+    return f"{prefix[:242]}-{_fnv32a(node_name)}"
+
+
+def _template_of(node: NodeResult) -> str:
+    """``GetTemplateFromNode``: a templateRef's template by its own name (the runner names its
+    copy ``<WorkflowTemplate>.<template>``); a step group has none (steps.go)."""
+    if node.type == NodeType.STEP_GROUP:
+        return ""
+    return node.template.rsplit(".", 1)[-1]
+
+
 def node_folder(display_name: str, node_id: str) -> str:
     """``<display name>-<id hash>`` under ``nodes/``: readable in a listing, unique like the id."""
     readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in display_name)
@@ -145,6 +162,27 @@ class RunRecord:
         """A workflow output (``globalName``): ``kind`` is ``parameters`` or ``artifacts``."""
         with self.lock:
             self.outputs.setdefault(kind, {})[name] = value
+
+    def failures(self) -> str:
+        """``{{workflow.failures}}`` as Argo's operator.go sets it before the exit handler: every
+        node Failed or Error, of any type, as ``failedNodeStatus`` JSON (Go's ``json.Marshal``:
+        compact, ``<>&`` escaped, ``null`` for none), then ``strconv.Quote``'d, so the value
+        is a quoted JSON string (a shell's quotes restore the JSON)."""
+        with self.lock:
+            failed = [n for n in self.nodes.values() if n.phase.failed]
+        listed = [{
+            "displayName": n.display_name,
+            "message": n.message,
+            "templateName": _template_of(n),
+            "phase": n.phase,
+            "podName": pod_name(self.name, n.name, _template_of(n)),
+            "finishedAt": (n.finished_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+                           if n.finished_at else None),
+        } for n in failed]
+        text = json.dumps(listed or None, ensure_ascii=False, separators=(",", ":"))
+        for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+            text = text.replace(char, escaped)
+        return json.dumps(text, ensure_ascii=False)
 
     # ------------------------------------------------------------------ the workflow
 

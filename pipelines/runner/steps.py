@@ -34,7 +34,9 @@ def run_steps(run: Run, template: dict, local: Vars, node: NodeResult, scope: Ca
         group_node = record.add_node(f"{node.name}[{index}]", f"[{index}]", template["name"],
                                      NodeType.STEP_GROUP, node)
         record.transition(group_node, NodePhase.RUNNING)
-        call_vars = {**local, **step_vars}
+        # steps.go: a group's steps see the global scope as of the group's start (workflow
+        # outputs of earlier groups, status, duration).
+        call_vars = {**local, **run.live_globals(), **step_vars}
         results: list[NodeResult | None] = [None] * len(group)
 
         def run_step(i: int, step: dict, gn: NodeResult = group_node, v: Vars = call_vars,
