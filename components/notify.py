@@ -35,9 +35,15 @@ MAX_FAILURES = 10  # a message is read by a person: the first ones, then a count
 
 
 def failures(text: str) -> list[dict[str, str]]:
-    """Argo's ``{{workflow.failures}}`` (JSON, ``null`` when none) as a list, one per step."""
+    """Argo's ``{{workflow.failures}}`` as a list, one per failed node.
+
+    operator.go sets it to the compact JSON list *quoted as a Go string* (``strconv.Quote``),
+    so it is decoded twice; no failures is the quoted ``"null"``. Plain JSON is read too.
+    """
     try:
         listed = json.loads(text) if text.strip() else []
+        if isinstance(listed, str):  # the quoted form
+            listed = json.loads(listed)
     except ValueError:
         return [{"displayName": "?", "message": text.strip()}]
     seen: dict[tuple[str, str], dict[str, str]] = {}

@@ -132,10 +132,18 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
         emptyDir: {}
       volumeClaimTemplates:
       - metadata: {name: data}
+      synchronization:
+        mutexes: [{name: whole, namespace: argo}]
+        semaphores:
+        - {namespace: argo, configMapKeyRef: {name: limits, key: workflow, optional: false}}
       templates:
       - name: main
         failFast: true
         parallelism: 1
+        synchronization:
+          mutexes: [{name: one, namespace: argo}]
+          semaphores:
+          - {namespace: argo, configMapKeyRef: {name: limits, key: main, optional: true}}
         retryStrategy:
           limit: 2
           retryPolicy: OnFailure

@@ -236,6 +236,12 @@ def _processes_of(home: Path) -> set[int]:
     return found
 
 
+def _command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    return "?"
+
+
 def test_a_killed_runner_leaves_no_training_process(home: Path, leftovers: list[int]) -> None:
     # Enough epochs that training would go on for many minutes after its runner is gone.
     runner = start_run(home, "-p", "checkpoint-every=20", "-p", "epochs=2000")
@@ -248,7 +254,11 @@ def test_a_killed_runner_leaves_no_training_process(home: Path, leftovers: list[
         runner.kill()
         runner.communicate(timeout=30)
         # The launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX job.
-        _wait_for(lambda: not _processes_of(home), 45, "the run's processes to end")
+        try:
+            _wait_for(lambda: not _processes_of(home), 45, "the run's processes to end")
+        except AssertionError as error:  # say which processes stayed, for whoever reads CI
+            remaining = {pid: _command_line(pid) for pid in _processes_of(home)}
+            raise AssertionError(f"{error}; still running: {remaining}") from None
     finally:
         if runner.poll() is None:
             stop_run(runner)

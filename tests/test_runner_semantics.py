@@ -365,9 +365,7 @@ def test_backoff_cap_limits_the_wait(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("field", "name"), [
-    pytest.param("synchronization: {mutex: {name: m}}", "synchronization", marks=pytest.mark.xfail(
-        strict=True, reason="not done: synchronization is still cluster-only (noted, not "
-                            "applied); to be emulated in-process or refused")),
+    ("synchronization: {mutexes: [{name: m, database: true}]}", "database"),
     ("memoize: {key: k, cache: {configMap: {name: c}}}", "memoize"),
 ])
 def test_unsupported_template_fields_are_refused_by_name(tmp_path: Path, field: str,
@@ -377,8 +375,6 @@ def test_unsupported_template_fields_are_refused_by_name(tmp_path: Path, field: 
         run_workflow(load_manifest(wf(template)), {}, RunOptions(home=tmp_path))
 
 
-@pytest.mark.xfail(strict=True, reason="not done: template-level failFast is accepted and not "
-                                       "applied (operator.go checkParallelism applies it)")
 def test_template_fail_fast_stops_new_children_after_a_failure(tmp_path: Path) -> None:
     # operator.go checkParallelism: a steps/DAG template with failFast true starts nothing
     # more once a child failed, and fails "template has failed or errored children and

@@ -40,6 +40,9 @@ def add_local_commands(commands: Any) -> None:
                      help="folder for run folders and local volumes "
                           "(default: $SUBLIMATE_HOME or ~/.sublimate)")
     run.add_argument("--parallelism", type=int, help="most nodes running at once")
+    run.add_argument("--semaphore", action="append", default=[], metavar="CONFIGMAP/KEY=N",
+                     help="limit of a synchronization semaphore (default: a ConfigMap of that "
+                          "name in the manifest's folder); repeatable")
     run.add_argument("--quiet", "-q", action="store_true",
                      help="show node phases only, not the steps' logs")
     run.add_argument("--templates", action="append", default=[], type=Path, metavar="DIR",
@@ -96,6 +99,28 @@ def load_workflow(target: str, template_dirs: list[Path] | None = None) -> dict[
     return workflow
 
 
+def semaphore_limits(workflow: dict[str, Any], args: argparse.Namespace) -> dict[str, int]:
+    """Synchronization semaphores' limits: ``--semaphore`` first, then ConfigMap documents in
+    the manifest's folder and ``--templates`` folders (read only when a semaphore is used)."""
+    semaphores = getattr(args, "semaphore", None) or []
+    limits: dict[str, int] = {}
+    from sublimate.pipelines.runner.synchronization import (
+        configmap_limits,
+        parse_semaphore_option,
+        uses_semaphores,
+    )
+
+    if uses_semaphores(workflow) and Path(args.target).is_file():
+        limits = configmap_limits(Path(args.target), args.templates)
+    for text in semaphores:
+        try:
+            name, limit = parse_semaphore_option(text)
+        except ValueError as error:
+            raise UsageError(str(error)) from error
+        limits[name] = limit
+    return limits
+
+
 def command_run(args: argparse.Namespace) -> int:
     from sublimate.pipelines.lint import semantic_problems
     from sublimate.pipelines.runner import (
@@ -125,6 +150,7 @@ def command_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
+        semaphores=semaphore_limits(workflow, args),
         # progress goes to stderr, so `-o json` keeps stdout machine-readable
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,

@@ -83,18 +83,43 @@ def call_one(run: Run, call: dict, call_vars: Vars, name: str, display: str,
     if slots is not None:
         slots.acquire()
     try:
-        if scope.stop_reason():
+        stop = scope.stop_reason() or (FAIL_FAST if isinstance(slots, ChildSlots)
+                                       and slots.halted else None)
+        if stop:
             node = record.add_node(name, display, call["template"], NodeType.SKIPPED, parent)
-            return record.finish(node, NodePhase.OMITTED, f"not started: {scope.stop_reason()}")
-        return run.execute(call["template"], arguments, name, display, parent, scope)
+            return record.finish(node, NodePhase.OMITTED, f"not started: {stop}")
+        result = run.execute(call["template"], arguments, name, display, parent, scope)
+        if isinstance(slots, ChildSlots) and slots.fail_fast and result.phase.failed:
+            # node_counters.go getUnsuccessfulChildren counts any Failed or Errored child,
+            # continueOn or not: from now on checkParallelism starts no child of the template.
+            slots.halted = True
+        return result
     finally:
         if slots is not None:
             slots.release()
 
 
-def parallelism_slots(template: dict, local: Vars) -> threading.Semaphore | None:
-    """A DAG/steps template's ``parallelism``: how many of its calls may run at once."""
+# operator.go checkParallelism: the message of a template that stopped on template-level failFast.
+FAIL_FAST = "template has failed or errored children and failFast enabled"
+
+
+class ChildSlots(threading.Semaphore):
+    """A DAG/steps template's gate for its calls: ``parallelism`` slots, and its template-level
+    ``failFast`` (workflow_types.go ``IsFailFast``: true only when set): once a child failed or
+    errored, ``halted`` is set and no further child starts; running ones finish."""
+
+    def __init__(self, limit: int | None, fail_fast: bool) -> None:
+        super().__init__(limit if limit is not None else 1 << 30)
+        self.fail_fast = fail_fast
+        self.halted = False
+
+
+def parallelism_slots(template: dict, local: Vars) -> ChildSlots | None:
+    """A DAG/steps template's ``parallelism`` (how many of its calls may run at once) and
+    ``failFast``; None when it has neither."""
     limit = template.get("parallelism")
-    if limit is None:
+    fail_fast = template.get("failFast") in (True, "true")
+    if limit is None and not fail_fast:
         return None
-    return threading.Semaphore(int(substitute_text(str(limit), local, "parallelism")))
+    return ChildSlots(None if limit is None else
+                      int(substitute_text(str(limit), local, "parallelism")), fail_fast)

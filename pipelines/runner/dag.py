@@ -5,8 +5,10 @@ omitted: a task is decided once every task it names has ended; it runs if its ``
 expression holds (a bare name means "succeeded or skipped", or failed with ``continueOn``),
 and is omitted otherwise, or when the DAG is stopping. A failure that no task handles
 (``task.Failed``, ``task.Errored``, ``AnySucceeded``, ``AllFailed``) fails the DAG and, with
-``failFast`` (the default), stops new tasks from starting; running ones finish. ``run_dag``
-runs the decisions, one thread per task.
+``dag.failFast`` (the default), stops new tasks from starting; running ones finish. The
+template-level ``failFast`` (off by default) is stricter: any failed or errored child, handled
+or not, stops new tasks and loop items, and the DAG fails with Argo's failFast message
+(``calls.ChildSlots``). ``run_dag`` runs the decisions, one thread per task.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sublimate.pipelines.argo_terms import FAILURE_HANDLING_RESULTS, NodePhase, NodeType
 
-from .calls import continues, parallelism_slots
+from .calls import FAIL_FAST, continues, parallelism_slots
 from .errors import NodeError
 from .expressions import Ast, depends_references, evaluate_depends, parse_depends
 from .model import NodeResult
@@ -227,7 +229,8 @@ def run_dag(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
     task_vars: Vars = {}
     done: queue.Queue[tuple[str, NodeResult]] = queue.Queue()
     while True:
-        for decision in plan.next(scope.stop_reason()):
+        halted = FAIL_FAST if slots is not None and slots.halted else None
+        for decision in plan.next(scope.stop_reason() or halted):
             name, task = decision.task, plan.tasks[decision.task]
             if not decision.runs:
                 results[name] = _omit(record, node, name, task, decision.message)
@@ -250,6 +253,8 @@ def run_dag(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
     problem = template_outputs(run, template, {**local, **task_vars}, node)
     if stop:
         return record.finish(node, NodePhase.FAILED, stop)
+    if slots is not None and slots.halted:  # template-level failFast (operator.go
+        return record.finish(node, NodePhase.FAILED, FAIL_FAST)  # checkParallelism)
     if plan.unhandled:
         first = results[plan.unhandled[0]]
         return record.finish(node, NodePhase.FAILED, f"task {plan.unhandled[0]!r} "

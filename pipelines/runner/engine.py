@@ -56,6 +56,7 @@ from .substitution import Vars
 
 if TYPE_CHECKING:
     from .hooks import Hook, WorkflowHooks
+    from .synchronization import Synchronizer
 
 
 def prepare_workflow(workflow: dict, parameters: dict[str, str]) -> tuple[dict, dict[str, str]]:
@@ -115,6 +116,12 @@ class Run:
         self.spec: dict = workflow["spec"]
         self.templates = {t["name"]: t for t in self.spec["templates"]}
         self.params = params
+        self.sync: Synchronizer | None = None  # before anything exists: it may refuse the run
+        if self.spec.get("synchronization") or any(t.get("synchronization")
+                                                   for t in self.spec["templates"]):
+            from .synchronization import Synchronizer  # only a workflow with locks imports it
+
+            self.sync = Synchronizer(workflow, options.semaphores)
         home = Path(options.home)
         self.name, self.run_dir = make_run_dir(home, workflow.get("metadata") or {})
         if options.reporter is not None:
@@ -279,9 +286,23 @@ class Run:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         inputs.update(extra or {})
         art_args = arguments.get("artifacts") or {}
-        if retried:
-            return run_with_retries(self, template, kind, inputs, node, scope, art_args)
-        return self.attempt(template, kind, inputs, node, scope, 0, art_args)
+        locks: list[str] | None = []
+        if self.sync is not None:  # operator.go executeTemplate: TryAcquire before it starts
+            locks = self.sync.acquire(
+                template_name, lambda message: self.record.transition(node, NodePhase.PENDING,
+                                                                      message),
+                scope.stop_reason)
+            if locks is None:
+                return self.record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
+            if locks and node.message.startswith("Waiting for "):
+                node.message = ""  # acquired: Argo clears the waiting status
+        try:
+            if retried:
+                return run_with_retries(self, template, kind, inputs, node, scope, art_args)
+            return self.attempt(template, kind, inputs, node, scope, 0, art_args)
+        finally:
+            if self.sync is not None:
+                self.sync.release(locks or [])
 
     def attempt(self, template: dict, kind: NodeType, inputs: Vars, node: NodeResult,
                 parent_scope: CancelScope, attempt: int, art_args: dict[str, dict]

@@ -45,7 +45,22 @@ _METRICS = "Prometheus metrics"
 _ARCHIVE = "log archiving and archive locations (the home's one artifact repository is used)"
 _PROBES = "container probes and termination messages"
 _META = "Kubernetes labels and annotations"
-_SYNC = "synchronization (semaphores and mutexes across workflows)"
+# Emulated in-process for the run's own nodes (pipelines/runner/synchronization.py); database
+# locks need Argo's synchronization database.
+_SYNC_FIELDS = {
+    "synchronization": _YES,
+    "synchronization.mutexes": _YES,
+    "synchronization.mutexes[].name": _YES,
+    "synchronization.mutexes[].namespace": _YES,
+    "synchronization.mutexes[].database": Field(REFUSED, "database mutexes"),
+    "synchronization.semaphores": _YES,
+    "synchronization.semaphores[].namespace": _YES,
+    "synchronization.semaphores[].configMapKeyRef": _YES,
+    "synchronization.semaphores[].configMapKeyRef.name": _YES,
+    "synchronization.semaphores[].configMapKeyRef.key": _YES,
+    "synchronization.semaphores[].configMapKeyRef.optional": _YES,
+    "synchronization.semaphores[].database": Field(REFUSED, "database semaphores"),
+}
 _PVC_CLAIM = "the claim's storage request (a local folder stands for the volume)"
 
 _LOCATION = ("this artifact location (artifacts are stored in the home's artifact repository; "
@@ -330,7 +345,7 @@ _TEMPLATE = {
     "annotations": _cluster(_META),
     "metrics": _cluster(_METRICS),
     "archiveLocation": _cluster(_ARCHIVE),
-    "synchronization": _cluster(_SYNC),
+    **_SYNC_FIELDS,
 }
 
 _CLAIM_METADATA = ("annotations", "creationTimestamp", "deletionGracePeriodSeconds",
@@ -405,7 +420,7 @@ _SPEC = {
     "artifactRepositoryRef.configMap": _YES,
     "artifactRepositoryRef.key": _YES,
     "metrics": _cluster(_METRICS),
-    "synchronization": _cluster(_SYNC),
+    **_SYNC_FIELDS,
 }
 
 FIELDS: Final[dict[str, Field]] = {"spec": _YES, **_under("spec", _SPEC)}

@@ -58,6 +58,7 @@ _REFUSED = {
     "templateDefaults": "templateDefaults",
     "retryStrategy": "workflow-level retryStrategy",
     "envFrom": "envFrom",
+    "database": "database synchronization locks",
     "valueFrom": "valueFrom",
     "shutdown": "spec.shutdown",
 }
@@ -130,6 +131,12 @@ _STEP = {
 _TASK = {**_STEP, "dependencies": ANY, "depends": ANY}
 _VOLUME = {"name": ANY, "persistentVolumeClaim": {"claimName": ANY, "readOnly": ANY},
            "emptyDir": ANY}
+# pipelines/runner/synchronization.py emulates these for the run's own nodes ("database": _REFUSED)
+_SYNCHRONIZATION = {
+    "mutexes": _list({"name": ANY, "namespace": ANY}),
+    "semaphores": _list({"namespace": ANY,
+                         "configMapKeyRef": {"name": ANY, "key": ANY, "optional": ANY}}),
+}
 _TEMPLATE = {
     "name": ANY,
     "inputs": {
@@ -177,9 +184,11 @@ _TEMPLATE = {
     "parallelism": ANY,
     "failFast": ANY,
     "volumes": _list(_VOLUME),
+    "synchronization": _SYNCHRONIZATION,
 }
 _SPEC = {
     "entrypoint": ANY,
+    "synchronization": _SYNCHRONIZATION,
     "arguments": {"parameters": _list(
         {"name": ANY, "value": ANY, "default": ANY, "enum": ANY, "description": ANY}
     ), "artifacts": _list({"name": ANY, "raw": {"data": ANY}, **_ARCHIVE, **_BUCKETS,

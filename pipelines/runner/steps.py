@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import continues, parallelism_slots, run_concurrently
+from .calls import FAIL_FAST, continues, parallelism_slots, run_concurrently
 from .model import NodeResult
 from .outputs import result_vars, template_outputs
 from .scope import CancelScope
@@ -50,6 +50,9 @@ def run_steps(run: Run, template: dict, local: Vars, node: NodeResult, scope: Ca
             step_vars.update(result_vars("steps", step["name"], result, record.nodes))
             if result.phase.failed and not continues(step, result.phase) and not failure:
                 failure = f"step {step['name']!r} {result.phase.lower()}: {result.message}"
+        if slots is not None and slots.halted:
+            # operator.go checkParallelism: failFast fails the leaf step group and the template.
+            failure = FAIL_FAST
         record.finish(group_node, NodePhase.FAILED if failure else NodePhase.SUCCEEDED, failure)
         if failure:
             break

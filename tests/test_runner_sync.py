@@ -1,0 +1,161 @@
+"""Template-level failFast and in-process synchronization (mutexes, semaphores) of the runner.
+
+Semantics: operator.go checkParallelism (failFast), workflow/sync (locks and their messages).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sublimate.pipelines.argo_terms import NodePhase
+from sublimate.pipelines.runner import ManifestError, RunOptions, load_manifest, run_workflow
+from sublimate.pipelines.runner.model import RunEvent
+
+FAIL_FAST = "template has failed or errored children and failFast enabled"
+
+
+def wf(templates: str, extra: str = "") -> str:
+    return ("apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata: {name: sync}\n"
+            f"spec:\n  entrypoint: main\n{textwrap.indent(textwrap.dedent(extra), '  ')}"
+            f"  templates:\n{textwrap.indent(textwrap.dedent(templates), '  ')}")
+
+
+def run(text: str, home: Path, semaphores: dict[str, int] | None = None,
+        events: list[RunEvent] | None = None):
+    sink: list[RunEvent] = [] if events is None else events
+    return run_workflow(load_manifest(text), {}, RunOptions(
+        home=home, reporter=sink.append, semaphores=semaphores or {}))
+
+
+def _windows(folder: Path) -> list[tuple[float, float]]:
+    spans = []
+    for line in (folder / "log").read_text().split("\n"):
+        if line.strip():
+            start, end = line.split()
+            spans.append((float(start), float(end)))
+    return spans
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = current = 0
+    for _, step in points:
+        current += step
+        most = max(most, current)
+    return most
+
+
+LOCKED = """
+- name: main
+  dag:
+    tasks:
+{tasks}
+- name: work
+  synchronization: {sync}
+  container:
+    command: [sh, -c, 'a=$(date +%s.%N); sleep 0.4; echo "$a $(date +%s.%N)" >> {log}/log']
+"""
+
+
+def test_a_mutex_lets_one_task_run_at_a_time(tmp_path: Path) -> None:
+    tasks = "\n".join(f"    - {{name: t{i}, template: work}}" for i in range(2))
+    events: list[RunEvent] = []
+    result = run(wf(LOCKED.format(tasks=tasks, sync="{mutexes: [{name: one}]}", log=tmp_path)),
+                 tmp_path / "home", events=events)
+    assert result.phase == NodePhase.SUCCEEDED
+    spans = _windows(tmp_path)
+    assert len(spans) == 2 and _most_at_once(spans) == 1
+    # sync/semaphore.go checkAcquire: the waiting node's message while Pending
+    assert any(e.phase == NodePhase.PENDING and e.message ==
+               "Waiting for default/Mutex/one lock. Lock status: 0/1" for e in events)
+
+
+def test_a_semaphore_of_two_runs_at_most_two(tmp_path: Path) -> None:
+    tasks = "\n".join(f"    - {{name: t{i}, template: work}}" for i in range(4))
+    sync = "{semaphores: [{configMapKeyRef: {name: limits, key: work}}]}"
+    result = run(wf(LOCKED.format(tasks=tasks, sync=sync, log=tmp_path)), tmp_path / "home",
+                 semaphores={"limits/work": 2})
+    assert result.phase == NodePhase.SUCCEEDED
+    spans = _windows(tmp_path)
+    assert len(spans) == 4 and _most_at_once(spans) == 2
+
+
+def test_a_semaphore_without_a_limit_is_refused_by_name(tmp_path: Path) -> None:
+    sync = "{semaphores: [{configMapKeyRef: {name: limits, key: work}}]}"
+    text = wf(LOCKED.format(tasks="    - {name: t, template: work}", sync=sync, log=tmp_path))
+    with pytest.raises(ManifestError, match=r"semaphore 'limits/work' has no limit.*--semaphore"):
+        run(text, tmp_path / "home")
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("status.json"))
+
+
+def test_a_semaphore_limit_from_a_configmap_next_to_the_manifest(tmp_path: Path) -> None:
+    from sublimate.pipelines.runner.synchronization import configmap_limits
+
+    (tmp_path / "limits.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: limits}\ndata: {work: '3'}\n")
+    manifest = tmp_path / "wf.yaml"
+    manifest.write_text("kind: Workflow\n")
+    assert configmap_limits(manifest) == {"limits/work": 3}
+
+
+def test_workflow_level_mutex_is_held_by_the_run(tmp_path: Path) -> None:
+    text = wf("- name: main\n  container: {command: [echo, hi]}\n",
+              extra="synchronization: {mutexes: [{name: whole}]}\n")
+    assert run(text, tmp_path).phase == NodePhase.SUCCEEDED
+
+
+def test_dag_template_fail_fast_starts_no_new_task(tmp_path: Path) -> None:
+    # A failure continueOn handles still counts (node_counters.go getUnsuccessfulChildren).
+    result = run(wf("""
+    - name: main
+      failFast: true
+      dag:
+        tasks:
+        - {name: bad, template: fail, continueOn: {failed: true}}
+        - {name: later, template: ok, depends: bad}
+    - name: fail
+      container: {command: [sh, -c, "exit 1"]}
+    - name: ok
+      container: {command: [echo]}
+    """), tmp_path)
+    assert result.phase == NodePhase.FAILED
+    assert result.node("sync").message == FAIL_FAST
+    assert result.node("later").phase == NodePhase.OMITTED
+
+
+def test_steps_template_fail_fast_fails_the_group(tmp_path: Path) -> None:
+    result = run(wf("""
+    - name: main
+      failFast: true
+      parallelism: 1
+      steps:
+      - - {name: a, template: fail, continueOn: {failed: true}}
+        - {name: b, template: ok}
+      - - {name: c, template: ok}
+    - name: fail
+      container: {command: [sh, -c, "exit 1"]}
+    - name: ok
+      container: {command: [echo]}
+    """), tmp_path)
+    assert result.phase == NodePhase.FAILED
+    assert result.node("sync").message == FAIL_FAST
+    assert result.node("[0]").message == FAIL_FAST
+    assert result.node("b").phase == NodePhase.OMITTED
+    assert not any(n.display_name == "c" for n in result.nodes)
+
+
+def test_without_template_fail_fast_a_handled_failure_goes_on(tmp_path: Path) -> None:
+    result = run(wf("""
+    - name: main
+      steps:
+      - - {name: a, template: fail, continueOn: {failed: true}}
+      - - {name: c, template: ok}
+    - name: fail
+      container: {command: [sh, -c, "exit 1"]}
+    - name: ok
+      container: {command: [echo]}
+    """), tmp_path)
+    assert result.phase == NodePhase.SUCCEEDED
