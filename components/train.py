@@ -580,6 +580,7 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     STOPPED (the step was stopped)."""
     from torchx.specs import AppState
 
+    attempt_started = time.time()
     app = build_app(args, scheduler)
     cfg: dict[str, object] = dict(scheduler_config(args, scheduler))
     if scheduler in LOCAL_SCHEDULERS:
@@ -591,6 +592,8 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     for role in app.roles:  # the end of the launcher's own share of the start-up
         role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
         role.env[watchdog.ATTEMPT_ENV] = attempt_id
+        if attempt:  # a relaunch's start-up begins with it, not with the stalled attempt
+            role.env[metrics.LAUNCH_TIME_ENV] = f"{attempt_started:.3f}"
     # On a cluster the job has this step's name: an earlier attempt's job may be there.
     handle = job_handle(runner, scheduler, cfg) if scheduler == "kubernetes" else ""
     try:

@@ -206,6 +206,10 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     assert "relaunching from the last checkpoint (relaunch 1 of 1)" in output
     assert re.search(r"resumed from checkpoint at step \d+", output)
     assert time.monotonic() - started > 6
+    # The relaunch's start-up is its own: its launcher phase does not hold the stalled attempt
+    # (at least stall-seconds of it).
+    relaunched = re.findall(r"launch to first step [0-9.]+s \(launcher ([0-9.]+)s", output)
+    assert relaunched and float(relaunched[-1]) < 6, output[-3000:]
     # The launcher ended the frozen worker after cancelling the stalled attempt.
     assert not Path(f"/proc/{frozen}").exists() or \
         Path(f"/proc/{frozen}/stat").read_text().split()[2] == "Z"
