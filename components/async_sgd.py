@@ -35,6 +35,7 @@ from torch import nn
 
 from sublimate.components import checkpoint, lr_schedule, run_files
 from sublimate.components import metrics as monitoring
+from sublimate.components.durable_files import write_json
 from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re-exported)
     AsyncSGD,
     ParameterServer,
@@ -338,7 +339,7 @@ class ServerRun:
             "state_dict": server.snapshot(), "algorithm": "async",
             "steps": summary["steps"], "dataset": self.metadata["name"]},
             args.run_dir / run_files.MODEL)
-        checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+        write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
         return summary
 
     def summary(self, seconds: float) -> dict[str, Any]:

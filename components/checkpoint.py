@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sublimate.components.durable_files import replace_atomically
+from sublimate.components.durable_files import replace_atomically, write_json
 from sublimate.components.run_files import CHECKPOINTS, LATEST
 
 
@@ -53,12 +53,6 @@ def _refused_global(message: str) -> str:
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what to do."""
-
-
-def write_json(data: dict[str, Any], path: Path, sort_keys: bool = True) -> None:
-    """``sort_keys=False`` keeps the dicts' own order (e.g. start-up phases in time order)."""
-    encoded = (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode()
-    replace_atomically(path, lambda stream: stream.write(encoded))
 
 
 # Per-rank checkpoints: every worker writes its own state for a step (local models differ under

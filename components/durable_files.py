@@ -8,6 +8,7 @@ local runner's status.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -54,3 +55,10 @@ def replace_atomically(path: Path, write: Any) -> None:
         Path(temporary).unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+
+
+def write_json(data: dict[str, Any], path: Path, sort_keys: bool = True) -> None:
+    """``data`` as indented JSON at ``path``, replaced atomically (:func:`replace_atomically`).
+    ``sort_keys=False`` keeps the dicts' own order (e.g. start-up phases in time order)."""
+    encoded = (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode()
+    replace_atomically(path, lambda stream: stream.write(encoded))

@@ -179,14 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     except EVALUATION_ERRORS as error:
         print(f"evaluate: error: {error}", file=sys.stderr)
         return 2
-    from sublimate.components import checkpoint
+    from sublimate.components.durable_files import write_json
 
     if source == BUILT_IN:
         # The step's own cost beside the evaluation's: importing torch, loading model and data.
         metrics["total_seconds"] = round(perf_counter() - started, 3)
         # Evaluation is over in a second or two: too short-lived to scrape, so its metrics are
         # the metrics.json below, the TensorBoard scalars and the run report.
-        checkpoint.write_json(metrics, written)
+        write_json(metrics, written)
     _publish(args.model_dir, metrics)
     for path, value in ((args.accuracy_path, metrics.get("accuracy", "")),
                         (args.metric_path, metrics[args.metric])):

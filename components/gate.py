@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components import settings as declared
+from sublimate.components.durable_files import write_json
 from sublimate.components.termination import OneLineParser, fail
 
 STEP = "gate"
@@ -173,7 +174,7 @@ def parse_args(argv: list[str] | None) -> Any:
 
 
 def write_outputs(args: Any, decision: Decision) -> None:
-    write_record(args.model_dir / RECORD, asdict(decision))
+    write_json(asdict(decision), args.model_dir / RECORD)  # read by notify
     champion_metric = "" if decision.champion_metric is None else _text(decision.champion_metric)
     for path, value in ((args.promote_path, "true" if decision.promote else "false"),
                         (args.reason_path, decision.reason),
@@ -182,14 +183,6 @@ def write_outputs(args: Any, decision: Decision) -> None:
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(value)
-
-
-def write_record(path: Path, record: dict[str, Any]) -> None:
-    """A step's record in the run's folder, whole or not at all (the notification reads it)."""
-    from sublimate.components.durable_files import replace_atomically
-
-    encoded = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
-    replace_atomically(path, lambda stream: stream.write(encoded))
 
 
 def read_record(path: Path, workflow_uid: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from sublimate.components import gate, run_files
 from sublimate.components import settings as declared
+from sublimate.components.durable_files import write_json
 from sublimate.components.termination import OneLineParser, fail
 
 STEP = "register-model"
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         record = register(args)
     except (RegistryError, ValueError, OSError) as error:
         return fail(STEP, redact(str(error)))
-    gate.write_record(args.model_dir / RECORD, record)
+    write_json(record, args.model_dir / RECORD)  # read by notify
     for path, value in ((args.version_path, record["version"]),
                         (args.champion_path, record["champion"])):
         if path:

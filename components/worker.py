@@ -42,7 +42,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from sublimate.components import checkpoint, lr_schedule, run_files, training
 from sublimate.components import metrics as monitoring
 from sublimate.components.datasets import read_metadata, read_split
-from sublimate.components.durable_files import replace_atomically
+from sublimate.components.durable_files import replace_atomically, write_json
 from sublimate.components.models import build_model, model_spec
 from sublimate.components.paradigms import Paradigm
 from sublimate.components.settings import (
@@ -498,7 +498,7 @@ class Run:
                                 architecture=learner.architecture, config=learner.config,
                                 algorithm=args.algorithm, steps=self.step,
                                 dataset=self.data.metadata["name"])
-            checkpoint.write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+            write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
         dist.barrier()
         dist.destroy_process_group()
         self.reporter.close(self.step)
