@@ -37,7 +37,7 @@ import numpy as np
 
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
-BUILTIN_DATASETS = ("digits",)
+BUILTIN_DATASETS = ("digits", "mnist1d")
 
 
 class DatasetError(ValueError):
@@ -335,9 +335,68 @@ def digits_splits(test_fraction: float = 0.2, seed: int = 0) -> dict[str, Split]
     }
 
 
+# mnist1d at the size sublimate builds it: 62,500 examples, split 80/20 by the package into
+# 50,000 training and 12,500 test examples, from the package's own default seed.
+MNIST1D_EXAMPLES = 62_500
+MNIST1D_SEED = 42
+# 8 training and 2 test shards of 1 MB each: every shard is full, and a job of up to 8 ranks
+# streams whole shards.
+MNIST1D_SHARD_SIZE = 6_250
+
+
+def mnist1d_splits(num_samples: int = MNIST1D_EXAMPLES,
+                   seed: int = MNIST1D_SEED) -> tuple[dict[str, Split], dict[str, Any]]:
+    """MNIST-1D (Greydanus 2020, arXiv:2011.14439): 1-D signals of 40 points made from 10
+    digit templates by random padding, scaling, translation, correlated and white noise and
+    shear, generated here by the ``mnist1d`` package's ``make_dataset``.
+
+    Never ``mnist1d.data.get_dataset``: that one downloads a pickle. The generator draws from
+    the global ``random``/``numpy.random`` state after seeding it, so the same seed and package
+    version give the same arrays; the caller's global random state is restored afterwards.
+    Returns the splits (``train``: the first 80%, ``test``: the rest, as the package splits
+    them) and the generation's provenance for the dataset's metadata.
+    """
+    import random
+    from importlib.metadata import version
+
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed = num_samples, seed
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        generated = make_dataset(args)
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+    splits = {"train": Split(generated["x"].astype(np.float32), generated["y"].astype(np.int64)),
+              "test": Split(generated["x_test"].astype(np.float32),
+                            generated["y_test"].astype(np.int64))}
+    provenance = {
+        "package": "mnist1d", "version": version("mnist1d"),
+        "function": "mnist1d.data.make_dataset", "licence": "Apache-2.0",
+        "reference": "Greydanus, Scaling down deep learning (2020), arXiv:2011.14439",
+        # every argument of the generation (the download URL it never used left out)
+        "args": {key: value for key, value in vars(args).items() if key != "url"},
+    }
+    return splits, provenance
+
+
 def build_builtin(name: str, target: Path) -> Path:
-    if name != "digits":
-        raise DatasetError(f"unknown built-in dataset '{name}' (built-in: "
-                           f"{', '.join(BUILTIN_DATASETS)})")
-    return write_dataset(target, digits_splits(), name="digits", num_classes=10, shard_size=1024,
-                         extra={"source": "scikit-learn digits (UCI optdigits), CC BY 4.0"})
+    """Write built-in dataset ``name`` at ``target`` (an existing complete folder is kept)."""
+    if name == "digits":
+        return write_dataset(target, digits_splits(), name="digits", num_classes=10,
+                             shard_size=1024,
+                             extra={"source": "scikit-learn digits (UCI optdigits), CC BY 4.0"})
+    if name == "mnist1d":
+        if (target / METADATA_FILE).is_file():
+            return target  # complete already: spare the generation (seconds of CPU)
+        splits, provenance = mnist1d_splits()
+        return write_dataset(
+            target, splits, name="mnist1d", num_classes=10, shard_size=MNIST1D_SHARD_SIZE,
+            extra={"source": f"MNIST-1D generated locally by mnist1d {provenance['version']} "
+                             f"(make_dataset, {MNIST1D_EXAMPLES} examples, seed "
+                             f"{MNIST1D_SEED}), Apache-2.0; no download",
+                   "generator": provenance})
+    raise DatasetError(f"unknown built-in dataset '{name}' (built-in: "
+                       f"{', '.join(BUILTIN_DATASETS)})")

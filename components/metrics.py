@@ -449,6 +449,57 @@ def iter_jsonl(path: Path) -> Iterable[dict[str, Any]]:
     return records
 
 
+# --- bytes on the wire ----------------------------------------------------------------------------
+
+# The kernel's per-interface counters of the *network namespace* of the reading process: in a
+# pod, the pod's interfaces; on a local_netns node, the node's veth; on local_cwd, the host's.
+NET_DEV = "/proc/self/net/dev"
+LOOPBACK = "lo"
+
+
+def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
+    """``{interface: (received bytes, sent bytes)}`` from the text of ``/proc/net/dev``.
+
+    After two header lines, each line is ``name: rx_bytes rx_packets errs drop fifo frame
+    compressed multicast tx_bytes ...``: sent bytes are the 9th number after the colon.
+    """
+    counters = {}
+    for line in text.splitlines()[2:]:
+        name, separator, numbers = line.partition(":")
+        fields = numbers.split()
+        if separator and len(fields) >= 9:
+            counters[name.strip()] = (int(fields[0]), int(fields[8]))
+    return counters
+
+
+def network_bytes_sent(path: str = NET_DEV) -> int | None:
+    """Bytes sent so far by every interface of this process's network namespace except
+    loopback (traffic between processes of one namespace never leaves it); None where the file
+    cannot be read (not Linux)."""
+    try:
+        with open(path, encoding="ascii") as counters:
+            text = counters.read()
+    except OSError:
+        return None
+    return sum(sent for name, (_, sent) in parse_net_dev(text).items() if name != LOOPBACK)
+
+
+class NetworkCounter:
+    """Bytes this process's namespace sent since the counter was created (one small file read
+    per call): created when a training process starts recording, read once per epoch."""
+
+    def __init__(self, path: str = NET_DEV) -> None:
+        self.path = path
+        self.start = network_bytes_sent(path)
+
+    def sent(self) -> int | None:
+        now = network_bytes_sent(self.path)
+        if now is None or self.start is None:
+            return None
+        # an interface that went away (a veth deleted) takes its count with it: never negative
+        return max(now - self.start, 0)
+
+
 # --- start-up: from the train step's start to a process's first optimizer step -------------------
 
 STARTUP_GAUGE = "sublimate_launch_to_first_step_seconds"

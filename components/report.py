@@ -91,6 +91,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
                             **{phase: round(fraction, 4)
                                for phase, fraction in _metrics().time_split(*totals).items()}}
     losses = [point["loss"] for point in curve if "loss" in point]
+    # What each process's network namespace had sent by its last epoch (see metrics.NET_DEV).
+    sent = {label: records[-1]["net_sent_bytes"] for label, records in logs.items()
+            if records and isinstance(records[-1].get("net_sent_bytes"), int)}
     report: dict[str, Any] = {
         "run": run_dir.name,
         "run_dir": str(run_dir),
@@ -106,6 +109,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if summary.get("algorithm") == "async":
         report["async"] = {key: summary.get(key) for key in (
             "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
+    if sent:
+        report["net_sent_bytes"] = sent
     stragglers = straggler_summary(main)
     if stragglers is not None:
         report["stragglers"] = stragglers

@@ -359,7 +359,8 @@ def add_arguments(parser: argparse.ArgumentParser, chosen: Iterable[Setting]) ->
         parser.add_argument(setting.flag, dest=setting.attribute, type=setting.argparse_type(),
                             default=setting.default_value,
                             metavar=setting.kind.upper() if not setting.choices else None,
-                            help=setting.description)
+                            # argparse formats help with %: a literal one (0.1%) is doubled
+                            help=setting.description.replace("%", "%%"))
 
 
 def to_flags(values: Mapping[str, Any], chosen: Iterable[Setting]) -> list[str]:

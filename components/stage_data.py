@@ -1,8 +1,9 @@
 """The ``stage-data`` step: materialise a dataset on the shared volume.
 
-``--dataset`` is a built-in name (``digits``), a Python entry point ``py:module:function`` that
-returns the splits, or a path / fsspec URL (``s3://bucket/prefix``, ``file://``, ``gs://`` ...) of
-a folder in the layout described in :mod:`sublimate.components.datasets`.
+``--dataset`` is a built-in name (``digits``, ``mnist1d``), a Python entry point
+``py:module:function`` that returns the splits, or a path / fsspec URL (``s3://bucket/prefix``,
+``file://``, ``gs://`` ...) of a folder in the layout described in
+:mod:`sublimate.components.datasets`.
 
 A URL is copied into ``<data-root>/<dataset-id>``:
 

@@ -8,6 +8,8 @@ Layout in the run folder on the shared volume::
 
 ``<label>`` is ``rank-N`` for collective workers, ``ps`` and ``trainer-N`` for async SGD, so
 ``tensorboard --logdir <run>/tensorboard`` shows every rank and the aggregate side by side.
+Every record gets ``net_sent_bytes``: what this process's network namespace sent (loopback
+excluded) since the log was opened, as training began (see ``metrics.NetworkCounter``).
 TensorBoard is written only when the ``tensorboard`` package is importable and metrics are on;
 the JSONL is always written (a few hundred bytes per epoch). Resumed runs append: readers keep the
 last record of each epoch.
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components import run_files
-from sublimate.components.metrics import enabled
+from sublimate.components.metrics import NetworkCounter, enabled
 
 AGGREGATE = "aggregate"
 
@@ -62,9 +64,16 @@ class EpochLog:
         self.writer = _summary_writer(run_dir / run_files.TENSORBOARD / label)
         self.aggregate = _summary_writer(run_dir / run_files.TENSORBOARD / AGGREGATE) \
             if aggregate else None
+        # Here, because every kind of training process opens its log just before its first
+        # step and writes every epoch's record through it.
+        self.network = NetworkCounter()
 
     def write(self, record: dict[str, Any], step: int, scalars: dict[str, float],
               aggregate: dict[str, float] | None = None) -> None:
+        sent = self.network.sent()
+        if sent is not None:
+            record = {**record, "net_sent_bytes": sent}
+            scalars = {**scalars, "net/sent_bytes": float(sent)}
         with self.path.open("a") as log:
             log.write(json.dumps(record) + "\n")
         for writer, values in ((self.writer, scalars), (self.aggregate, aggregate)):

@@ -236,7 +236,7 @@ spec:
     assert "missing" in completed.stderr and "spec.templates[0].dag.tasks[0]" in completed.stderr
     completed = run_cli("run", "no-such-pipeline", home=tmp_path)
     assert completed.returncode == 2
-    assert "'no-such-pipeline' is neither a pipeline (retrain, train)" in completed.stderr
+    assert "'no-such-pipeline' is neither a pipeline (retrain, sweep, train)" in completed.stderr
     assert not (tmp_path / "runs").exists()
 
 

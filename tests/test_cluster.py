@@ -48,7 +48,7 @@ def test_kustomization_installs_everything_in_one_namespace() -> None:
         ("Namespace", "sublimate"), ("PersistentVolumeClaim", "sublimate-data"),
         ("Role", "sublimate-workflow"), ("RoleBinding", "sublimate-workflow"),
         ("ServiceAccount", "sublimate-workflow"), ("WorkflowTemplate", "sublimate-retrain"),
-        ("WorkflowTemplate", "sublimate-train")]
+        ("WorkflowTemplate", "sublimate-sweep"), ("WorkflowTemplate", "sublimate-train")]
     assert all(d["metadata"].get("namespace") == "sublimate"
                for d in documents if d["kind"] != "Namespace")
     cron = next(d for d in documents if d["kind"] == "CronWorkflow")["spec"]
@@ -248,6 +248,7 @@ def test_install_creates_then_updates_templates(argo: FakeArgoServer) -> None:
     argo.routes[("POST", template)] = [(200, {"metadata": {"name": "sublimate-train"},
                                                "spec": {}})]
     argo.routes[("GET", f"{template}/sublimate-retrain")] = [(404, {"message": "not found"})]
+    argo.routes[("GET", f"{template}/sublimate-sweep")] = [(404, {"message": "not found"})]
     argo.routes[("GET", f"{cron}/sublimate-train-nightly")] = [
         (200, {"metadata": {"name": "sublimate-train-nightly", "resourceVersion": "42"},
                "spec": {"schedules": ["0 2 * * *"], "workflowSpec": {}}})]
@@ -258,13 +259,15 @@ def test_install_creates_then_updates_templates(argo: FakeArgoServer) -> None:
     calls = [(r["method"], r["path"]) for r in argo.requests]
     assert calls == [("GET", f"{template}/sublimate-train"), ("POST", template),
                      ("GET", f"{template}/sublimate-retrain"), ("POST", template),
+                     ("GET", f"{template}/sublimate-sweep"), ("POST", template),
                      ("GET", f"{cron}/sublimate-train-nightly"),
                      ("PUT", f"{cron}/sublimate-train-nightly")]
     created = argo.requests[1]["body"]["template"]
     assert created["kind"] == "WorkflowTemplate" and created["metadata"]["namespace"] == "ml"
     assert len(created["spec"]["arguments"]["parameters"]) > 20
     assert argo.requests[3]["body"]["template"]["metadata"]["name"] == "sublimate-retrain"
-    updated = argo.requests[5]["body"]["cronWorkflow"]
+    assert argo.requests[5]["body"]["template"]["metadata"]["name"] == "sublimate-sweep"
+    updated = argo.requests[7]["body"]["cronWorkflow"]
     assert updated["metadata"]["resourceVersion"] == "42"
 
 

@@ -9,6 +9,7 @@ from sublimate.components.datasets import (
     DatasetError,
     build_builtin,
     digits_splits,
+    mnist1d_splits,
     npz_member,
     read_metadata,
     read_split,
@@ -103,3 +104,65 @@ def test_synthetic_dataset_is_written_shard_by_shard_and_reproducible(tmp_path: 
     centres = np.stack([train.x[train.y == c].mean(0) for c in range(10)])
     nearest = ((test.x[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
     assert (nearest == test.y).mean() > 0.6  # chance is 0.1
+
+
+def _digest(splits: dict) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(splits):
+        digest.update(splits[name].x.tobytes())
+        digest.update(splits[name].y.tobytes())
+    return digest.hexdigest()
+
+
+def test_mnist1d_is_generated_deterministically_without_touching_global_random_state() -> None:
+    import random
+
+    random.seed(7)
+    np.random.seed(7)
+    python_before, numpy_before = random.random(), np.random.random()
+    random.seed(7)
+    np.random.seed(7)
+    first, provenance = mnist1d_splits(num_samples=500)
+    # the generator seeds the global generators; the caller's sequence goes on unchanged
+    assert (random.random(), np.random.random()) == (python_before, numpy_before)
+    again, _ = mnist1d_splits(num_samples=500)
+    other_seed, _ = mnist1d_splits(num_samples=500, seed=43)
+    assert _digest(first) == _digest(again) != _digest(other_seed)
+    train, test = first["train"], first["test"]
+    assert train.x.shape == (400, 40) and test.x.shape == (100, 40)  # the package's 80/20 split
+    assert train.x.dtype == np.float32 and train.y.dtype == np.int64
+    assert np.bincount(np.concatenate([train.y, test.y]), minlength=10).tolist() == [50] * 10
+    assert provenance["args"]["num_samples"] == 500 and provenance["args"]["seed"] == 42
+    assert "url" not in provenance["args"] and provenance["version"]
+
+
+def test_mnist1d_builtin_has_50000_training_examples_and_stages_once(tmp_path: Path) -> None:
+    import time
+
+    from sublimate.components.stage_data import stage_dataset
+
+    started = time.perf_counter()
+    first = stage_dataset("mnist1d", tmp_path / "data")
+    generation = time.perf_counter() - started
+    metadata = verify_dataset(first.folder)
+    assert first.folder == tmp_path / "data" / "mnist1d" and first.files_built == 11
+    assert metadata["name"] == "mnist1d" and metadata["feature_shape"] == [40]
+    assert metadata["num_classes"] == 10
+    assert metadata["splits"]["train"]["examples"] == 50_000
+    assert metadata["splits"]["test"]["examples"] == 12_500
+    assert [s["examples"] for s in metadata["splits"]["train"]["shards"]] == [6250] * 8
+    assert [s["examples"] for s in metadata["splits"]["test"]["shards"]] == [6250] * 2
+    assert metadata["generator"]["args"]["num_samples"] == 62_500
+    assert "no download" in metadata["source"]
+    train = read_split(first.folder, "train")
+    assert np.bincount(train.y, minlength=10).min() > 4_500  # every digit well represented
+    # Staging again finds the complete folder: nothing is regenerated or rewritten.
+    before = {p.name: p.stat().st_mtime_ns for p in first.folder.iterdir()}
+    started = time.perf_counter()
+    second = stage_dataset("mnist1d", tmp_path / "data")
+    assert second.files_built == 0 and second.files_reused == 11
+    assert {p.name: p.stat().st_mtime_ns for p in first.folder.iterdir()} == before
+    assert time.perf_counter() - started < generation / 2
+    assert build_builtin("mnist1d", first.folder) == first.folder  # kept as it is

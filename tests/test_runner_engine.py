@@ -143,6 +143,27 @@ def test_continue_on_failed_keeps_workflow_green(tmp_path: Path) -> None:
     assert result.node("next").phase == "Succeeded"
 
 
+def test_a_fan_out_with_a_failed_child_is_failed_yet_continue_on_lets_the_dag_go_on(
+        tmp_path: Path) -> None:
+    # dag.go: a TaskGroup takes its last failed child's phase whatever continueOn says; the
+    # dependent still runs and the workflow still succeeds (continueOn is read by them).
+    text = wf(SH, """
+    - name: main
+      dag:
+        tasks:
+        - {name: fan, template: sh, continueOn: {failed: true}, withItems: ["true", "exit 3"],
+           arguments: {parameters: [{name: cmd, value: "{{item}}"}]}}
+        - {name: next, template: sh, depends: fan,
+           arguments: {parameters: [{name: cmd, value: "true"}]}}
+    """)
+    result = run(text, tmp_path)
+    assert result.phase == "Succeeded"
+    group = result.node("fan")
+    assert group.type == "TaskGroup"
+    assert group.phase == "Failed"
+    assert result.node("next").phase == "Succeeded"
+
+
 def test_retries_until_success_with_backoff(tmp_path: Path) -> None:
     counter = tmp_path / "count"
     text = wf(f"""
@@ -537,6 +558,34 @@ def test_long_outputs_are_truncated_in_table(tmp_path: Path) -> None:
     result = run(text, tmp_path)
     assert len(result.node(result.name).parameters["long"]) == 100
     assert "long=" + "0" * 37 + "..." in format_table(result)
+
+
+def test_a_loop_child_named_after_a_long_item_is_shortened_on_the_console_only(
+        tmp_path: Path) -> None:
+    import io
+
+    from sublimate.pipelines.runner import console_reporter
+
+    item = {f"setting-{i:02d}": "x" * 10 for i in range(20)}  # Argo names the child after it
+    text = wf(SH, f"""
+    - name: main
+      dag:
+        tasks:
+        - name: fan
+          template: sh
+          withParam: '{json.dumps([item])}'
+          arguments: {{parameters: [{{name: cmd, value: "echo {{{{item.setting-00}}}}"}}]}}
+    """)
+    out = io.StringIO()
+    result = run_workflow(load_manifest(textwrap.dedent(text)), {},
+                          RunOptions(home=tmp_path, reporter=console_reporter(out)))
+    child = next(n for n in result.nodes if n.display_name.startswith("fan(0:"))
+    assert len(child.display_name) > 300  # the record keeps Argo's whole name
+    shown = [line for line in out.getvalue().splitlines() if "fan(0:" in line]
+    assert shown and all(len(line) < 120 for line in shown)
+    assert any("...): Succeeded" in line for line in shown)
+    table_lines = [line for line in format_table(result).splitlines() if "fan(0:" in line]
+    assert table_lines and all("...)" in line for line in table_lines)
 
 
 def test_console_reporter_streams_logs(tmp_path: Path) -> None:

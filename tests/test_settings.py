@@ -105,3 +105,15 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
     with pytest.raises(SystemExit):  # bounded by the declaration, in the worker too
         worker.parse_args(["--data-dir", "d", "--run-dir", "r", "--dropout", "2"])
     assert S.paradigm_config("sync", vars(parsed)).dropout == 0.3
+
+
+def test_every_step_cli_prints_its_help_with_a_literal_percent_in_a_description(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # link-loss's description says "0.1%": argparse reads % as a format code unless doubled.
+    assert any("%" in setting.description for setting in S.SETTINGS)
+    parser = argparse.ArgumentParser(prog="train")
+    S.add_arguments(parser, S.SETTINGS)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    assert "e.g. 0.1%;" in capsys.readouterr().out

@@ -49,4 +49,4 @@ def test_folder_without_metadata_is_refused(tmp_path: Path, capsys: pytest.Captu
 
 def test_unknown_name_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--dataset", "mnist", "--data-root", str(tmp_path)]) == 2
-    assert "'mnist' is neither a built-in dataset (digits)" in capsys.readouterr().err
+    assert "'mnist' is neither a built-in dataset (digits, mnist1d)" in capsys.readouterr().err

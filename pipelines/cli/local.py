@@ -54,6 +54,12 @@ def add_local_commands(commands: Any) -> None:
                           "script): namespace mounts the run's folders there in a private "
                           "mount namespace (Linux: root or user namespaces), rewrite rewrites "
                           "the paths where written; auto: namespace where possible")
+    run.add_argument("--containers", action="store_true",
+                     help="run each step in its template's image, as Argo would, through the "
+                          "first container engine that works here (docker, podman, buildah); "
+                          "every image must be present locally: nothing is pulled")
+    run.add_argument("--container-engine", choices=["docker", "podman", "buildah"],
+                     help="the engine for --containers (implies it)")
     run.add_argument("--dry-run", action="store_true",
                      help="print what would start first (commands, env, mounts, deadlines) and "
                           "what decides the rest; start nothing, create no run folder")
@@ -72,17 +78,19 @@ def add_local_commands(commands: Any) -> None:
     lint.set_defaults(handler=command_lint)
 
 
-def load_workflow(target: str, template_dirs: list[Path] | None = None) -> dict[str, Any]:
+def load_workflow(target: str, template_dirs: list[Path] | None = None,
+                  images: bool = False) -> dict[str, Any]:
     """A pipeline name renders its Hera definition; anything else is read as a manifest file,
     with the templates it refers to from its folder and ``template_dirs``. What the manifest
     holds that one local run does not apply (a CronWorkflow's schedule) is said once, on
-    stderr."""
+    stderr; ``images``: the steps run in their images (``--containers``), which applies the
+    containers' ``image`` and ``securityContext``."""
     from sublimate.pipelines.render import PIPELINES
 
     if target in PIPELINES:
-        from sublimate.pipelines.render import render_dict
+        from sublimate.pipelines.render import runnable_dict
 
-        return render_dict(target)
+        return runnable_dict(target)
     path = Path(target)
     if not path.exists():
         raise UsageError(f"'{target}' is neither a pipeline ({', '.join(sorted(PIPELINES))}) "
@@ -91,7 +99,8 @@ def load_workflow(target: str, template_dirs: list[Path] | None = None) -> dict[
 
     notes: list[str] = []
     try:
-        workflow = load_manifest(path, template_dirs=template_dirs or (), notes=notes)
+        workflow = load_manifest(path, template_dirs=template_dirs or (), notes=notes,
+                                 applied=("image", "securityContext") if images else ())
     except (ManifestError, OSError) as error:
         raise UsageError(f"{target}: {error}") from error
     for note in notes:
@@ -135,7 +144,11 @@ def command_run(args: argparse.Namespace) -> int:
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
-    workflow = load_workflow(args.target, args.templates)
+    containers = args.container_engine or ("auto" if args.containers else None)
+    if containers is not None and args.mounts != "auto":
+        raise UsageError("--mounts does not apply with --containers: each step's folders are "
+                         "bound at the manifest's paths in its own image")
+    workflow = load_workflow(args.target, args.templates, images=containers is not None)
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
@@ -146,6 +159,9 @@ def command_run(args: argparse.Namespace) -> int:
             raise UsageError(f"--mounts namespace: mount namespaces are not available here "
                              f"({reason}); use --mounts rewrite")
     if args.dry_run:
+        if containers is not None:
+            print("note: --dry-run shows the steps as local processes; --containers runs the "
+                  "same commands in their images", file=sys.stderr)
         return dry_run(workflow, parameters, args.home)
     options = RunOptions(
         home=args.home,
@@ -155,6 +171,7 @@ def command_run(args: argparse.Namespace) -> int:
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
         mounts=args.mounts,
+        containers=containers,
     )
     # A run whose runner was killed still says Running in its status.json: say what happened
     # to it (and record it there) before this one starts.

@@ -2,7 +2,8 @@
 
 ``load_manifest`` reads a Workflow, WorkflowTemplate or CronWorkflow; ``run_workflow`` checks
 it against the supported feature set (``unsupported_fields``), resolves parameters and runs
-every container/script template as a local process group, with DAG/steps semantics, loops,
+every container/script template as a local process group (or in its image with
+``RunOptions(containers=...)``: ``in_images``), with DAG/steps semantics, loops,
 conditions, retries, deadlines, artifacts and volumes following Argo.
 
 Deciding what runs is kept apart from running it: each pod is planned as a ``PodRequest``

@@ -139,7 +139,7 @@ def run_containers(request: PodRequest, hooks: PodHooks, start: Start) -> PodOut
         if members:
             _run_set(request, members, pod, hooks, start, ends, stdout)
         else:
-            ends[MAIN] = _run(request, _main_of(request), pod, hooks, start, stdout)
+            ends[MAIN] = _run(request, main_container(request), pod, hooks, start, stdout)
         # The main containers are done: the sidecars' emissaries kill them (emissary.go:
         # em.Kill(..., TerminationGracePeriodDuration())).
         for sidecar in running:
@@ -149,11 +149,13 @@ def run_containers(request: PodRequest, hooks: PodHooks, start: Start) -> PodOut
         hooks.on_exit(pod)
 
 
-def _main_of(request: PodRequest) -> Container:
+def main_container(request: PodRequest) -> Container:
+    """The pod's own container, for a plain container or script template."""
     from .plan import Container  # the type, for a plain container/script with init/sidecars
 
     return Container(MAIN, "main", list(request.argv), dict(request.env), request.cwd,
-                     request.folder, tuple(request.mounts), tuple(request.from_environment))
+                     request.folder, tuple(request.mounts), tuple(request.from_environment),
+                     in_image=request.in_image)
 
 
 def _outcome(ends: dict[str, ContainerEnd], stdout: dict[str, str], pod: _Pod) -> PodOutcome:
@@ -412,8 +414,9 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
                                 "unique in a pod; main, init and wait are Argo's)")
             seen.add(name)
             if not container.get("command"):
-                problems.append(f"{where}.command: required by the local runner (the image's "
-                                "entrypoint is unknown locally)")
+                from .manifest import COMMAND_REQUIRED
+
+                problems.append(f"{where}.{COMMAND_REQUIRED}")
             elif not isinstance(container["command"], list):
                 problems.append(f"{where}.command: expected a list")
             for k, mount in enumerate(container.get("volumeMounts") or []):

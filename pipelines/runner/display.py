@@ -12,6 +12,10 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 from .model import NodeResult, RunEvent, RunResult
 
 MAX_VALUE = 40
+# A loop child is named after its item (``sweep(0:accumulation-steps:1,algorithm:sync,...)``,
+# as Argo names it); an item of many fields makes a name of a kilobyte. The run folder keeps
+# the whole name; the console shows its start, which holds the loop index.
+MAX_NAME = 64
 _QUIET_TYPES = frozenset({NodeType.STEP_GROUP})  # bookkeeping nodes that clutter the live view
 
 
@@ -30,11 +34,11 @@ def console_reporter(
         if event.kind == "log":
             if not follow_logs or event.node is None:
                 return
-            text = f"{event.node.display_name} | {event.line}"
+            text = f"{shown_name(event.node.display_name)} | {event.line}"
         elif event.kind == "node" and event.node is not None:
             if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
                 return  # the root node's phase is the workflow's, reported on its own
-            text = f"[{elapsed:7.1f}s] {event.node.display_name}: {event.phase}"
+            text = f"[{elapsed:7.1f}s] {shown_name(event.node.display_name)}: {event.phase}"
             if event.message and event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED):
                 text += f" ({event.message})"
         else:
@@ -46,6 +50,15 @@ def console_reporter(
             out.flush()
 
     return report
+
+
+def shown_name(name: str) -> str:
+    """A node's name as the console shows it: whole up to ``MAX_NAME`` characters, else cut
+    with ``...`` (before the closing parenthesis of a loop child's item)."""
+    if len(name) <= MAX_NAME:
+        return name
+    end = ")" if name.endswith(")") else ""
+    return name[: MAX_NAME - 3 - len(end)] + "..." + end
 
 
 def _truncate(text: str, width: int = MAX_VALUE) -> str:
@@ -72,7 +85,7 @@ def format_table(result: RunResult) -> str:
     for node in result.nodes:
         if node.type in _QUIET_TYPES:
             continue
-        label = "  " * depths[node.id] + node.display_name
+        label = "  " * depths[node.id] + shown_name(node.display_name)
         duration = "-" if node.duration_s is None else f"{node.duration_s:.1f}s"
         # Paths are what a user copies from here: never shortened.
         outputs = ", ".join(f"{k}={v if v.startswith('/') and ' ' not in v else _truncate(v)}"

@@ -59,20 +59,23 @@ if TYPE_CHECKING:
     from .synchronization import Synchronizer
 
 
-def prepare_workflow(workflow: dict, parameters: dict[str, str]) -> tuple[dict, dict[str, str]]:
+def prepare_workflow(workflow: dict, parameters: dict[str, str], images: bool = False
+                     ) -> tuple[dict, dict[str, str]]:
     """The workflow as run (a template or cron workflow as submitted), checked, and its
-    parameters resolved; ``ManifestError``/``ParameterError`` before anything exists."""
+    parameters resolved; ``ManifestError``/``ParameterError`` before anything exists.
+    ``images``: pods run in their images, whose entrypoint stands for a missing command."""
     if workflow.get("kind", "Workflow") != "Workflow" or "workflowTemplateRef" in workflow.get(
         "spec", {}
     ):
         workflow = normalise_workflow(workflow)
-    check_workflow(workflow)
+    check_workflow(workflow, images=images)
     return workflow, resolve_parameters(workflow, parameters)
 
 
 def run_workflow(workflow: dict, parameters: dict[str, str], options: RunOptions) -> RunResult:
     """Validate, then run a workflow to completion; see the package docstring."""
-    workflow, resolved = prepare_workflow(workflow, parameters)
+    workflow, resolved = prepare_workflow(workflow, parameters,
+                                          images=options.containers is not None)
     return Run(workflow, resolved, options).run()
 
 
@@ -122,6 +125,14 @@ class Run:
             from .synchronization import Synchronizer  # only a workflow with locks imports it
 
             self.sync = Synchronizer(workflow, options.semaphores)
+        self.executor: Executor = (LocalExecutor() if options.executor is None
+                                   else options.executor)
+        mounts = None
+        if options.containers is not None:  # before anything exists: an image may be missing
+            from .in_images import image_executor  # deferred: only container mode pays for it
+
+            self.executor = image_executor(workflow, params, options.containers)
+            mounts = "image"
         home = Path(options.home)
         self.name, self.run_dir = make_run_dir(home, workflow.get("metadata") or {})
         if options.reporter is not None:
@@ -136,13 +147,11 @@ class Run:
         # The exit handler runs outside the workflow's scope (a stop must not stop it), but a
         # second signal terminates it too.
         self.exit_scope = CancelScope(self.lock)
-        self.executor: Executor = (LocalExecutor() if options.executor is None
-                                   else options.executor)
         limit = options.parallelism or self.spec.get("parallelism")
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
-        self.layout = Layout.of(home, self.run_dir, self.spec,
-                                resolve_mounts(options.mounts, options.executor is None))
+        self.layout = Layout.of(home, self.run_dir, self.spec, mounts or resolve_mounts(
+            options.mounts, options.executor is None))
         # Lifecycle hooks watch nodes' phase changes (``hooks``): the reporter is wrapped only
         # once something watches, so a workflow without hooks pays nothing for them.
         self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
@@ -206,6 +215,9 @@ class Run:
                 stopped_by = self._follow(done, signals)
         finally:
             self.root_scope.close()
+            close = getattr(self.executor, "close", None)  # container mode: the run's keeper
+            if close is not None:
+                close()
         if stopped_by is not None:
             raise RunInterrupted(stopped_by, self.exit_scope.reason == TERMINATED,
                                  self.record.result())

@@ -3,8 +3,9 @@
 The engine decides what runs, when, and what a pod's end means for its node; an executor only
 runs one request. ``LocalExecutor`` (the default) starts it as a local process group, the way
 Argo's executor runs a container: the image is not used, the local Python environment stands in
-for it. Tests pass a fake executor that returns scripted outcomes, so DAG and steps semantics
-are checked without starting processes.
+for it. ``in_images.ImageExecutor`` runs each pod in its template's image instead
+(``sublimate run --containers``). Tests pass a fake executor that returns scripted outcomes, so
+DAG and steps semantics are checked without starting processes.
 """
 
 from __future__ import annotations

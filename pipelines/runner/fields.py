@@ -37,7 +37,8 @@ _YES = Field(SUPPORTED)
 # Reasons, shared by many fields.
 _SCHEDULING = "pod scheduling (nodes, priority, scheduler)"
 _POD = "pod and container settings of a Kubernetes pod"
-_IMAGE = "container images (the local runner runs commands on this machine)"
+_IMAGE = ("container images (the local runner runs commands on this machine; `--containers` "
+          "runs them in the images)")
 _RESOURCES = "resource requests and limits (the runner uses this machine's CPUs and GPUs)"
 _SECURITY = "security contexts and service accounts"
 _GC = "garbage collection of pods, artifacts and workflows"

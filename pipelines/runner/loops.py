@@ -1,7 +1,8 @@
 """Loops: a task or step with ``withItems``, ``withParam`` or ``withSequence`` fans out.
 
 Its children run in parallel under a ``TaskGroup`` node named like Argo's ``task(3:value)``;
-the group fails when a child fails (unless ``continueOn`` says otherwise), and its outputs are
+the group fails when a child fails (even with ``continueOn``, which only lets its dependents and
+its DAG go on, as in Argo), and its outputs are
 the children's aggregated in item order as JSON lists, as Argo does.
 """
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import continues, run_concurrently
+from .calls import run_concurrently
 from .errors import NodeError
 from .model import NodeResult
 from .substitution import Vars, as_text, substitute, substitute_text
@@ -93,11 +94,13 @@ def run_loop(record: RunRecord, call: dict, items: list, name: str, display: str
         children[i] = run_item(f"{parent.name}.{child}", child, item_vars(item), group)
 
     run_concurrently(run, items)
-    failed = [c for c in children if c is not None and c.phase.failed
-              and not continues(call, c.phase)]
+    # dag.go executeDAGTask: the group takes the phase of its last failed or errored child in
+    # item order, whatever the call's continueOn; continueOn is applied by those who read the
+    # group's phase (dependents, the DAG's or step group's own phase), as for any other node.
+    failed = [c for c in children if c is not None and c.phase.failed]
     if failed:
-        return record.finish(group, NodePhase.FAILED, f"child {failed[0].display_name!r} "
-                                                      f"{failed[0].phase.lower()}")
+        return record.finish(group, failed[-1].phase, f"child {failed[-1].display_name!r} "
+                                                      f"{failed[-1].phase.lower()}")
     return record.finish(group, NodePhase.SUCCEEDED)
 
 

@@ -8,7 +8,7 @@ a key is either supported, cluster-only (accepted, not applied, and reported onc
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,11 @@ WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "Cr
 CLUSTER_ONLY_FIELDS = frozenset(
     path.rsplit(".", 1)[-1] for path, field in FIELDS.items() if field.status == CLUSTER_ONLY
 )
+
+# Why a container without a command is refused in process mode: in container mode
+# (``in_images``) the image's entrypoint stands in for it, and ``check_workflow`` lets it be.
+COMMAND_REQUIRED = "command: required by the local runner (the image's entrypoint is unknown " \
+    "locally)"
 
 # Known Argo features with a friendlier name for the error message.
 _REFUSED = {
@@ -271,9 +276,11 @@ def cluster_only_fields(workflow: dict) -> list[str]:
     return found
 
 
-def cluster_only_note(workflow: dict) -> str | None:
-    """One line naming the cluster-only fields a workflow sets, or None when it sets none."""
-    names = sorted({_short_name(path) for path in cluster_only_fields(workflow)})
+def cluster_only_note(workflow: dict, applied: Collection[str] = ()) -> str | None:
+    """One line naming the cluster-only fields a workflow sets, or None when it sets none;
+    ``applied``: field names this run applies after all (``image`` in container mode)."""
+    names = sorted({name for name in map(_short_name, cluster_only_fields(workflow))
+                    if name.rsplit(".", 1)[-1] not in applied})
     if not names:
         return None
     return (f"not applied locally: {', '.join(names)} (cluster-only: scheduling, images, "
@@ -410,10 +417,7 @@ def _check_template(
         if not isinstance(body, dict):
             continue
         if not body.get("command"):
-            problems.append(
-                f"{path}.{kind}.command: required by the local runner"
-                " (the image's entrypoint is unknown locally)"
-            )
+            problems.append(f"{path}.{kind}.{COMMAND_REQUIRED}")
         elif not isinstance(body["command"], list):
             problems.append(f"{path}.{kind}.command: expected a list")
         for j, mount in enumerate(body.get("volumeMounts") or []):
@@ -482,14 +486,16 @@ def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:
 
 def load_manifest(path_or_text: str | Path, name: str | None = None,
                   template_dirs: Sequence[str | Path] = (),
-                  notes: list[str] | None = None, now: datetime | None = None) -> dict:
+                  notes: list[str] | None = None, now: datetime | None = None,
+                  applied: Collection[str] = ()) -> dict:
     """Read a (multi-document) YAML manifest and return the normalised Workflow to run.
 
     ``path_or_text`` is a file path, or YAML text when it contains a newline. The templates it
     refers to (``workflowTemplateRef``, ``templateRef``) are looked up in the manifest, in the
     other YAML files of its folder and in ``template_dirs`` (see ``library``). What is accepted
-    but not applied (a CronWorkflow's scheduling, cluster-only fields: ``cluster_only_note``) is
-    appended to ``notes``; ``now`` is when a CronWorkflow fires (default: this moment).
+    but not applied (a CronWorkflow's scheduling, cluster-only fields but those ``applied``:
+    ``cluster_only_note``) is appended to ``notes``; ``now`` is when a CronWorkflow fires
+    (default: this moment).
     """
     own_file: Path | None = None
     if isinstance(path_or_text, Path) or "\n" not in path_or_text:
@@ -531,7 +537,7 @@ def load_manifest(path_or_text: str | Path, name: str | None = None,
     library = TemplateLibrary(folders, [(d, str(own_file or "the manifest")) for d in docs],
                               own_file)
     workflow = normalise_workflow(candidates[0], library, notes=notes, now=now)
-    if notes is not None and (note := cluster_only_note(workflow)):
+    if notes is not None and (note := cluster_only_note(workflow, applied)):
         notes.append(note)
     return workflow
 
@@ -577,8 +583,12 @@ def _submitted_metadata(meta: dict) -> dict:
     return meta
 
 
-def check_workflow(workflow: dict) -> None:
+def check_workflow(workflow: dict, images: bool = False) -> None:
+    """``ManifestError`` listing every problem; ``images``: pods run in their images (a
+    container's command may be the image's entrypoint)."""
     problems = unsupported_fields(workflow)
+    if images:
+        problems = [p for p in problems if not p.endswith(COMMAND_REQUIRED)]
     if problems:
         count = len(problems)
         raise ManifestError(

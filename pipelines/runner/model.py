@@ -50,6 +50,10 @@ class RunOptions:
     # folders there in a private mount namespace, "rewrite" rewrites the paths as written,
     # "auto" is "namespace" where this machine allows it (and pods are local processes).
     mounts: str = "auto"
+    # ``--containers``: run each pod in its template's image through a container engine
+    # (``in_images``): "auto" (the first of docker, podman, buildah that works) or one of them;
+    # None: pods are local processes.
+    containers: str | None = None
     # ``--semaphore NAME/KEY=N``: a synchronization semaphore's limit, by ConfigMap name and key
     # (``synchronization``); the CLI adds those of ConfigMap documents next to the manifest.
     semaphores: dict[str, int] = field(default_factory=dict)

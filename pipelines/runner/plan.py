@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sublimate.pipelines.argo_terms import NodeType
 
@@ -30,6 +30,9 @@ from .mounts import SCRIPT_PATH, Bind, binds_for
 from .paths import PathMap
 from .run_folder import node_folder
 from .substitution import Vars, as_text, substitute, substitute_text
+
+if TYPE_CHECKING:
+    from .in_images import InImage
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
 # `sublimate run` defines them at start-up, and a NamedTuple costs a sixth as much to define.
@@ -44,14 +47,18 @@ class Layout(NamedTuple):
     volumes: tuple[dict, ...] = ()
     claims: tuple[tuple[str, Path], ...] = ()
     # "namespace": pods see their folders mounted at the manifest's paths (``mounts``);
-    # "rewrite": the paths are rewritten to local folders (``paths``).
+    # "rewrite": the paths are rewritten to local folders (``paths``); "image": each pod runs
+    # in its template's image (``in_images``), its folders bound at the manifest's paths.
     mounts: str = "rewrite"
+    # spec.securityContext: the pods' own unless a template sets one (container mode).
+    pod_security: dict | None = None
 
     @classmethod
     def of(cls, home: Path, run_dir: Path, spec: dict, mounts: str = "rewrite") -> Layout:
         claims = tuple((c["metadata"]["name"], run_dir / "volumes" / c["metadata"]["name"])
                        for c in spec.get("volumeClaimTemplates") or [])
-        return cls(home, run_dir, tuple(spec.get("volumes") or []), claims, mounts)
+        return cls(home, run_dir, tuple(spec.get("volumes") or []), claims, mounts,
+                   spec.get("securityContext"))
 
 
 class Mount(NamedTuple):
@@ -83,6 +90,7 @@ class Container(NamedTuple):
     mounts: tuple[Mount, ...] = ()
     from_environment: tuple[str, ...] = ()
     dependencies: tuple[str, ...] = ()  # containerSet only: names that must succeed first
+    in_image: InImage | None = None  # container mode: what it runs in its image
 
     @property
     def log(self) -> Path:
@@ -131,6 +139,8 @@ class PodRequest:
     binds: list[Bind] | None = None
     working_dir: str = ""
     mounts_note: str = ""
+    # Container mode (``in_images``): what the pod's main container runs in its image.
+    in_image: InImage | None = None
 
     @property
     def log(self) -> Path:
@@ -220,7 +230,9 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     for mount in mounts:
         paths.mount(mount.path, mount.local)
     binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
-    text = paths if binds is None else PathMap(folder / "fs")  # in a namespace: as written
+    # In a namespace or in the image, the manifest's paths are real: commands keep them.
+    as_written = binds is not None or layout.mounts == "image"
+    text = PathMap(folder / "fs") if as_written else paths
     argv = [text.rewrite(str(a)) for a in body.get("command") or []]
     script = None
     argv += [text.rewrite(as_text(a)) for a in body.get("args") or []]
@@ -228,8 +240,14 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         # operator.go executeScript appends the script's path after command and args (none
         # for an empty source); the executor writes it executable (executor.go StageFiles).
         script = text.rewrite(str(body["source"]))
-        argv.append(str(folder / "script") if binds is None else SCRIPT_PATH)
+        argv.append(SCRIPT_PATH if as_written else str(folder / "script"))
     env, from_environment = _environment(body, text)
+    in_image = None
+    if layout.mounts == "image":
+        from .in_images import image_spec  # deferred: only container mode pays for it
+
+        in_image = image_spec(body, template.get("securityContext") or layout.pod_security,
+                              argv[len(body.get("command") or []):], _input_paths(tmpl))
     return PodRequest(
         node_id=node_id,
         node_name=node_name,
@@ -246,12 +264,20 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         inputs=_input_artifacts(tmpl, paths, art_args or {}, layout.home),
         outputs=tmpl.get("outputs") or {},
         deadline_s=template_deadline(template, local),
-        containers=plan_containers(tmpl, body, mounts, folder, layout),
+        containers=plan_containers(tmpl, body, mounts, folder, layout,
+                                   template.get("securityContext") or layout.pod_security),
         set_retry=set_retry(tmpl),
         binds=binds,
         working_dir=str(body.get("workingDir") or folder) if binds is not None else "",
         mounts_note=mounts_note,
+        in_image=in_image,
     )
+
+
+def _input_paths(tmpl: dict) -> list[str]:
+    """The container paths of a template's input artifacts."""
+    return [str(a["path"]) for a in (tmpl.get("inputs") or {}).get("artifacts") or []
+            if a.get("path")]
 
 
 def namespace_binds(tmpl: dict, body: dict, body_key: str, mounts: list[Mount], folder: Path,
@@ -304,8 +330,11 @@ def set_retry(tmpl: dict) -> SetRetry | None:
 
 
 def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Path,
-                    layout: Layout) -> list[Container]:
-    """Init containers (in order), then a containerSet's containers, then sidecars."""
+                    layout: Layout, pod_security: dict | None = None) -> list[Container]:
+    """Init containers (in order), then a containerSet's containers, then sidecars; in
+    container mode each with what it runs in its own image (``pod_security``: the pod's
+    securityContext)."""
+    images = layout.mounts == "image"
     volumes_only = {"volumes": tmpl.get("volumes") or []}
     # mirrorVolumeMounts: the main container's volume mounts, input artifacts included
     # (workflowpod.go addInitContainers/addSidecars -> mirrorVolumeMounts, called "after all
@@ -329,15 +358,24 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             paths = PathMap(root)
             for mount in mounts:
                 paths.mount(mount.path, mount.local)
-        env, from_environment = _environment(body, paths)
+        text = PathMap(folder / "fs") if images else paths  # in its image: as written
+        env, from_environment = _environment(body, text)
+        in_image = None
+        if images:
+            from .in_images import image_spec
+
+            inputs = _input_paths(tmpl) if (role == "set" and name == "main") or (
+                role != "set" and body.get("mirrorVolumeMounts")) else []
+            in_image = image_spec(body, pod_security, inputs=inputs)
         return Container(
             name=name, role=role,
-            argv=[paths.rewrite(str(a)) for a in body.get("command") or []]
-            + [paths.rewrite(as_text(a)) for a in body.get("args") or []],
+            argv=[text.rewrite(str(a)) for a in body.get("command") or []]
+            + [text.rewrite(as_text(a)) for a in body.get("args") or []],
             env=env,
             cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
             folder=folder, mounts=tuple(mounts), from_environment=tuple(from_environment),
-            dependencies=tuple(str(d) for d in body.get("dependencies") or []))
+            dependencies=tuple(str(d) for d in body.get("dependencies") or []),
+            in_image=in_image)
 
     found = [plan(c, "init") for c in tmpl.get("initContainers") or []]
     container_set = tmpl.get("containerSet")

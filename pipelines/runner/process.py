@@ -81,9 +81,17 @@ class LocalProcess:
         on_line: Callable[[str], None] | None = None,
         append: bool = False,  # a containerSet retry: Argo appends the attempt's log
         setup: Callable[[], None] | None = None,  # lock-free, in the child before exec
+        # False: the runner's death is someone else's to act on (a container's keeper:
+        # ``container_keeper``), so the process gets no PR_SET_PDEATHSIG.
+        die_with_runner: bool = True,
+        # Called with each stderr line; True keeps it out of the log and the output (a
+        # container engine's own report of the step's end: ``in_images``).
+        engine_line: Callable[[str], bool] | None = None,
     ) -> None:
         self.append = append
         self.setup = setup
+        self.die_with_runner = die_with_runner
+        self.engine_line = engine_line
         self.argv = argv
         self.cwd = cwd
         self.env = env
@@ -96,7 +104,7 @@ class LocalProcess:
 
     def start(self) -> None:
         """Start the process; ``OSError`` (command not found...) propagates to the caller."""
-        prctl = _resolve_prctl()
+        prctl = _resolve_prctl() if self.die_with_runner else None
         preexec = _die_with_runner(prctl, os.getpid()) if prctl is not None else None
         if self.setup is not None:  # a mount namespace (mounts.setup): after PDEATHSIG is set
             preexec = _then(preexec, self.setup)
@@ -125,6 +133,9 @@ class LocalProcess:
 
     def _pump(self, pipe: IO[bytes], is_stdout: bool) -> None:
         for line in iter(pipe.readline, b""):
+            if not is_stdout and self.engine_line is not None and \
+                    self.engine_line(line.decode("utf-8", "replace").rstrip("\r\n")):
+                continue
             if is_stdout:
                 self._stdout.append(line)
             with self._log_lock:
