@@ -491,8 +491,9 @@ def write_markdown(path: Path, document: dict[str, Any], results: Sequence[Resul
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "Communication share: comm seconds over all step seconds of every training "
               "process. Bytes sent per worker: what each process's network namespace sent "
-              "(loopback excluded), averaged over the processes; about 0 with local_cwd, "
-              "whose traffic stays on loopback (docs/monitoring.md)."]
+              "(loopback excluded), averaged over the processes. With local_cwd the job's traffic "
+              "stays on loopback and the figure is only whatever else the host sent meanwhile "
+              "(docs/monitoring.md)."]
     if failed:
         lines += ["", "## Failed points"]
         for result in failed:

@@ -7,7 +7,11 @@ SGD (an all-reduce every step) and BMUF (one every ``sync-period`` steps). The f
 is split over the nodes. The same script runs on a GPU machine: ``--scheduler local_cwd
 --gpus-per-node 1 --link-rate none --nodes 1,2,4,8``.
 
+With ``--link-rate none`` and a large batch the same script shows the compute-bound side, where
+two cores can hold two nodes (docs/results.md: ``--output docs/results/scaling-compute``).
+
 Usage: python experiments/scaling.py [--nodes 1,2,4] [--link-rate 100mbit] [--target 0.8]
+       [--global-batch-size 128] [--model M] [--learning-rate LR] [--lr-scaling linear|none]
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ def main() -> None:
     parser.add_argument("--scheduler", default="local_netns")
     parser.add_argument("--gpus-per-node", type=int, default=0)
     parser.add_argument("--global-batch-size", type=int, default=128)
+    parser.add_argument("--model", default=None,
+                        help="the model parameter (default: the built-in mlp)")
+    parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument("--lr-scaling", choices=["linear", "none"], default=None)
     parser.add_argument("--target", type=float, default=0.8,
                         help="test accuracy for time to target")
     args = parser.parse_args()
@@ -47,6 +55,9 @@ def main() -> None:
              "gpus-per-node": args.gpus_per_node}
     if args.link_rate != "none":
         fixed["link-rate"] = args.link_rate
+    for name in ("model", "learning-rate", "lr-scaling"):
+        if getattr(args, name.replace("-", "_")) is not None:
+            fixed[name] = getattr(args, name.replace("-", "_"))
     report = run_study("scaling", grid, fixed, args)
     if not report:
         return
@@ -54,12 +65,13 @@ def main() -> None:
     rows = [(p["params"]["nodes"], p["params"]["algorithm"], f"{p['samples_per_second']:.0f}",
              f"{p['communication_share']:.0%}", seconds_text(p["time_to_target_seconds"]),
              f"{p['metric']:.4f}") for p in points]
+    target = report["target"]  # --target, or the compare step's default rule's value
     print(table(rows, ["nodes", "algorithm", "samples/s", "comm share",
-                       f"time to {args.target} (s)", "final accuracy"]))
-    draw(points, nodes, args)
+                       f"time to {target:.3g} (s)", "final accuracy"]))
+    draw(points, nodes, target, args)
 
 
-def draw(points: list[dict], nodes: list[int], args) -> None:
+def draw(points: list[dict], nodes: list[int], target: float, args) -> None:
     plt = pyplot()
     figure, (speed, time_to) = plt.subplots(1, 2, figsize=(11, 4.2))
     for algorithm in args.algorithms.split(","):
@@ -73,7 +85,7 @@ def draw(points: list[dict], nodes: list[int], args) -> None:
     link = "unlimited links" if args.link_rate == "none" else f"{args.link_rate} links"
     speed.set(xlabel="nodes", ylabel="samples/s", title=f"throughput ({link})")
     time_to.set(xlabel="nodes", ylabel="training seconds",
-                title=f"time to test accuracy {args.target}")
+                title=f"time to test accuracy {target:.3g}")
     for axes in (speed, time_to):
         axes.set_xticks(nodes)
         axes.grid(alpha=0.3)
