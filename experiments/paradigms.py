@@ -7,6 +7,7 @@ per point, and draws test accuracy against epochs and against training time.
 Needs root (network namespaces). About 10 minutes on 2 cores.
 
 Usage: python experiments/paradigms.py [--rates 1gbit,100mbit] [--epochs 6] [--home DIR]
+       [--algorithms sync,async,bmuf,easgd] [--seeds 1,2,3] [--output DIR]
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ STYLES = {"sync": "tab:blue", "async": "tab:red", "bmuf": "tab:green", "easgd": 
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], "paradigms", epochs=6)
     parser.add_argument("--rates", default="1gbit,100mbit", help="link rates (tc syntax)")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--seeds", default="",
+                        help="a seed axis (e.g. 1,2,3) for the spread; default: the seed 0 only")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--global-batch-size", type=int, default=128)
     args = parser.parse_args()
     rates = args.rates.split(",")
-    grid = {"algorithm": ALGORITHMS, "link-rate": rates}
+    grid: dict[str, list] = {"algorithm": args.algorithms.split(","), "link-rate": rates}
+    if args.seeds:
+        grid["seed"] = [int(seed) for seed in args.seeds.split(",")]
     fixed = {"dataset": args.dataset, "scheduler": "local_netns", "nodes": args.nodes,
              "epochs": args.epochs, "global-batch-size": args.global_batch_size,
              "checkpoint-every": 0, "eval-every-epoch": True}
@@ -46,11 +52,12 @@ def main() -> None:
     if not report:
         return
     points = ok_points(report)
-    rows = [(p["id"], p["params"]["algorithm"], p["params"]["link-rate"], f"{p['metric']:.4f}",
+    rows = [(p["id"], p["params"]["algorithm"], p["params"]["link-rate"],
+             p["params"].get("seed", 0), f"{p['metric']:.4f}",
              seconds_text(p["time_to_target_seconds"]), f"{p['train_seconds']:.1f}",
              f"{p['samples_per_second']:.0f}", f"{p['communication_share']:.0%}",
              mbytes(p["net_sent_bytes_per_worker"])) for p in points]
-    print(table(rows, ["id", "algorithm", "link", "accuracy", "time to target (s)",
+    print(table(rows, ["id", "algorithm", "link", "seed", "accuracy", "time to target (s)",
                        "train s", "samples/s", "comm share", "sent per worker"]))
     draw_curves(points, rates, args.output)
 
