@@ -7,7 +7,6 @@ a test can fail when the committed YAML drifts from the Python source.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,10 +59,15 @@ def runnable_dict(pipeline: str) -> dict[str, Any]:
     ``templateRef`` from the install's other WorkflowTemplates (sublimate-sweep calls
     sublimate-train's) copied in from their Hera source, as Argo finds them installed beside
     it; ``sublimate run argo/FILE.yaml`` finds them in the files beside it instead."""
+    from sublimate.pipelines.runner.library import (
+        TemplateLibrary,
+        has_template_refs,
+        inline_template_refs,
+    )
+
     document = render_dict(pipeline)
-    if '"templateRef"' not in json.dumps(document):
-        return document
-    from sublimate.pipelines.runner.library import TemplateLibrary, inline_template_refs
+    if not has_template_refs(document["spec"]):
+        return document  # the other pipelines are rendered only for a pipeline that calls them
 
     library = TemplateLibrary(documents=[(render_dict(other), _source(reference))
                                          for other, reference in PIPELINES.items()

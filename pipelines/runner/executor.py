@@ -86,17 +86,26 @@ class LocalExecutor:
         except OSError as exc:
             return PodOutcome(exit_code=None,
                               error=f"failed to start {argv[0]!r}: {exc.strerror or exc}")
-        hooks.on_start(process)
-        try:
-            code, stdout = process.wait()
-        finally:
-            hooks.on_exit(process)
-            namespace_cleanup(request)
-        message = ""
-        if code != 0 and not process.stopped:
-            message = _termination_message(request)
-        return PodOutcome(exit_code=code, stdout=stdout, message=message,
-                          stopped=process.stopped)
+        return await_pod(process, request, hooks, cleanup=lambda: namespace_cleanup(request))
+
+
+def await_pod(process: LocalProcess, request: PodRequest, hooks: PodHooks,
+              cleanup: Callable[[], None] | None = None) -> PodOutcome:
+    """A pod's only process, started: hand it to the scope, wait for its end, run ``cleanup``
+    whatever happens, and read its termination message when it failed on its own. The same
+    for every executor (a local process, a container through its engine)."""
+    hooks.on_start(process)
+    try:
+        code, stdout = process.wait()
+    finally:
+        hooks.on_exit(process)
+        if cleanup is not None:
+            cleanup()
+    message = ""
+    if code != 0 and not process.stopped:
+        message = _termination_message(request)
+    return PodOutcome(exit_code=code, stdout=stdout, message=message,
+                      stopped=process.stopped)
 
 
 def start_container(request: PodRequest, container: Container,

@@ -64,7 +64,7 @@ from .container_engines import (
 )
 from .container_keeper import container_processes
 from .errors import NodeError
-from .executor import PodHooks, PodOutcome
+from .executor import PodHooks, PodOutcome, await_pod
 from .mounts import SCRIPT_PATH, Bind
 from .paths import PathMap
 from .process import KILL_GRACE_S, LocalProcess
@@ -235,17 +235,7 @@ class ImageExecutor:
             process = self.start(request, main_container(request), hooks.on_line)
         except OSError as exc:
             return PodOutcome(exit_code=None, error=str(exc))
-        hooks.on_start(process)
-        try:
-            code, stdout = process.wait()
-        finally:
-            hooks.on_exit(process)
-        message = ""
-        if code != 0 and not process.stopped:
-            with contextlib.suppress(OSError):
-                message = " ".join(request.termination_log.read_text(errors="replace").split())
-        return PodOutcome(exit_code=code, stdout=stdout, message=message,
-                          stopped=process.stopped)
+        return await_pod(process, request, hooks)
 
     def start(self, request: PodRequest, container: Container,
               on_line: Callable[[str], None], append: bool = False) -> ContainerProcess:

@@ -227,7 +227,7 @@ def inline_template_refs(spec: dict, library: TemplateLibrary | None) -> dict:
     siblings (its ``template:`` names are resolved in its own WorkflowTemplate), and it sees
     the running workflow's ``workflow.*`` variables and parameters, not its own file's."""
     templates = spec.get("templates")
-    if not isinstance(templates, list) or not _has_template_refs(templates):
+    if not has_template_refs(spec):
         return spec
     library = library or TemplateLibrary()
     spec = dict(spec)
@@ -280,9 +280,12 @@ def inline_template_refs(spec: dict, library: TemplateLibrary | None) -> dict:
     return spec
 
 
-def _has_template_refs(templates: list) -> bool:
-    return any("templateRef" in call for t in templates if isinstance(t, dict)
-               for _, call in _calls(t, ""))
+def has_template_refs(spec: dict) -> bool:
+    """Whether a step or task of ``spec`` calls a template by ``templateRef``."""
+    templates = spec.get("templates")
+    return isinstance(templates, list) and any(
+        "templateRef" in call for t in templates if isinstance(t, dict)
+        for _, call in _calls(t, ""))
 
 
 def _calls(template: dict, where: str) -> Iterable[tuple[str, dict]]:
