@@ -20,7 +20,7 @@ from pathlib import Path
 
 from paradigms import component
 
-from sublimate.components.datasets import build_builtin
+from sublimate.components.data.datasets import build_builtin
 
 
 def main() -> None:

@@ -101,7 +101,7 @@ else
     fail "torch version" "$torch_version, the project pins torch==2.13.0 (checks go on)"
 fi
 
-train_examples=$(python3 -c 'from sublimate.components.datasets import digits_splits
+train_examples=$(python3 -c 'from sublimate.components.data.datasets import digits_splits
 print(len(digits_splits()["train"].y))') || { echo "FAIL preflight: no digits dataset"; exit 2; }
 
 # --- one run and what it must show ---------------------------------------------------------

@@ -21,11 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sublimate.components.datasets import build_builtin
+from sublimate.components.data.datasets import build_builtin
 
 
 def train(data_dir: Path, run_dir: Path, rate: str, args: argparse.Namespace) -> dict[str, float]:
-    command = [sys.executable, "-m", "sublimate.components.train", "--data-dir", str(data_dir),
+    command = [sys.executable, "-m", "sublimate.components.steps.train",
+               "--data-dir", str(data_dir),
                "--run-dir", str(run_dir), "--scheduler", "local_netns", "--nodes", "3",
                "--global-batch-size", "60", "--epochs", str(args.epochs),
                "--hidden", str(args.hidden), "--checkpoint-every", "0",

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sublimate.components.datasets import build_builtin
+from sublimate.components.data.datasets import build_builtin
 
 HERE = Path(__file__).resolve().parent
 PARADIGMS = ("sync", "async", "bmuf", "easgd")
@@ -53,7 +53,7 @@ def component(algorithm: str, data_dir: Path, run_dir: Path, args: argparse.Name
               evaluate: bool = False, epochs: int | None = None, metrics: bool = True,
               extra: tuple[str, ...] = ("--checkpoint-every", "0"),
               python: str = sys.executable) -> dict:
-    command = [python, "-m", "sublimate.components.train", "--algorithm", algorithm,
+    command = [python, "-m", "sublimate.components.steps.train", "--algorithm", algorithm,
                "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--nodes", "2",
                "--epochs", str(epochs or args.epochs), "--global-batch-size", str(args.batch),
                "--hidden", str(args.hidden), *extra, "--scheduler", "local_cwd",

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3_server
 
-from sublimate.components.datasets import FORMAT_VERSION, METADATA_FILE
-from sublimate.components.stage_data import stage_url
+from sublimate.components.data.datasets import FORMAT_VERSION, METADATA_FILE
+from sublimate.components.steps.stage_data import stage_url
 from tests.s3_server import S3Server, seaweedfs
 
 WORKLOADS = {  # name: (files, bytes each)

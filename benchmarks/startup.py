@@ -7,7 +7,7 @@ Interleaved, ``--repeat`` times, on the digits dataset staged once:
    this file (:func:`bare_worker`): import torch, init a gloo process group, wrap the same MLP in
    DDP, take one SGD step on one batch. It reports when that step is done;
 2. the train component as the pipeline's train step runs it: ``python -m
-   sublimate.components.train`` (TorchX ``local_cwd``, 2 nodes x 1 process, the pipeline's
+   sublimate.components.steps.train`` (TorchX ``local_cwd``, 2 nodes x 1 process, the pipeline's
    defaults, per-epoch evaluation included), ``--epochs 1``. Its workers write
    ``launch_to_first_step_seconds`` and the per-phase ``startup`` to ``train-summary.json``.
 
@@ -16,7 +16,7 @@ of launch-to-first-step and of the whole command's wall time, their ratios (our 
 the bare minimum), and the median of each start-up phase. Ratios are printed, never asserted.
 
 ``--launcher FILE.py`` runs another copy of the launcher instead (e.g. a previous version of
-components/train.py saved elsewhere), to compare versions in one run.
+components/steps/train.py saved elsewhere), to compare versions in one run.
 
 Usage: python benchmarks/startup.py [--repeat 5] [--launcher FILE.py]
 """
@@ -86,7 +86,7 @@ def baseline(data_dir: Path) -> tuple[float, float]:
 def component(data_dir: Path, run_dir: Path, launcher: str | None,
               ) -> tuple[float, float, dict[str, float], float]:
     """(launch to first step, wall time, start-up phases, training seconds) of the train step."""
-    target = [launcher] if launcher else ["-m", "sublimate.components.train"]
+    target = [launcher] if launcher else ["-m", "sublimate.components.steps.train"]
     command = [sys.executable, *target, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
                "--nodes", "2", "--epochs", "1", "--scheduler", "local_cwd"]
     started = time.time()
@@ -114,7 +114,7 @@ def main() -> None:
     if args.bare_worker:
         bare_worker(args.bare_worker)
         return
-    from sublimate.components.datasets import build_builtin
+    from sublimate.components.data.datasets import build_builtin
 
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")

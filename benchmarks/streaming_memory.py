@@ -43,7 +43,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sublimate.components.datasets import read_metadata, write_synthetic_dataset
+from sublimate.components.data.datasets import read_metadata, write_synthetic_dataset
 
 MB = 1 << 20
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -58,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
     from torch import nn
 
-    from sublimate.components.streaming import ShardReader
+    from sublimate.components.data.streaming import ShardReader
 
     torch.manual_seed(0)
     # Once the model fits, gradients shrink into denormals, which x86 computes many times slower:

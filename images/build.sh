@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the runtime image (images/Dockerfile) with whatever this machine has, and tag it with the
-# name the rendered manifests use (components/runtime.py DEFAULT_IMAGE) plus localhost/sublimate.
+# name the rendered manifests use (components/base/runtime.py DEFAULT_IMAGE) plus localhost/sublimate.
 #
 #   images/build.sh [--builder auto|docker|buildah|podman] [--base auto|debian|IMAGE]
 #                   [--torch auto|URL|DIR] [--ca auto|none|FILE] [--tag NAME]...
@@ -62,7 +62,7 @@ elif [[ "$ca" != none && ! -f "$ca" ]]; then
 fi
 
 # The names and versions are read from where they are decided, never repeated here.
-default_image="$(sed -n 's/^DEFAULT_IMAGE = "\(.*\)"$/\1/p' components/runtime.py)"
+default_image="$(sed -n 's/^DEFAULT_IMAGE = "\(.*\)"$/\1/p' components/base/runtime.py)"
 registry_base="$(sed -n 's/^ARG BASE_IMAGE=//p' images/Dockerfile)"
 torch_version="$(sed -n 's/^torch==//p' images/requirements.lock)"
 [[ -n "$default_image" && -n "$registry_base" && -n "$torch_version" ]] ||

@@ -13,12 +13,12 @@ cd "$(dirname "$0")/.."
 
 die() { echo "prove: $*" >&2; exit 2; }
 
-default_image="$(sed -n 's/^DEFAULT_IMAGE = "\(.*\)"$/\1/p' components/runtime.py)"
+default_image="$(sed -n 's/^DEFAULT_IMAGE = "\(.*\)"$/\1/p' components/base/runtime.py)"
 image="localhost/sublimate:${default_image##*:}"
 if (($#)) && [[ "$1" != -- ]]; then image="$1"; shift; fi
 if (($#)); then [[ "$1" == -- ]] || die "unknown argument '$1'"; shift; fi
 min_accuracy="${MIN_ACCURACY:-0.95}"
-volume_path=/mnt/sublimate  # components/runtime.py SHARED_VOLUME_PATH
+volume_path=/mnt/sublimate  # components/base/runtime.py SHARED_VOLUME_PATH
 user=10001:10001            # the image's USER and the WorkflowTemplate's securityContext
 
 shared="$(mktemp -d)"

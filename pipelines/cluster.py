@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 
 NAMESPACE = "sublimate"
 SERVICE_ACCOUNT = "sublimate-workflow"

@@ -17,7 +17,7 @@ from sublimate.pipelines.argo_terms import TYPES_ANNOTATION
 if TYPE_CHECKING:
     from hera.workflows import Parameter
 
-    from sublimate.components.settings import Setting
+    from sublimate.components.base.settings import Setting
 
 __all__ = ["TYPES_ANNOTATION", "PipelineParameter", "describe_parameters", "type_annotation"]
 

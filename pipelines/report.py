@@ -2,8 +2,8 @@
 
 A RUN is the results folder on the shared volume, the run folder ``sublimate run`` printed (its
 ``outputs/results`` link leads to the results), or either name. The report itself (JSON, plots,
-comparisons) is :mod:`sublimate.components.report`, which the evaluate step also writes; its
-names are re-exported here, where the first releases documented them.
+comparisons) is :mod:`sublimate.components.monitoring.run_report`, which the evaluate step also
+writes; its names are re-exported here, where the first releases documented them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sublimate.components.report import (
+from sublimate.components.base.run_files import holds_results
+from sublimate.components.monitoring.run_report import (
     PLOTS,
     REPORT_DIR,
     SUMMARY_KEYS,
@@ -26,7 +27,6 @@ from sublimate.components.report import (
     run_labels,
     write_report,
 )
-from sublimate.components.run_files import holds_results
 
 __all__ = [
     "PLOTS",

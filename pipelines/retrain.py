@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sublimate.components import gate, notify, register_model
-from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.steps import gate, notify, register_model
 from sublimate.pipelines.train import (
     STEPS,
     pipeline_parameters,

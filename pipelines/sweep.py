@@ -14,11 +14,11 @@ sublimate-train is installed. Those templates read only their inputs, never
 ``{{workflow.parameters}}`` (which, in a templateRef'd template, are the *calling* workflow's),
 so they behave in a sweep exactly as in sublimate-train.
 
-``sweep-grid`` (:mod:`sublimate.components.sweep_grid`) checks the grid and expands it into one
-item per point that carries every train and evaluate setting (the workflow's value, replaced by
-the point's axes), so the fan-out passes plain ``{{item.<setting>}}`` and an axis needs no
-wiring of its own. A failed point does not fail the sweep (``continueOn: failed`` on the
-fan-out); ``compare`` reports it, and fails only when every point failed. See docs/sweeps.md.
+``sweep-grid`` (:mod:`sublimate.components.steps.sweep_grid`) checks the grid and expands it into
+one item per point that carries every train and evaluate setting (the workflow's value, replaced by
+the point's axes), so the fan-out passes plain ``{{item.<setting>}}`` and an axis needs no wiring of
+its own. A failed point does not fail the sweep (``continueOn: failed`` on the fan-out); ``compare``
+reports it, and fails only when every point failed. See docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sublimate.components import settings as declared
-from sublimate.components import sweep_grid
-from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.base import settings as declared
+from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.steps import sweep_grid
 from sublimate.pipelines.parameters import PipelineParameter
 from sublimate.pipelines.train import DATASET_LABEL, pipeline_parameters, workflow_options
 
@@ -81,7 +81,7 @@ def sweep_pipeline(
     from hera.workflows import DAG, Parameter, Task, WorkflowTemplate
     from hera.workflows.models import ContinueOn, TemplateRef, ValueFrom, WorkflowMetadata
 
-    from sublimate.components import compare
+    from sublimate.components.steps import compare
 
     parameters = sweep_parameters()
     parameter = {p.name: p.reference() for p in parameters}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sublimate.components import evaluate, stage_data, train
-from sublimate.components import settings as declared
-from sublimate.components.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.base import settings as declared
+from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
+from sublimate.components.steps import evaluate, stage_data, train
 from sublimate.pipelines.parameters import TYPES_ANNOTATION, PipelineParameter, type_annotation
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ STEPS = ("train", "evaluate")
 
 def pipeline_parameters(steps: tuple[str, ...] = STEPS) -> list[PipelineParameter]:
     """The stage-data step's one input, then every setting of these steps from its
-    declaration (:mod:`sublimate.components.settings`)."""
+    declaration (:mod:`sublimate.components.base.settings`)."""
     return [
         PipelineParameter("dataset", "digits",
                           "Built-in dataset (digits; mnist1d: 50,000 examples), the path/URL "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sublimate.components import checkpoint
+from sublimate.components.model import checkpoint
 
 
 class _RunsCode:

@@ -284,7 +284,7 @@ def test_render_check_and_lint_say_what_they_did_not_check(tmp_path: Path) -> No
 
 def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    result = _run_json(home, "-p", "model=sublimate.components.example_models:small_cnn",
+    result = _run_json(home, "-p", "model=sublimate.components.examples.example_models:small_cnn",
                        "-p", "epochs=12")
     assert result["phase"] == PASSES, result["_stderr"]
     assert float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"]) >= 0.9
@@ -292,10 +292,10 @@ def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> No
     import torch
 
     assert torch.load(saved, weights_only=False)["architecture"] == \
-        "sublimate.components.example_models:small_cnn"
-    typo = _run_json(home, "-p", "model=sublimate.components.example_models:tiny_cnn")
+        "sublimate.components.examples.example_models:small_cnn"
+    typo = _run_json(home, "-p", "model=sublimate.components.examples.example_models:tiny_cnn")
     assert typo["phase"] == "Failed"
-    message = ("model 'sublimate.components.example_models:tiny_cnn': module "
-               "'sublimate.components.example_models' has no function 'tiny_cnn'")
+    message = ("model 'sublimate.components.examples.example_models:tiny_cnn': module "
+               "'sublimate.components.examples.example_models' has no function 'tiny_cnn'")
     assert f"train: error: {message}" in typo["_stderr"]
     assert typo["message"].endswith(message)  # the step's one line is the run's final message

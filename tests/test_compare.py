@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import compare
-from sublimate.components.datasets import build_builtin
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.steps import compare
 from tests.conftest import REPO
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -41,16 +41,16 @@ def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("volume")
     data = build_builtin("digits", root / "datasets" / "digits")
     for run_id, (algorithm, batch, epochs) in RUNS.items():
-        trained = _step("sublimate.components.train", "--data-dir", str(data), "--runs-root",
+        trained = _step("sublimate.components.steps.train", "--data-dir", str(data), "--runs-root",
                         str(root / "runs"), "--run-id", run_id, "--scheduler", "local_cwd",
                         "--nodes", "2", "--epochs", str(epochs), "--algorithm", algorithm,
                         "--global-batch-size", str(batch), "--checkpoint-every", "0")
         assert trained.returncode == 0, trained.stderr
-        evaluated = _step("sublimate.components.evaluate", "--model-dir",
+        evaluated = _step("sublimate.components.steps.evaluate", "--model-dir",
                           str(root / "runs" / run_id), "--data-dir", str(data))
         assert evaluated.returncode == 0, evaluated.stderr
     # rank 0 is killed at step 5: the job fails, its logs stay, evaluate never runs
-    killed = _step("sublimate.components.train", "--data-dir", str(data), "--runs-root",
+    killed = _step("sublimate.components.steps.train", "--data-dir", str(data), "--runs-root",
                    str(root / "runs"), "--run-id", "killed", "--scheduler", "local_cwd",
                    "--nodes", "2", "--epochs", "2", "--global-batch-size", "128",
                    env={"SUBLIMATE_FAIL_AT_STEP": "5"})
@@ -220,7 +220,7 @@ def test_template_has_the_inputs_and_outputs_the_pipeline_wires() -> None:
     assert inputs == {"points": None, "sweep-dir": None, "metric": "accuracy",
                       "metric-goal": "auto", "target": "0"}
     assert [p.name for p in step.outputs] == ["best-point", "report"]
-    assert step.command == ["python", "-m", "sublimate.components.compare"]
+    assert step.command == ["python", "-m", "sublimate.components.steps.compare"]
     assert "--runs-root" in step.args and "/mnt/sublimate/runs" in step.args
     assert step.image == "example/sublimate:1"
     assert [v.mount_path for v in step.volumes] == ["/mnt/sublimate"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.datasets import build_builtin, verify_dataset
+from sublimate.components.data.datasets import build_builtin, verify_dataset
 from sublimate.pipelines.cli.common import EXIT_USAGE
 from tests.s3_server import SECRET_KEY, S3Server
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sublimate.components.datasets import (
+from sublimate.components.data.datasets import (
     DatasetError,
     build_builtin,
     digits_splits,
@@ -141,7 +141,7 @@ def test_mnist1d_is_generated_deterministically_without_touching_global_random_s
 def test_mnist1d_builtin_has_50000_training_examples_and_stages_once(tmp_path: Path) -> None:
     import time
 
-    from sublimate.components.stage_data import stage_dataset
+    from sublimate.components.steps.stage_data import stage_dataset
 
     started = time.perf_counter()
     first = stage_dataset("mnist1d", tmp_path / "data")

@@ -1,9 +1,9 @@
 """The Keras example (examples/keras_multiworker) trains on two nodes for real, TF_CONFIG and all.
 
-Two torchrun agents meet at one rendezvous, as ``sublimate run`` simulates two nodes; each
-starts one worker running this module as ``__main__`` (:func:`_wrapper_main`): the TensorFlow
-part of the entry-point shim, which sets ``TF_CONFIG`` from :mod:`sublimate.components.tf_config`
-and then runs the example script as ``python train.py`` would.
+Two torchrun agents meet at one rendezvous, as ``sublimate run`` simulates two nodes; each starts
+one worker running this module as ``__main__`` (:func:`_wrapper_main`): the TensorFlow part of the
+entry-point shim, which sets ``TF_CONFIG`` from :mod:`sublimate.components.processes.tf_config` and
+then runs the example script as ``python train.py`` would.
 
 TensorFlow is an optional extra (``pip install -e '.[tensorflow]'``): without it the test skips
 with the reason outside CI, and fails in CI (``CI`` set), where it must be installed.
@@ -42,7 +42,7 @@ def _require_tensorflow() -> None:
 
 def _wrapper_main(script: str, args: list[str]) -> None:
     """What the shim does for ``--framework tensorflow``, then ``python script ARGS``."""
-    from sublimate.components import tf_config
+    from sublimate.components.processes import tf_config
 
     reservation = tf_config.exchange(timeout=120)
     os.environ["TF_CONFIG"] = reservation.tf_config
@@ -90,7 +90,7 @@ def _launch(data: Path, run_dir: Path, epochs: int) -> str:
 
 def test_keras_example_on_two_nodes_and_resume(tmp_path: Path) -> None:
     _require_tensorflow()
-    from sublimate.components.datasets import build_builtin
+    from sublimate.components.data.datasets import build_builtin
 
     data = build_builtin("digits", tmp_path / "digits")
     run_dir = tmp_path / "run"

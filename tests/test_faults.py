@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import faults
+from sublimate.components.launch import faults
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.cli.fault import duration
 from tests.test_netns_scheduler import (
@@ -293,7 +293,7 @@ def test_the_supervisor_alone_tears_a_cluster_down(netns: None, tmp_path: Path) 
                        cfg={"log_dir": str(tmp_path)})
         path = cluster_file(tmp_path, handle)
         done = threading.Event()
-        supervisor = subprocess.Popen([sys.executable, "-m", "sublimate.components.faults",
+        supervisor = subprocess.Popen([sys.executable, "-m", "sublimate.components.launch.faults",
                                        "supervise", str(path)], stdin=subprocess.PIPE, cwd=REPO)
         supervisor.stdin.close()  # type: ignore[union-attr]
         assert supervisor.wait(timeout=20) == 0

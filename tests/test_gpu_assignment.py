@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.cluster_job import make_runner
-from sublimate.components.datasets import build_builtin
-from sublimate.components.gpu_plan import GpuShortage, gpu_plan, place_gpus
-from sublimate.components.netns_scheduler import host_gpu_count
-from sublimate.components.train import build_app, main, parse_args, scheduler_config
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan, place_gpus
+from sublimate.components.launch.netns_scheduler import host_gpu_count
+from sublimate.components.steps.train import build_app, main, parse_args, scheduler_config
 
 ARGS = ["--data-dir", "/srv/datasets/digits", "--run-dir", "/srv/runs/r1"]
 

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from sublimate.components.runtime import DEFAULT_IMAGE
+from sublimate.components.base.runtime import DEFAULT_IMAGE
 from tests.conftest import REPO, require
 
 DOCKERFILE = REPO / "images" / "Dockerfile"

@@ -11,8 +11,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 from torchx.specs import AppState, AppStatus
 
-from sublimate.components import cluster_job
-from sublimate.components.cluster_job import (
+from sublimate.components.launch import cluster_job
+from sublimate.components.launch.cluster_job import (
     ATTACH,
     REPLACE,
     START,
@@ -22,7 +22,7 @@ from sublimate.components.cluster_job import (
     make_runner,
     previous_job_action,
 )
-from sublimate.components.train import (
+from sublimate.components.steps.train import (
     FAILED,
     SUCCEEDED,
     build_app,

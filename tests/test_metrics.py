@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import metrics as monitoring
+from sublimate.components.monitoring import metrics as monitoring
 from tests.conftest import REPO, require_module
 
 
@@ -160,7 +160,7 @@ def test_an_async_run_reports_every_process(tmp_path: Path) -> None:
 
 
 def test_each_rank_publishes_its_ratio_to_the_median_and_whether_it_straggles() -> None:
-    from sublimate.components.stragglers import RankTiming, find_stragglers
+    from sublimate.components.monitoring.stragglers import RankTiming, find_stragglers
 
     finding = find_stragglers([RankTiming(rank, f"node{rank}", 1, 3.0, 0.0, compute, 0.0)
                                for rank, compute in enumerate((1.0, 1.0, 1.0, 2.5))])

@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-from sublimate.components.registry import Registry
+from sublimate.components.model.registry import Registry
 from tests.conftest import run_cli
 from tests.s3_server import S3Server
 

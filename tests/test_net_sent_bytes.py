@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sublimate.components import metrics as monitoring
-from sublimate.components.tensorboard_log import EpochLog
+from sublimate.components.monitoring import metrics as monitoring
+from sublimate.components.monitoring.tensorboard_log import EpochLog
 from tests.conftest import REPO, require
 
 
@@ -57,7 +57,7 @@ def test_every_epoch_record_carries_the_bytes_sent_since_the_log_opened(tmp_path
 # Run inside the namespace: loopback traffic first (not counted), then UDP to the peer.
 SENDER = """
 import json, socket, sys
-from sublimate.components.metrics import NetworkCounter
+from sublimate.components.monitoring.metrics import NetworkCounter
 peer, count, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 try:  # resolve the peer's MAC first: datagrams sent before that may be dropped uncounted
     socket.create_connection((peer, 9), timeout=5).close()
@@ -115,8 +115,8 @@ def test_bytes_sent_over_a_veth_are_counted_and_loopback_is_not() -> None:
 def test_a_local_netns_run_records_its_all_reduce_traffic(tmp_path: Path) -> None:
     """Each node of a 2-node sync run sends, per step, about one copy of the gradients: ring
     all-reduce sends 2(n-1)/n of the buffer per rank, which is 1x for n = 2."""
-    from sublimate.components.datasets import build_builtin
-    from sublimate.components.netns_scheduler import TOOLS, NetnsError, check_privileges
+    from sublimate.components.data.datasets import build_builtin
+    from sublimate.components.launch.netns_scheduler import TOOLS, NetnsError, check_privileges
 
     try:
         check_privileges()
@@ -128,7 +128,7 @@ def test_a_local_netns_run_records_its_all_reduce_traffic(tmp_path: Path) -> Non
             f"local_netns needs root and its tools ({problem or 'not root'})")
     data = build_builtin("digits", tmp_path / "digits")
     completed = subprocess.run(
-        [sys.executable, "-m", "sublimate.components.train", "--data-dir", str(data),
+        [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
          "--runs-root", str(tmp_path / "runs"), "--run-id", "wire", "--scheduler", "local_netns",
          "--nodes", "2", "--epochs", "2", "--global-batch-size", "64", "--checkpoint-every", "0",
          "--eval-every-epoch", "false"],

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from sublimate.components import faults
-from sublimate.components.netns_scheduler import (
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.launch import faults
+from sublimate.components.launch.netns_scheduler import (
     NODE_INIT,
     TOOLS,
     NetnsError,
@@ -30,7 +31,6 @@ from sublimate.components.netns_scheduler import (
     check_privileges,
     create_scheduler,
 )
-from sublimate.components.process_identity import start_ticks
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def snapshot() -> dict[str, set[Any]]:
     marker = NODE_INIT.strip().splitlines()[0].encode()
     for pid, cmdline, netns in _processes():
         namespaces.add(netns)
-        ours = (marker in cmdline or b"sublimate.components.faults" in cmdline
+        ours = (marker in cmdline or b"sublimate.components.launch.faults" in cmdline
                 or (cmdline == b"sleep\0infinity\0" and netns != host))
         if ours:
             procs.add((pid, cmdline[:60]))
@@ -437,7 +437,7 @@ LAUNCHER = """
 import sys, time
 from torchx import specs
 from torchx.runner import Runner
-from sublimate.components.netns_scheduler import create_scheduler
+from sublimate.components.launch.netns_scheduler import create_scheduler
 
 role = specs.Role("node", image="", entrypoint="sleep", args=["60"], num_replicas=2)
 runner = Runner("torchx", {"local_netns": create_scheduler})
@@ -488,7 +488,7 @@ def test_without_root_a_submission_fails_with_the_error(netns: None, tmp_path: P
     import sys
     from torchx import specs
     from torchx.runner import Runner
-    from sublimate.components.netns_scheduler import create_scheduler
+    from sublimate.components.launch.netns_scheduler import create_scheduler
     role = specs.Role("node", image="", entrypoint="true", args=[], num_replicas=2)
     with Runner("torchx", {{"local_netns": create_scheduler}}) as runner:
         runner.run(specs.AppDef("x", roles=[role]), "local_netns", cfg={{"log_dir": "{tmp_path}"}})

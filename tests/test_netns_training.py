@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import faults
-from sublimate.components.process_identity import start_ticks
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.launch import faults
 from tests.conftest import (
     finish_run,
     first_checkpoint,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import train
-from sublimate.components.settings import SettingError, check
+from sublimate.components.base.settings import SettingError, check
+from sublimate.components.steps import train
 from tests.conftest import (
     REPO,
     finish_run,
@@ -68,7 +68,8 @@ def test_own_loop_with_the_library_bmuf_on_two_nodes_resumes_after_a_kill(
     the workers, and the loop resumes from the committed step with its data position."""
     home = tmp_path / "home"
     process = start_run(home, "-p", "entrypoint=examples.cnn_bmuf.train",
-                        "-p", "dataset=py:sublimate.components.example_datasets:digit_images",
+                        "-p",
+                        "dataset=py:sublimate.components.examples.example_datasets:digit_images",
                         "-p", "algorithm=bmuf", "-p", "sync-period=4", "-p", "epochs=6",
                         "-p", "checkpoint-every=20", "-p", "max-restarts=1")
     killed_after = None
@@ -135,7 +136,7 @@ def test_rules_between_entrypoint_settings(values: dict[str, str], message: str)
 
 def _evaluate(model_dir: Path, *extra: str) -> tuple[int, str]:
     result = subprocess.run(
-        [sys.executable, "-m", "sublimate.components.evaluate", "--model-dir", str(model_dir),
+        [sys.executable, "-m", "sublimate.components.steps.evaluate", "--model-dir", str(model_dir),
          "--data-dir", str(model_dir), "--metric-path", str(model_dir / "out-metric"), *extra],
         capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
     return result.returncode, result.stdout + result.stderr

@@ -14,8 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from sublimate.components import lr_schedule
-from sublimate.components.paradigms import flat_parameters
+from sublimate.components.paradigms import flat_parameters, lr_schedule
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
 from sublimate.components.paradigms.parameter_server import ParameterServer
@@ -243,7 +242,7 @@ def test_linear_scaling_follows_the_batch_one_update_averages(
 def test_async_trainers_warm_up_over_their_own_steps() -> None:
     from argparse import Namespace
 
-    from sublimate.components.async_sgd import trainer_learning_rate
+    from sublimate.components.processes.async_sgd import trainer_learning_rate
 
     args = Namespace(**{**SETTINGS, "global_batch_size": 512, "warmup_epochs": 2,
                         "num_trainers": 2})

@@ -13,10 +13,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from sublimate.components.async_sgd import ParameterServer
 from sublimate.components.paradigms import flat_parameters, paradigm_class
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
+from sublimate.components.processes.async_sgd import ParameterServer
 
 WORLD = 2
 PERIOD = 3

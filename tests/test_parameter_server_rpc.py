@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import checkpoint, run_files
-from sublimate.components.datasets import build_builtin
+from sublimate.components.base import run_files
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.model import checkpoint
 from tests.conftest import REPO
 
 TRAINERS = 2
@@ -83,9 +84,9 @@ def test_real_rpc_trainers_have_every_push_applied_once_within_the_staleness_bou
               "--global-batch-size", str(GLOBAL_BATCH), "--staleness-bound", str(BOUND),
               "--eval-every-epoch", "false", "--checkpoint-every", "0",
               "--metrics-port", "0"]  # OS-chosen: no clash with anything else on the machine
-    # What the TorchX app gives these processes (components/train.py: async_app, _worker_env)
+    # What the TorchX app gives these processes (components/steps/train.py: async_app, _worker_env)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    module = [sys.executable, "-m", "sublimate.components.async_sgd"]
+    module = [sys.executable, "-m", "sublimate.components.processes.async_sgd"]
     roles = {"ps": ["ps"], **{f"trainer{i}": ["trainer", "--trainer-id", str(i)]
                               for i in range(TRAINERS)}}
     for role, args in roles.items():

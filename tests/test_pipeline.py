@@ -95,7 +95,7 @@ def test_every_parameter_is_described_with_enums_for_closed_sets(manifest: dict)
 def test_a_users_own_pipeline_from_the_components_lints_clean() -> None:
     from hera.workflows import DAG, Parameter, WorkflowTemplate
 
-    from sublimate.components import evaluate, stage_data, train
+    from sublimate.components.steps import evaluate, stage_data, train
 
     with WorkflowTemplate(name="my-train", entrypoint="main",
                           arguments=[Parameter(name="dataset", value="digits")]) as workflow:

@@ -1,4 +1,4 @@
-"""The model registry (components/registry.py) on a local folder and on a real S3 server:
+"""The model registry (components/model/registry.py) on a local folder and on a real S3 server:
 round trips, real races between processes, publishes that fail or are killed midway, rollback."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.registry import (
+from sublimate.components.model.registry import (
     CLAIM_FILE,
     MODEL_FILE,
     ChampionMoved,
@@ -198,7 +198,7 @@ def _publish_until_killed(url: str) -> str:
     return textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from sublimate.components.registry import Registry
+        from sublimate.components.model.registry import Registry
         real = Registry._upload
         def upload(self, source, target):
             info = real(self, source, target)
@@ -349,7 +349,7 @@ def test_storage_errors_name_the_registry_and_the_fix(s3_env: S3Server) -> None:
 
 
 def test_import_stays_light() -> None:
-    code = ("import sys, sublimate.components.registry; print(sorted(m for m in "
+    code = ("import sys, sublimate.components.model.registry; print(sorted(m for m in "
             "('torch', 'hera', 'sublimate.pipelines') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.report import (
+from sublimate.components.monitoring.run_report import (
     PLOTS,
     ReportError,
     build_report,
@@ -261,7 +261,7 @@ def test_compared_runs_are_labelled_by_what_differs(tmp_path: Path) -> None:
 
 
 def test_launch_to_first_step_is_reported_with_its_phases(tmp_path: Path) -> None:
-    from sublimate.components.report import format_summary
+    from sublimate.components.monitoring.run_report import format_summary
 
     startup = {"torchx-launch": 1.5, "imports": 3.0, "rendezvous": 2.896, "data": 0.004}
     run_dir = fake_run(tmp_path / "run", launch_to_first_step_seconds=7.4, startup=startup)
@@ -282,7 +282,9 @@ def test_evaluate_times_the_evaluation_not_the_loading(
     the data is read (100 s) and while the model runs (2 s) tells them apart exactly."""
     import numpy as np
 
-    from sublimate.components import checkpoint, datasets, evaluate, models
+    from sublimate.components.data import datasets
+    from sublimate.components.model import checkpoint, models
+    from sublimate.components.steps import evaluate
 
     data_dir = datasets.write_dataset(
         tmp_path / "data", {"test": datasets.Split(
@@ -329,8 +331,8 @@ def _with_stragglers(run_dir: Path, flagged: dict[int, list[dict[str, object]]])
 
 
 def test_the_report_names_stragglers_and_where_their_time_goes(tmp_path: Path) -> None:
-    from sublimate.components.report import format_summary
-    from sublimate.components.stragglers import RankTiming, find_stragglers
+    from sublimate.components.monitoring.run_report import format_summary
+    from sublimate.components.monitoring.stragglers import RankTiming, find_stragglers
 
     def flagged(compute: float, data: float = 0.0) -> list[dict[str, object]]:
         ranks = [RankTiming(r, f"node{r // 2}", 10, 1.0, 0.0, 0.1, 0.9) for r in range(3)]
@@ -353,7 +355,7 @@ def test_the_report_names_stragglers_and_where_their_time_goes(tmp_path: Path) -
 
 
 def test_a_run_that_checked_and_found_no_straggler_says_so(tmp_path: Path) -> None:
-    from sublimate.components.report import format_summary
+    from sublimate.components.monitoring.run_report import format_summary
 
     report = build_report(_with_stragglers(fake_run(tmp_path / "even"), {}))
     assert report["stragglers"] == {"epochs_checked": 3, "ranks": []}

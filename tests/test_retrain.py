@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sublimate.components import gate, notify
+from sublimate.components.steps import gate, notify
 from tests.conftest import REPO, run_cli, run_outputs
 
 MANIFEST = "argo/sublimate-retrain.yaml"
@@ -70,7 +70,7 @@ def webhook() -> Iterator[Webhook]:
 
 
 def _registry(home: Path):  # -> Registry
-    from sublimate.components.registry import Registry
+    from sublimate.components.model.registry import Registry
 
     return Registry(str(home / "volumes" / "sublimate-data" / "registry"))
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.datasets import build_builtin
-from sublimate.components.process_identity import start_ticks
-from sublimate.components.run_lock import (
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch.run_lock import (
     RUN_LOCK_FILE,
     RunLock,
     RunLockBusy,
@@ -32,7 +32,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _launcher(digits: Path, run_dir: Path, termination: Path) -> list[str]:
-    return [sys.executable, "-m", "sublimate.components.train", "--data-dir", str(digits),
+    return [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(digits),
             "--run-dir", str(run_dir), "--scheduler", "local_cwd", "--nodes", "1",
             "--epochs", "2", "--global-batch-size", "32", "--workflow-name", termination.stem]
 

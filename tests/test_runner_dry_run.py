@@ -119,7 +119,7 @@ def test_dry_run_of_the_default_pipeline(tmp_path: Path) -> None:
     completed = run_cli("run", "--dry-run", home=home)
     assert completed.returncode == 0, completed.stderr
     out = completed.stdout
-    assert "python -m sublimate.components.stage_data --dataset digits --output-path " in out
+    assert "python -m sublimate.components.steps.stage_data --dataset digits --output-path " in out
     assert f"--data-root {home}/volumes/sublimate-data/datasets" in out
     assert f"mount: /mnt/sublimate -> {home}/volumes/sublimate-data" in out
     assert "  train after stage-data succeeds\n" in out

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import pytest
 
-from sublimate.components.process_identity import start_ticks
+from sublimate.components.base.process_identity import start_ticks
 from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run
 
 STOP_THEN_EXIT_HANDLER = """

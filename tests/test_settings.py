@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from sublimate.components import settings as S
+from sublimate.components.base import settings as S
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [
@@ -72,8 +72,8 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Add a setting in one place: the pipeline's parameter (UI form, types annotation), the
     train template's input, the launcher's flag, and the worker's argument all follow."""
-    from sublimate.components import train as launcher
-    from sublimate.components import worker
+    from sublimate.components.processes import worker
+    from sublimate.components.steps import train as launcher
     from sublimate.pipelines.train import train_pipeline
 
     dropout = S.Setting("dropout", 0.1, "Dropout probability of the hidden layers.",

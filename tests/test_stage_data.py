@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.datasets import build_builtin, verify_dataset
-from sublimate.components.stage_data import dataset_id, main
+from sublimate.components.data.datasets import build_builtin, verify_dataset
+from sublimate.components.steps.stage_data import dataset_id, main
 
 
 def test_stages_builtin_and_writes_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

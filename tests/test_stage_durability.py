@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import stage_data
-from sublimate.components.datasets import METADATA_FILE, build_builtin, verify_dataset
-from sublimate.components.process_identity import start_ticks
-from sublimate.components.stage_data import STAGING_MARK, dataset_id
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.data.datasets import METADATA_FILE, build_builtin, verify_dataset
+from sublimate.components.steps import stage_data
+from sublimate.components.steps.stage_data import STAGING_MARK, dataset_id
 
 
 def _no_rename_exchange(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +100,7 @@ def test_without_rename_exchange_a_built_dataset_is_linked_once(
 # `stage-data` that stalls once its first file has landed: a copy half made, to kill.
 STALLING_STAGER = """
 import os, sys, time
-from sublimate.components import stage_data
+from sublimate.components.steps import stage_data
 
 land = stage_data._land
 

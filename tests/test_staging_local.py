@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import object_store, stage_data
-from sublimate.components.datasets import METADATA_FILE, build_builtin, read_split, verify_dataset
-from sublimate.components.stage_data import MANIFEST_FILE, Progress, dataset_id
+from sublimate.components.data import object_store
+from sublimate.components.data.datasets import (
+    METADATA_FILE,
+    build_builtin,
+    read_split,
+    verify_dataset,
+)
+from sublimate.components.steps import stage_data
+from sublimate.components.steps.stage_data import MANIFEST_FILE, Progress, dataset_id
 
 
 @pytest.fixture
@@ -70,7 +76,7 @@ def test_progress_line_reports_files_bytes_and_rate() -> None:
 
 
 def test_entry_point_dataset_is_built_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    dataset = "py:sublimate.components.example_datasets:blobs"
+    dataset = "py:sublimate.components.examples.example_datasets:blobs"
     assert stage_data.main(["--dataset", dataset, "--data-root", str(tmp_path)]) == 0
     folder = tmp_path / dataset_id(dataset)
     assert folder.name.startswith("blobs-")
@@ -83,7 +89,7 @@ def test_entry_point_dataset_is_built_once(tmp_path: Path, capsys: pytest.Captur
 
 @pytest.mark.parametrize(("dataset", "message"), [
     ("py:nowhere_module:fn", "cannot load nowhere_module:fn"),
-    ("py:sublimate.components.example_datasets", "expected py:module:function"),
+    ("py:sublimate.components.examples.example_datasets", "expected py:module:function"),
     ("py:os:getcwd", "os:getcwd() must return a dict of split name -> datasets.Split"),
 ])
 def test_bad_entry_points(tmp_path: Path, dataset: str, message: str,

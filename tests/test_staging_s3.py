@@ -12,9 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sublimate.components import object_store, publish, stage_data
-from sublimate.components.datasets import METADATA_FILE, build_builtin, sha256_of, verify_dataset
-from sublimate.components.stage_data import MANIFEST_FILE, dataset_id
+from sublimate.components.data import object_store
+from sublimate.components.data.datasets import (
+    METADATA_FILE,
+    build_builtin,
+    sha256_of,
+    verify_dataset,
+)
+from sublimate.components.steps import publish, stage_data
+from sublimate.components.steps.stage_data import MANIFEST_FILE, dataset_id
 from tests.conftest import require, run_cli
 from tests.s3_server import SECRET_KEY, S3Server
 

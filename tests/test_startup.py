@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import metrics
-from sublimate.components.datasets import build_builtin
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.monitoring import metrics
 
 # On CPU nodes the torchrun agent imports torch, meets the other nodes and forks its workers.
 FORKED_PHASES = ["launcher", "scheduler", "agent_imports", "agent_rendezvous", "preload", "fork",
@@ -28,7 +28,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _launch(data_dir: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sublimate.components.train", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data_dir),
          "--run-dir", str(run_dir), "--scheduler", "local_cwd", "--checkpoint-every", "0",
          *flags], env=ENV, capture_output=True, text=True, timeout=300, check=False)
 
@@ -67,7 +67,8 @@ def test_the_launcher_submits_without_importing_torch(digits: Path, tmp_path: Pa
     # torch takes about a second to import: the workers need it, the launcher must not pay it
     program = (
         "import sys\n"
-        "from sublimate.components import cluster_job, train\n"
+        "from sublimate.components.launch import cluster_job\n"
+        "from sublimate.components.steps import train\n"
         f"args = train.parse_args(['--data-dir', {str(digits)!r}, '--run-dir', "
         f"{str(tmp_path / 'run')!r}])\n"
         "assert train.data_problem(args.data_dir, args.global_batch_size, True) is None\n"
@@ -135,7 +136,8 @@ def test_joining_the_process_group_imports_nothing() -> None:
     # that is safe only while the main thread imports nothing meanwhile (module-lock order).
     program = (
         "import sys\n"
-        "from sublimate.components import training, worker\n"
+        "from sublimate.components import training\n"
+        "from sublimate.components.processes import worker\n"
         "before = set(sys.modules)\n"
         "training.join('gloo', timeout_seconds=300)\n"
         "print(sorted(set(sys.modules) - before))\n"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sublimate.components.stragglers import (
+from sublimate.components.monitoring.stragglers import (
     MIN_EXCESS_SECONDS,
     THRESHOLD,
     RankTiming,

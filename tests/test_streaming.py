@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sublimate.components.datasets import (
+from sublimate.components.data.datasets import (
     Split,
     read_metadata,
     write_dataset,
     write_synthetic_dataset,
 )
-from sublimate.components.streaming import (
+from sublimate.components.data.streaming import (
     ShardReader,
     evaluation_batches,
     rank_pieces,
@@ -195,7 +195,7 @@ def test_evaluation_streams_the_split_in_order(uneven: Path) -> None:
 
 
 def test_a_thread_reads_ahead_in_order_and_hands_over_errors() -> None:
-    from sublimate.components.streaming import ThreadPrefetch
+    from sublimate.components.data.streaming import ThreadPrefetch
 
     assert list(ThreadPrefetch(range(100), depth=3)) == list(range(100))
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sublimate.components import settings as declared
-from sublimate.components import sweep_grid
-from sublimate.components.settings import SettingError
+from sublimate.components.base import settings as declared
+from sublimate.components.base.settings import SettingError
+from sublimate.components.steps import sweep_grid
 from tests.conftest import REPO, run_cli
 
 MANIFEST = REPO / "argo" / "sublimate-sweep.yaml"

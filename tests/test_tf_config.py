@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import tf_config
+from sublimate.components.processes import tf_config
 from tests.conftest import REPO
 
 TIMEOUT = 120  # seconds for a whole job: torch's import on 2 busy cores is the slow part
@@ -192,7 +192,7 @@ def test_join_host_port() -> None:
 
 
 def test_module_imports_neither_tensorflow_nor_torch() -> None:
-    code = ("import sys; import sublimate.components.tf_config; "
+    code = ("import sys; import sublimate.components.processes.tf_config; "
             "print(sorted(m for m in ('tensorflow', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True, cwd=REPO)

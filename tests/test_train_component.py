@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sublimate.components.cluster_job import make_runner
-from sublimate.components.datasets import build_builtin
-from sublimate.components.train import (
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.steps.train import (
     build_app,
     choose_scheduler,
     follow_logs,
@@ -40,7 +40,7 @@ def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     assert role.num_replicas == 3
     script = role.args[1]
     # on CPU nodes the worker module is the torchrun agent and forks its workers
-    assert script.startswith("python -m sublimate.components.worker agent --nnodes 3 "
+    assert script.startswith("python -m sublimate.components.processes.worker agent --nnodes 3 "
                              "--nproc-per-node 2 --rdzv-backend c10d")
     # the rank-0 host must stay a shell expansion, everything else quoted
     assert "--rdzv-endpoint ${TORCHX_RANK0_HOST:=localhost}:29500" in script
@@ -56,7 +56,7 @@ def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     gpu_role = trainer("--epochs", "3", gpu=1).roles[0]
     assert "OMP_NUM_THREADS" not in gpu_role.env
     assert "-m torch.distributed.run --nnodes 2 --nproc-per-node 1" in gpu_role.args[1]
-    assert gpu_role.args[1].endswith("-m sublimate.components.worker --epochs 3")
+    assert gpu_role.args[1].endswith("-m sublimate.components.processes.worker --epochs 3")
 
 
 def test_launcher_rejects_a_batch_that_does_not_split(capsys: pytest.CaptureFixture) -> None:
@@ -110,7 +110,7 @@ def test_kubernetes_dryrun_is_a_volcano_job_with_the_claim() -> None:
     claims = [v.persistent_volume_claim.claim_name for v in pod.volumes
               if v.persistent_volume_claim]
     assert claims == ["sublimate-data"]
-    assert "sublimate.components.worker" in " ".join(container.command)
+    assert "sublimate.components.processes.worker" in " ".join(container.command)
 
 
 def _train(tmp_path: Path, data_dir: Path, procs: int, name: str) -> dict[str, torch.Tensor]:
@@ -119,7 +119,7 @@ def _train(tmp_path: Path, data_dir: Path, procs: int, name: str) -> dict[str, t
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
          str(procs), "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-         "-m", "sublimate.components.worker", "--data-dir", str(data_dir), "--run-dir",
+         "-m", "sublimate.components.processes.worker", "--data-dir", str(data_dir), "--run-dir",
          str(run_dir), "--epochs", "2", "--global-batch-size", "32", "--checkpoint-every", "0"],
         env=env, check=True, capture_output=True, timeout=180)
     return torch.load(run_dir / "model.pt", weights_only=False)["state_dict"]
@@ -133,7 +133,7 @@ def test_sync_sgd_on_two_workers_equals_one_process_with_the_global_batch(tmp_pa
         torch.testing.assert_close(double[name], tensor, rtol=1e-4, atol=1e-5)
     # and the run really trained: the weights moved away from initialisation
     torch.manual_seed(0)
-    from sublimate.components.models import build_model
+    from sublimate.components.model.models import build_model
 
     initial = build_model("mlp", {"num_features": 64, "num_classes": 10}).state_dict()
     assert not torch.allclose(initial["0.weight"], single["0.weight"])
@@ -154,14 +154,14 @@ def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
     assert job["spec"]["queue"] == "research"
     trainer = job["spec"]["tasks"][1]["template"].spec.containers[0]
     script = " ".join(trainer.command)
-    assert "sublimate.components.async_sgd trainer --trainer-id" in script
+    assert "sublimate.components.processes.async_sgd trainer --trainer-id" in script
     assert "--staleness-bound 4" in script and "--num-trainers 3" in script
 
 
 def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from sublimate.components import train
-    from sublimate.components.cluster_job import job_name
+    from sublimate.components.launch.cluster_job import job_name
+    from sublimate.components.steps import train
 
     (tmp_path / "namespace").write_text("ml-team\n")
     monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)
@@ -233,7 +233,7 @@ def test_the_launcher_refuses_what_the_data_rules_out_in_one_line(
     paths = {"data": digits, "missing": tmp_path / "missing", "empty": tmp_path / "empty"}
     run_dir = tmp_path / "run"
     line, termination = _refused(
-        ["sublimate.components.train", "--data-dir", str(digits), "--run-dir", str(run_dir),
+        ["sublimate.components.steps.train", "--data-dir", str(digits), "--run-dir", str(run_dir),
          "--scheduler", "local_cwd", *(flag.format(**paths) for flag in flags)], tmp_path)
     expected = message.format(**paths)
     assert line == f"train: error: {expected}"
@@ -243,7 +243,7 @@ def test_the_launcher_refuses_what_the_data_rules_out_in_one_line(
 
 def test_a_bad_flag_is_one_line_too(digits: Path, tmp_path: Path) -> None:
     line, termination = _refused(
-        ["sublimate.components.train", "--data-dir", str(digits), "--run-dir",
+        ["sublimate.components.steps.train", "--data-dir", str(digits), "--run-dir",
          str(tmp_path / "run"), "--global-batch-size", "65"], tmp_path)
     assert line == "train: error: global-batch-size 65 is not divisible by nodes x " \
                    "procs-per-node = 2"
@@ -251,10 +251,10 @@ def test_a_bad_flag_is_one_line_too(digits: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("program", [
-    ["sublimate.components.worker"],
-    ["sublimate.components.async_sgd", "ps", "--num-trainers", "2",
+    ["sublimate.components.processes.worker"],
+    ["sublimate.components.processes.async_sgd", "ps", "--num-trainers", "2",
      "--rpc-endpoint", "localhost:1"],
-    ["sublimate.components.async_sgd", "trainer", "--num-trainers", "2",
+    ["sublimate.components.processes.async_sgd", "trainer", "--num-trainers", "2",
      "--rpc-endpoint", "localhost:1"],
 ])
 def test_a_worker_run_by_hand_refuses_the_same_with_the_same_words(
@@ -267,7 +267,7 @@ def test_a_worker_run_by_hand_refuses_the_same_with_the_same_words(
 
 
 def test_the_template_passes_per_epoch_evaluation_on_by_default() -> None:
-    from sublimate.components.train import template
+    from sublimate.components.steps.train import template
 
     step = template()
     (evaluate,) = [p for p in step.inputs if p.name == "eval-every-epoch"]
@@ -293,19 +293,20 @@ def test_the_launcher_and_the_worker_refuse_a_setting_in_the_same_words(
     """The settings' one declaration and rules, in both programs: what `sublimate run` refuses
     before any step is refused again, word for word, by whichever program is run by hand."""
     paths = ["--data-dir", str(digits), "--run-dir", str(tmp_path / "run")]
-    launcher, _ = _refused(["sublimate.components.train", *paths, *flags], tmp_path)
+    launcher, _ = _refused(["sublimate.components.steps.train", *paths, *flags], tmp_path)
     # the worker as torchrun starts it for 2 nodes x 1 process
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    worker, termination = _refused(["sublimate.components.worker", *paths, *flags], tmp_path)
+    worker, termination = _refused(["sublimate.components.processes.worker", *paths, *flags],
+                                   tmp_path)
     assert launcher == worker == f"train: error: {expected}"
     assert termination == expected
 
 
 def test_the_signal_cnn_example_classifies_any_signal_length_and_learns_mnist1d_templates(
 ) -> None:
-    from sublimate.components.datasets import mnist1d_splits
-    from sublimate.components.example_models import signal_cnn
+    from sublimate.components.data.datasets import mnist1d_splits
+    from sublimate.components.examples.example_models import signal_cnn
 
     for length in (40, 64):  # the convolutions are same-padded and pooled to 4 positions
         assert signal_cnn(length, 10)(torch.zeros(3, length)).shape == (3, 10)

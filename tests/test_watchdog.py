@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components import run_files
-from sublimate.components import watchdog as wd
-from sublimate.components.watchdog import ProgressReporter, Watchdog
+from sublimate.components.base import run_files
+from sublimate.components.monitoring import watchdog as wd
+from sublimate.components.monitoring.watchdog import ProgressReporter, Watchdog
 
 T0 = 1_800_000_000.0  # the attempt's start, wall clock
 

@@ -10,13 +10,17 @@ easgd     :mod:`.easgd`                            elastic pull to a center ever
 ========  =======================================  ==========================================
 
 :mod:`.base` holds the :class:`Paradigm` interface. A new paradigm is one module here plus one
-entry in :data:`PARADIGMS` (and, where it has settings of its own, their declarations in
-:mod:`sublimate.components.settings`). Modules load on demand: a worker imports only its own.
+entry in the one list of the paradigms, :data:`sublimate.components.base.settings.PARADIGMS`
+(which :data:`PARADIGMS` here and the ``algorithm`` setting's choices come from), and, where it
+has settings of its own, their declarations there. :mod:`.lr_schedule` holds each paradigm's
+learning-rate rules. Modules load on demand: a worker imports only its own.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from sublimate.components.base.settings import PARADIGMS as _DECLARED
 
 from .base import (
     Paradigm,
@@ -38,13 +42,9 @@ __all__ = [
     "paradigm_class",
 ]
 
-# name -> "module:Class"
-PARADIGMS: dict[str, str] = {
-    "sync": "sublimate.components.paradigms.sync_sgd:SyncSGD",
-    "async": "sublimate.components.paradigms.parameter_server:AsyncSGD",
-    "bmuf": "sublimate.components.paradigms.bmuf:BlockMomentumSGD",
-    "easgd": "sublimate.components.paradigms.easgd:ElasticAveragingSGD",
-}
+# name -> "module:Class", from the one list of the paradigms (``settings.PARADIGMS``, which the
+# ``algorithm`` setting's choices come from too).
+PARADIGMS: dict[str, str] = {name: f"{__name__}.{target}" for name, target in _DECLARED.items()}
 
 
 def paradigm_class(name: str) -> type[Paradigm]:

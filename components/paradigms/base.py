@@ -4,11 +4,11 @@ periodic-averaging ones (:class:`PeriodicAveraging`: BMUF, EASGD).
 A paradigm decides how workers cooperate: how the model is wrapped for the backward pass, what
 happens after each local optimizer step (nothing for synchronous SGD, a block update for BMUF, an
 elastic pull toward the center for EASGD), which model is the result, and what extra state a
-checkpoint must hold. The step loop in :mod:`sublimate.components.worker` is shared, so a new
-paradigm is one new module in this package that subclasses :class:`Paradigm` and is registered
-in :data:`sublimate.components.paradigms.PARADIGMS`. The parameter-server paradigm (``async``) has
-no collective step loop: its processes are launched as their own TorchX app
-(:mod:`sublimate.components.async_sgd`).
+checkpoint must hold. The step loop in :mod:`sublimate.components.processes.worker` is shared, so a
+new paradigm is one new module in this package that subclasses :class:`Paradigm` and is named in the
+one list of the paradigms, :data:`sublimate.components.base.settings.PARADIGMS`. The
+parameter-server paradigm (``async``) has no collective step loop: its processes are launched as
+their own TorchX app (:mod:`sublimate.components.processes.async_sgd`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import copy
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sublimate.components.settings import ParadigmConfig, paradigm_config
+from sublimate.components.base.settings import ParadigmConfig, paradigm_config
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
     import torch

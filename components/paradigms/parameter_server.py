@@ -2,11 +2,11 @@
 to which trainers push gradients and from which they pull parameters, without waiting for each
 other.
 
-:class:`ParameterServer` applies every pushed gradient exactly once, in arrival order, and
-records its staleness (how many other updates landed since the trainer pulled). With
-``staleness_bound`` > 0 it is stale-synchronous parallel SGD: a trainer that is that many pushes
-ahead of the slowest running trainer waits before its push is applied. The processes that host it
-and the trainers (over ``torch.distributed.rpc``) are :mod:`sublimate.components.async_sgd`.
+:class:`ParameterServer` applies every pushed gradient exactly once, in arrival order, and records
+its staleness (how many other updates landed since the trainer pulled). With ``staleness_bound`` > 0
+it is stale-synchronous parallel SGD: a trainer that is that many pushes ahead of the slowest
+running trainer waits before its push is applied. The processes that host it and the trainers (over
+``torch.distributed.rpc``) are :mod:`sublimate.components.processes.async_sgd`.
 
 Buffers (BatchNorm's running statistics) are not trained by gradients: each trainer sends its own
 with every push, and the server's model holds their mean over the trainers (integer buffers such

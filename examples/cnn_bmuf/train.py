@@ -7,7 +7,7 @@ that each rank reads from its own shards (``ShardReader``), and the monitoring o
 loop: Prometheus, TensorBoard, the run report's curves and step-time split (``job.reporter``)::
 
     sublimate run -p entrypoint=examples.cnn_bmuf.train \
-        -p dataset=py:sublimate.components.example_datasets:digit_images \
+        -p dataset=py:sublimate.components.examples.example_datasets:digit_images \
         -p algorithm=bmuf -p sync-period=4 -p max-restarts=1 -p metric=accuracy
 
 The dataset is the digits as 1x8x8 images (``feature_shape`` [1, 8, 8]): the convolution sees
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from sublimate.components import training
-from sublimate.components.streaming import ShardReader, evaluation_batches
+from sublimate.components.data.streaming import ShardReader, evaluation_batches
 
 
 class SmallCNN(nn.Module):

@@ -41,14 +41,14 @@ def add_data_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _usage_error(error: Exception) -> Exception:
-    from sublimate.components import object_store
+    from sublimate.components.data import object_store
 
     return UsageError(object_store.redact(str(error)))
 
 
 def command_push(args: argparse.Namespace) -> int:
-    from sublimate.components.datasets import DatasetError
-    from sublimate.components.publish import push
+    from sublimate.components.data.datasets import DatasetError
+    from sublimate.components.steps.publish import push
 
     try:
         report = push(args.source, args.url, create_bucket=args.create_bucket)
@@ -60,8 +60,8 @@ def command_push(args: argparse.Namespace) -> int:
 
 
 def command_ls(args: argparse.Namespace) -> int:
-    from sublimate.components import object_store
-    from sublimate.components.datasets import METADATA_FILE, DatasetError
+    from sublimate.components.data import object_store
+    from sublimate.components.data.datasets import METADATA_FILE, DatasetError
 
     fs, root = object_store.open_url(args.url)
     try:

@@ -4,7 +4,7 @@ Shaped like ``argo``'s verbs on a workflow: ``sublimate fault kill RUN --node 1`
 ``fault cut RUN --node 1 --for 20s``, ``fault slow RUN --node 2 --cpu 0.25 [--for 30s]``,
 ``fault restore RUN --node 2``, ``fault list RUN``. RUN is the run folder (its ``logs/`` is the
 job's TorchX log_dir), a job's log folder or its ``cluster.json``, or a run id / workflow name
-as ``sublimate report`` takes it. The work is :mod:`sublimate.components.faults`; see
+as ``sublimate report`` takes it. The work is :mod:`sublimate.components.launch.faults`; see
 docs/local-cluster.md. Needs root, like the ``local_netns`` scheduler itself.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from .common import UsageError
 
 if TYPE_CHECKING:
-    from sublimate.components.faults import Cluster
+    from sublimate.components.launch.faults import Cluster
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -95,7 +95,7 @@ def add_fault_commands(subparsers: argparse._SubParsersAction) -> None:
 def _cluster(args: argparse.Namespace, running: bool = True) -> Cluster:
     """The job RUN names: a path first, else a run id or workflow name (``sublimate report``'s
     lookup, whose result folder holds the train step's logs/)."""
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     reference = Path(args.run).expanduser()
     try:
@@ -119,7 +119,7 @@ def _node(cluster: Cluster, index: int) -> str:
 
 
 def _act(action: object, *args: object, **kwargs: object) -> None:
-    from sublimate.components.faults import FaultError
+    from sublimate.components.launch.faults import FaultError
 
     try:
         action(*args, **kwargs)  # type: ignore[operator]
@@ -128,7 +128,7 @@ def _act(action: object, *args: object, **kwargs: object) -> None:
 
 
 def command_kill(args: argparse.Namespace) -> int:
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     cluster = _cluster(args)
     _act(faults.kill_node, cluster, args.node)
@@ -146,7 +146,7 @@ def _countdown(what: str) -> object:
 
 
 def command_cut(args: argparse.Namespace) -> int:
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     cluster = _cluster(args)
     where = _node(cluster, args.node)
@@ -158,7 +158,7 @@ def command_cut(args: argparse.Namespace) -> int:
 
 
 def command_slow(args: argparse.Namespace) -> int:
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     if args.cpu is None and args.delay is None:
         raise UsageError("fault slow: give --cpu CORES (e.g. 0.25) and/or --delay TIME (e.g. 50ms)")
@@ -184,7 +184,7 @@ def command_slow(args: argparse.Namespace) -> int:
 
 
 def command_restore(args: argparse.Namespace) -> int:
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     cluster = _cluster(args)
     _act(faults.restore_node, cluster, args.node)
@@ -193,7 +193,7 @@ def command_restore(args: argparse.Namespace) -> int:
 
 
 def command_list(args: argparse.Namespace) -> int:
-    from sublimate.components import faults
+    from sublimate.components.launch import faults
 
     cluster = _cluster(args, running=False)
     nodes = faults.list_nodes(cluster)

@@ -233,7 +233,7 @@ def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) ->
 def format_results(result: Any, seconds: float) -> str:
     """Where everything is: the workflow's outputs (Argo's ``status.outputs``, as in ``-o json``),
     the run folder, and the folders it links to, never shortened."""
-    from sublimate.components import run_files
+    from sublimate.components.base import run_files
 
     lines = []
     if outputs := (result.outputs.get("parameters") or {}):

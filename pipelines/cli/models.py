@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .common import UsageError, default_home
 
 if TYPE_CHECKING:
-    from sublimate.components.registry import ModelVersion, Registry
+    from sublimate.components.model.registry import ModelVersion, Registry
 
 REGISTRY_ENV = "SUBLIMATE_REGISTRY"
 CHAMPION = "champion"  # what `show` also accepts for VERSION
@@ -28,7 +28,7 @@ _BOOKKEEPING = {"seconds", "examples_per_second", "examples"}
 def default_registry() -> str:
     """The registry the commands use without ``--registry``: ``$SUBLIMATE_REGISTRY``, else the
     local home's shared volume (``$SUBLIMATE_HOME/volumes/sublimate-data/registry``)."""
-    from sublimate.components.runtime import DEFAULT_CLAIM
+    from sublimate.components.base.runtime import DEFAULT_CLAIM
 
     return os.environ.get(REGISTRY_ENV) or str(
         default_home() / "volumes" / DEFAULT_CLAIM / "registry")
@@ -96,20 +96,20 @@ def _add_registry_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> Registry:
-    from sublimate.components.registry import Registry
+    from sublimate.components.model.registry import Registry
 
     return Registry(args.registry or default_registry())
 
 
 def _refuse(error: Exception) -> UsageError:
-    from sublimate.components import object_store
+    from sublimate.components.data import object_store
 
     return UsageError(object_store.redact(str(error)))
 
 
 def _resolve(registry: Registry, reference: str, allow_champion: bool = False) -> ModelVersion:
     """The version named by a full id, a unique prefix of one, or (if allowed) 'champion'."""
-    from sublimate.components.registry import version_started
+    from sublimate.components.model.registry import version_started
 
     if allow_champion and reference == CHAMPION:
         champion = registry.champion()
@@ -174,7 +174,7 @@ def _size_text(size: int) -> str:
 
 
 def command_ls(args: argparse.Namespace) -> int:
-    from sublimate.components.registry import RegistryError
+    from sublimate.components.model.registry import RegistryError
 
     try:
         registry = _open(args)
@@ -219,7 +219,7 @@ def _as_dict(version: ModelVersion) -> dict[str, Any]:
 
 
 def command_show(args: argparse.Namespace) -> int:
-    from sublimate.components.registry import RegistryError
+    from sublimate.components.model.registry import RegistryError
 
     try:
         registry = _open(args)
@@ -246,7 +246,7 @@ def command_show(args: argparse.Namespace) -> int:
 
 
 def command_promote(args: argparse.Namespace) -> int:
-    from sublimate.components.registry import RegistryError
+    from sublimate.components.model.registry import RegistryError
 
     try:
         registry = _open(args)
@@ -264,7 +264,7 @@ def command_promote(args: argparse.Namespace) -> int:
 
 
 def command_rollback(args: argparse.Namespace) -> int:
-    from sublimate.components.registry import RegistryError
+    from sublimate.components.model.registry import RegistryError
 
     try:
         registry = _open(args)
@@ -278,7 +278,7 @@ def command_rollback(args: argparse.Namespace) -> int:
 
 
 def command_history(args: argparse.Namespace) -> int:
-    from sublimate.components.registry import RegistryError
+    from sublimate.components.model.registry import RegistryError
 
     try:
         entries = _open(args).history()

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sublimate.components.durable_files import fsync_folder
-from sublimate.components.process_identity import start_ticks, still_runs
+from sublimate.components.base.durable_files import fsync_folder
+from sublimate.components.base.process_identity import start_ticks, still_runs
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .model import NodeResult, RunEvent, RunResult, iso, now

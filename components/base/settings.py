@@ -1,0 +1,474 @@
+"""Every setting of the train step, declared once.
+
+Each :class:`Setting` is the single source of a training knob: its name (the pipeline parameter, the
+template input and the ``--flag`` of the launcher and the workers), type, default, bounds or
+choices, description (the Argo UI's tooltip and the ``--help`` text), which paradigms it applies to,
+and who reads it (the launcher only, or passed on to every worker). From the declaration come the
+pipeline's parameters and their types annotation (:mod:`sublimate.pipelines.train`), the template's
+inputs and the launcher's flags (:mod:`sublimate.components.steps.train`), the workers' arguments
+(:mod:`sublimate.components.processes.worker`, :mod:`sublimate.components.processes.async_sgd`) and
+each paradigm's typed configuration (:func:`paradigm_config`). Rules that tie settings together live
+in :func:`check` and run before any step starts (``sublimate run``/``submit``) and again inside the
+step, with the same code and the same one-line message.
+
+Adding a setting is one entry in :data:`SETTINGS` (plus the code that uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sublimate.components.base.runtime import DEFAULT_IMAGE, SHARED_VOLUME_PATH
+
+Kind = Literal["string", "integer", "number", "boolean"]
+# The one list of the training paradigms: name -> "module:Class" of its implementation in
+# ``sublimate.components.paradigms`` (kept as text here, so that settings import no torch). The
+# ``algorithm`` setting's choices and the paradigms' registry (``paradigms.PARADIGMS``) both come
+# from it; a new paradigm is one entry here and its module there.
+PARADIGMS: dict[str, str] = {
+    "sync": "sync_sgd:SyncSGD",
+    "async": "parameter_server:AsyncSGD",
+    "bmuf": "bmuf:BlockMomentumSGD",
+    "easgd": "easgd:ElasticAveragingSGD",
+}
+PARADIGM_NAMES = tuple(PARADIGMS)
+AUTO = "auto"
+RUN_ID_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+# A user's code: a module, module:function, or a script path (empty: sublimate's own).
+ENTRYPOINT_PATTERN = r"^([A-Za-z_][\w.]*(:[A-Za-z_]\w*)?|[\w./-]+\.py)?$"
+
+
+class SettingError(ValueError):
+    """A setting's value is refused; the message is one line that names the setting."""
+
+
+class NodeRange(int):
+    """A node count: the int is the most nodes; ``minimum`` is fewer for an elastic job
+    (``nodes=2:4``: start with up to 4, go on while at least 2 remain)."""
+
+    minimum: int
+
+    def __new__(cls, maximum: int, minimum: int | None = None) -> NodeRange:
+        value = super().__new__(cls, maximum)
+        value.minimum = maximum if minimum is None else minimum
+        return value
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum < int(self)
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{int(self)}" if self.elastic else str(int(self))
+
+    __repr__ = __str__
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str | int | float | bool
+    description: str
+    kind: Kind = "string"
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    pattern: str | None = None  # a regular expression the whole text must match
+    auto: bool = False  # "auto" is accepted and means None (the paradigm's own default)
+    paradigms: frozenset[str] = field(default_factory=lambda: frozenset(PARADIGM_NAMES))
+    # "worker": passed on to every training process; "launcher": read by the train step itself.
+    reader: Literal["worker", "launcher"] = "worker"
+    in_pipeline: bool = True  # False: a step flag only (no pipeline parameter)
+    # the step whose input it is ("gate": the retraining pipeline's gate and publish steps)
+    step: Literal["train", "evaluate", "gate"] = "train"
+    elastic: bool = False  # an integer that may also be a range MIN:MAX (a NodeRange)
+
+    @property
+    def attribute(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    def default_text(self) -> str:
+        return self.text(self.default)
+
+    @property
+    def default_value(self) -> Any:
+        return self.parse(self.default_text())
+
+    def text(self, value: Any) -> str:
+        """A typed value as the text of a flag or parameter (the inverse of :meth:`parse`)."""
+        if value is None and self.auto:
+            return AUTO
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    def parse(self, text: str | int | float | bool) -> Any:
+        """The typed value of ``text``; raises :class:`SettingError` naming the setting."""
+        text = self.text(text).strip()
+        if self.auto and text == AUTO:
+            return None
+        if self.elastic:
+            return self._parse_range(text)
+        value: Any
+        try:
+            if self.kind == "integer":
+                value = int(text)
+            elif self.kind == "number":
+                value = float(text)
+            elif self.kind == "boolean":
+                lowered = text.lower()
+                if lowered not in ("true", "false"):
+                    raise ValueError
+                value = lowered == "true"
+            else:
+                value = text
+        except ValueError:
+            what = {"integer": "an integer", "number": "a number",
+                    "boolean": "true or false", "string": "text"}[self.kind]
+            extra = " or auto" if self.auto else ""
+            raise SettingError(f"{self.name}: '{text}' is not {what}{extra}") from None
+        if self.choices and text not in self.choices:
+            raise SettingError(f"{self.name}: '{text}' is not one of {', '.join(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise SettingError(f"{self.name}: {text} is below the minimum {_number(self.minimum)}")
+        if self.maximum is not None and value > self.maximum:
+            raise SettingError(f"{self.name}: {text} is above the maximum {_number(self.maximum)}")
+        if self.pattern and re.search(self.pattern, text) is None:  # as the runner checks it
+            raise SettingError(f"{self.name}: '{text}' does not match {self.pattern}")
+        return value
+
+    def _parse_range(self, text: str) -> NodeRange:
+        low, _, high = text.partition(":")
+        try:
+            minimum, maximum = int(low), int(high or low)
+        except ValueError:
+            raise SettingError(f"{self.name}: '{text}' is not an integer or a range MIN:MAX "
+                               "(e.g. 2:4)") from None
+        for value in (minimum, maximum):
+            if self.minimum is not None and value < self.minimum:
+                raise SettingError(f"{self.name}: {text} is below the minimum "
+                                   f"{_number(self.minimum)}")
+            if self.maximum is not None and value > self.maximum:
+                raise SettingError(f"{self.name}: {text} is above the maximum "
+                                   f"{_number(self.maximum)}")
+        if minimum > maximum:
+            raise SettingError(f"{self.name}: {text}: the minimum is above the maximum")
+        return NodeRange(maximum, minimum)
+
+    def argparse_type(self) -> Any:
+        def convert(text: str) -> Any:
+            try:
+                return self.parse(text)
+            except SettingError as error:  # argparse prefixes "argument --name:"
+                raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
+
+        convert.__name__ = self.kind
+        return convert
+
+    @property
+    def auto_pattern(self) -> str | None:
+        """For a number that may also be ``auto``: the regular expression its text matches (a
+        pipeline parameter of such a setting is text, checked by this pattern); else None."""
+        if self.elastic:
+            return r"^[0-9]+(:[0-9]+)?$"
+        if not self.auto or self.pattern is not None:
+            return None
+        number = r"[0-9]+" if self.kind == "integer" else r"[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+        return rf"^(auto|{number})$"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+_PERIODIC = frozenset({"bmuf", "easgd"})
+# The paradigms whose workers run one shared step loop under torchrun (processes.worker).
+COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
+_COLLECTIVE = frozenset(COLLECTIVE_PARADIGMS)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP all-reduce every "
+            "step); async: asynchronous SGD with a parameter server; bmuf: block-momentum SGD "
+            "(Chen & Huo 2016); easgd: elastic-averaging SGD (Zhang et al. 2015).",
+            choices=PARADIGM_NAMES, reader="launcher"),
+    Setting("entrypoint", "", "Your own training code, run by torchrun on every node instead of "
+            "the built-in loop: a module (mypkg.train), module:function, or a script path in "
+            "the image (train.py). It gets the contract of docs/own-code.md (dataset, run "
+            "folder, settings, TF_CONFIG). Empty: the built-in loop.",
+            pattern=ENTRYPOINT_PATTERN, reader="launcher"),
+    Setting("entrypoint-args", "", "Arguments for entrypoint, split like a shell command "
+            "line.", reader="launcher"),
+    Setting("framework", "pytorch", "What entrypoint is written with. tensorflow: the workers "
+            "also get TF_CONFIG, for MultiWorkerMirroredStrategy.",
+            choices=("pytorch", "tensorflow"), reader="launcher"),
+    Setting("model", "mlp", "Model: the built-in mlp, or module:function(num_features, "
+            "num_classes) returning a torch.nn.Module (importable in the image), e.g. "
+            "sublimate.components.examples.example_models:small_cnn.",
+            pattern=r"^(mlp|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"),
+    Setting("run-id", "", "Name of the run's folder on the shared volume (default: the "
+            "workflow's name). Submit again with a previous run's id to resume it from its last "
+            "checkpoint.", pattern=RUN_ID_PATTERN, reader="launcher"),
+    Setting("nodes", 2, "Training nodes (one torchrun agent each); MIN:MAX (e.g. 2:4) for "
+            "elastic training: the job goes on from its last checkpoint while at least MIN "
+            "nodes remain, and a node that comes back rejoins (sync only).", kind="integer",
+            minimum=1, maximum=512, reader="launcher", elastic=True),
+    Setting("rendezvous-timeout", 300, "Seconds the nodes may take to meet (at start and after "
+            "a restart) before the job fails.", kind="number", minimum=10, reader="launcher",
+            paradigms=_COLLECTIVE),
+    Setting("procs-per-node", 1, "Worker processes per node (one per GPU on GPU nodes).",
+            kind="integer", minimum=1, maximum=64, reader="launcher"),
+    Setting("epochs", 20, "Passes over the training set.", kind="integer", minimum=1,
+            maximum=100000),
+    Setting("global-batch-size", 64, "Examples per optimizer step across all workers; must "
+            "divide by nodes x procs-per-node (x accumulation-steps).", kind="integer",
+            minimum=1),
+    Setting("learning-rate", 0.1, "SGD learning rate at reference-batch-size (scaled for other "
+            "batch sizes, see lr-scaling).", kind="number", minimum=0),
+    Setting("momentum", 0.9, "SGD momentum of each worker's optimizer (async: the server's).",
+            kind="number", minimum=0, maximum=1),
+    Setting("weight-decay", 0.0001, "L2 weight decay of the optimizer.", kind="number",
+            minimum=0),
+    Setting("hidden", 128, "Width of the built-in mlp's hidden layers.", kind="integer",
+            minimum=1, in_pipeline=False),
+    Setting("seed", 0, "Seed for model initialisation and data order.", kind="integer",
+            minimum=0),
+    Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
+            "at the end).", kind="integer", minimum=0),
+    Setting("max-restarts", 0, "Times torchrun restarts the workers after one fails, and times "
+            "the launcher relaunches a stalled job or one that lost a node; they resume from the "
+            "last checkpoint.", kind="integer", minimum=0, maximum=100,
+            reader="launcher"),
+    Setting("lr-scaling", "linear", "Scale the learning rate with the batch one update "
+            "averages / reference-batch-size (Goyal et al. 2017): the global batch (sync, "
+            "easgd), a trainer's (async); bmuf also divides by its block gain zeta/(1-eta).",
+            choices=("linear", "none")),
+    Setting("reference-batch-size", 64, "Batch size at which learning-rate applies unscaled.",
+            kind="integer", minimum=1),
+    Setting("warmup-epochs", 0, "Epochs of gradual warmup from learning-rate to the scaled rate "
+            "(Goyal et al. use 5 for large batches).", kind="number", minimum=0),
+    Setting("accumulation-steps", 1, "Micro-batches accumulated per optimizer step (sync, "
+            "bmuf, easgd).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
+    Setting("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic updates.",
+            kind="integer", minimum=1, paradigms=_PERIODIC),
+    Setting("block-momentum", AUTO, "bmuf: block momentum eta (auto: 1 - 1/N for N workers).",
+            kind="number", minimum=0, auto=True, paradigms=frozenset({"bmuf"})),
+    Setting("block-lr", 1.0, "bmuf: block learning rate zeta.", kind="number", minimum=0,
+            paradigms=frozenset({"bmuf"})),
+    Setting("nesterov", True, "bmuf: Nesterov-style look-ahead between blocks.", kind="boolean",
+            paradigms=frozenset({"bmuf"})),
+    Setting("moving-rate", AUTO, "easgd: moving rate alpha toward the center (auto: 0.9 / N).",
+            kind="number", minimum=0, auto=True, paradigms=frozenset({"easgd"})),
+    Setting("staleness-bound", 0, "async: most pushes a trainer may run ahead of the slowest "
+            "(0: unbounded, pure Downpour).", kind="integer", minimum=0,
+            paradigms=frozenset({"async"})),
+    Setting("eval-every-epoch", True, "Evaluate test accuracy after every epoch (rank 0), for "
+            "the report's accuracy curve.", kind="boolean"),
+    Setting("collective-timeout", 300, "Seconds a collective may wait for a peer before the "
+            "job fails (and restarts, with max-restarts) instead of torch's 30 minutes.",
+            kind="number", minimum=1, paradigms=_COLLECTIVE),
+    Setting("data-loading", "auto", "memory: every worker holds the training split; stream: "
+            "each rank streams its own shards from the volume through a shuffle buffer (data "
+            "larger than memory); auto: stream above 1 GiB.",
+            choices=("auto", "memory", "stream"), paradigms=_COLLECTIVE),
+    Setting("shuffle-buffer", 16384, "stream: examples in one shuffle window per rank.",
+            kind="integer", minimum=1, paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("loader-workers", 0, "stream: DataLoader worker processes per rank (0: a thread "
+            "of the worker reads 4 batches ahead; processes pay off when cores are spare).",
+            kind="integer", minimum=0, maximum=64, paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("stall-seconds", 300, "Seconds without a step from any rank before the launcher's "
+            "watchdog stops the job, names the ranks and nodes that stopped, and relaunches it "
+            "from the last checkpoint (max-restarts times); 0: no watchdog.", kind="number",
+            minimum=0, reader="launcher", paradigms=_COLLECTIVE),
+    Setting("startup-seconds", 900, "Seconds the watchdog allows for start-up, rendezvous, "
+            "restarts, evaluation and checkpoints.", kind="number", minimum=1,
+            reader="launcher", paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("progress-every", 5, "Seconds between a rank's heartbeats to the watchdog.",
+            kind="number", minimum=0.01, paradigms=_COLLECTIVE, in_pipeline=False),
+    Setting("backend", "auto", "torch.distributed backend. auto: nccl with GPUs, gloo "
+            "otherwise.", choices=("auto", "gloo", "nccl"), paradigms=_COLLECTIVE),
+    Setting("scheduler", "auto", "TorchX scheduler for the training job. auto: kubernetes "
+            "inside a cluster, local_cwd on one machine; local_netns: every node in its own "
+            "network namespace on a bridge, with link-rate (needs root).",
+            choices=("auto", "local_cwd", "local_netns", "kubernetes"), reader="launcher"),
+    Setting("link-rate", "", "local_netns: each node's link rate, both ways (tc syntax: "
+            "100mbit, 1gbit); empty: unlimited.", pattern=r"^([0-9]+(\.[0-9]+)?[kmg]?(bit|bps))?$",
+            reader="launcher"),
+    Setting("link-delay", "", "local_netns: added one-way delay per link (e.g. 2ms; needs "
+            "the kernel's netem).", pattern=r"^([0-9]+(\.[0-9]+)?(us|ms|s))?$",
+            reader="launcher"),
+    Setting("link-loss", "", "local_netns: packet loss per link (e.g. 0.1%; needs netem).",
+            pattern=r"^([0-9]+(\.[0-9]+)?%)?$", reader="launcher"),
+    Setting("cpu-per-node", 1, "CPUs requested per training node.", kind="integer", minimum=1,
+            reader="launcher"),
+    Setting("gpus-per-node", 0, "GPUs requested per training node.", kind="integer", minimum=0,
+            reader="launcher"),
+    Setting("memory-mb-per-node", 2048, "Memory requested per training node, in MB.",
+            kind="integer", minimum=128, reader="launcher"),
+    Setting("queue", "default", "Volcano queue for the training job (kubernetes).",
+            reader="launcher"),
+    Setting("image", DEFAULT_IMAGE, "Container image of the training workers (kubernetes; the "
+            "steps' own image is set at install).", reader="launcher"),
+    Setting("eval-entrypoint", "", "Your own evaluation, run once after training: a module, "
+            "module:function or script that writes metrics.json (any named metrics) into "
+            "$SUBLIMATE_RUN_DIR. Empty: the built-in evaluation (accuracy, loss), or the "
+            "metrics.json your training wrote.", pattern=ENTRYPOINT_PATTERN, reader="launcher",
+            step="evaluate"),
+    Setting("metric", "accuracy", "The metric of metrics.json that the pipeline outputs as "
+            "`metric` (e.g. accuracy, loss, mAP).", pattern=r"^[A-Za-z_][\w.-]*$",
+            reader="launcher", step="evaluate"),
+    # The retraining pipeline (sublimate-retrain) only: its gate and publish steps.
+    Setting("registry", f"{SHARED_VOLUME_PATH}/registry", "The model registry every "
+            "challenger is published to and whose champion it must beat: a path (default: on "
+            "the shared volume) or fsspec URL (s3://bucket/models).", reader="launcher",
+            step="gate"),
+    Setting("promote-margin", 0.0, "The challenger replaces the champion only when it beats "
+            "it on `metric`, both evaluated on this run's test split, by more than this, in the "
+            "metric's own units (0: any improvement; a tie keeps the champion).",
+            kind="number", minimum=0, reader="launcher", step="gate"),
+    Setting("metric-goal", AUTO, "Whether a higher or a lower `metric` is better. auto: lower "
+            "for a metric named like a loss or an error (loss, val_loss, error, mse, mae, rmse, "
+            "perplexity, wer, cer), higher for anything else (accuracy, f1, mAP).",
+            choices=(AUTO, "max", "min"), reader="launcher", step="gate"),
+)
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+
+
+def settings(reader: str | None = None, paradigm: str | None = None,
+             step: str | None = None) -> list[Setting]:
+    """The declared settings, optionally those one reader uses, one paradigm applies or one
+    step takes."""
+    return [s for s in SETTINGS if (reader is None or s.reader == reader)
+            and (paradigm is None or paradigm in s.paradigms)
+            and (step is None or s.step == step)]
+
+
+def add_training_arguments(parser: argparse.ArgumentParser,
+                           paradigms: Iterable[str] = COLLECTIVE_PARADIGMS) -> None:
+    """The flags of the settings the launcher passes to these paradigms' training processes."""
+    add_arguments(parser, worker_settings(paradigms))
+
+
+def worker_settings(paradigms: Iterable[str]) -> list[Setting]:
+    """What the launcher passes to the training processes of these paradigms (one program runs
+    the collective ones, another the parameter server's)."""
+    family = set(paradigms)
+    return [s for s in SETTINGS if s.reader == "worker" and family & s.paradigms]
+
+
+def add_arguments(parser: argparse.ArgumentParser, chosen: Iterable[Setting]) -> None:
+    """One ``--flag`` per setting, typed and bounded by its declaration."""
+    for setting in chosen:
+        parser.add_argument(setting.flag, dest=setting.attribute, type=setting.argparse_type(),
+                            default=setting.default_value,
+                            metavar=setting.kind.upper() if not setting.choices else None,
+                            # argparse formats help with %: a literal one (0.1%) is doubled
+                            help=setting.description.replace("%", "%%"))
+
+
+def to_flags(values: Mapping[str, Any], chosen: Iterable[Setting]) -> list[str]:
+    """``values`` (by attribute) as the command-line flags of ``chosen``."""
+    flags: list[str] = []
+    for setting in chosen:
+        flags += [setting.flag, setting.text(values.get(setting.attribute))]
+    return flags
+
+
+def defaults() -> dict[str, Any]:
+    """Every setting's typed default, by attribute."""
+    return {s.attribute: s.default_value for s in SETTINGS}
+
+
+def parse_values(texts: Mapping[str, str]) -> dict[str, Any]:
+    """Typed values by attribute from texts by setting name (unknown names are ignored)."""
+    values = defaults()
+    for name, text in texts.items():
+        if name in BY_NAME:
+            values[BY_NAME[name].attribute] = BY_NAME[name].parse(text)
+    return values
+
+
+def check(values: Mapping[str, Any]) -> None:
+    """The rules that tie settings together; raises :class:`SettingError` (one line).
+
+    ``values`` are typed, by attribute (as argparse or :func:`parse_values` give them); missing
+    settings take their defaults.
+    """
+    merged = defaults()
+    merged.update({key: value for key, value in values.items() if key in merged})
+    nodes = merged["nodes"]
+    algorithm = merged["algorithm"]
+    minimum = getattr(nodes, "minimum", nodes)
+    if minimum < nodes and algorithm != "sync":
+        raise SettingError(f"nodes {nodes}: elastic training needs algorithm sync ({algorithm} "
+                           "keeps per-worker state that cannot be re-divided among fewer nodes)")
+    if minimum < nodes and merged["max_restarts"] < 1:
+        raise SettingError(f"nodes {nodes}: elastic training needs max-restarts of at least 1 "
+                           "(the nodes that remain restart their workers after a loss)")
+    accumulation = merged["accumulation_steps"] if algorithm in _COLLECTIVE else 1
+    for count in range(int(nodes), minimum - 1, -1):  # every size an elastic job can have
+        workers = count * merged["procs_per_node"]
+        divisor = workers * accumulation
+        if merged["global_batch_size"] % divisor:
+            parts = f"nodes x procs-per-node = {workers}"
+            if accumulation > 1:
+                parts = (f"nodes x procs-per-node x accumulation-steps = {count} x "
+                         f"{merged['procs_per_node']} x {accumulation} = {divisor}")
+            if minimum < nodes:
+                parts += f" (nodes {nodes} may run on {count})"
+            raise SettingError(f"global-batch-size {merged['global_batch_size']} is not "
+                               f"divisible by {parts}")
+    if merged["entrypoint"] and algorithm == "async":
+        raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
+                           "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
+    links = [name for name in ("link_rate", "link_delay", "link_loss") if merged[name]]
+    if links and merged["scheduler"] != "local_netns":
+        raise SettingError(f"{links[0].replace('_', '-')} shapes the links of local_netns "
+                           "nodes: set scheduler to local_netns")
+    if merged["framework"] != "pytorch" and not merged["entrypoint"]:
+        raise SettingError(f"framework {merged['framework']} needs your own code: set "
+                           "entrypoint (the built-in loop is PyTorch)")
+    if algorithm == "bmuf" and merged["block_momentum"] is not None \
+            and merged["block_momentum"] >= 1:
+        raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "
+                           "(bmuf diverges at 1 and above)")
+
+
+def check_texts(texts: Mapping[str, str]) -> None:
+    """:func:`check` on pipeline parameter texts by name (what ``sublimate run`` resolved)."""
+    check(parse_values(texts))
+
+
+@dataclass(frozen=True)
+class ParadigmConfig:
+    """The typed settings one paradigm applies, by attribute (``config.sync_period``)."""
+
+    algorithm: str
+    values: Mapping[str, Any]
+
+    def __getattr__(self, attribute: str) -> Any:
+        try:
+            return self.values[attribute]
+        except KeyError:
+            raise AttributeError(f"{self.algorithm} has no setting '{attribute}'") from None
+
+
+def paradigm_config(algorithm: str, values: Mapping[str, Any]) -> ParadigmConfig:
+    """The settings that apply to ``algorithm`` from typed ``values`` (argparse's, by attribute);
+    each is checked against its declaration, missing ones take their defaults."""
+    typed = {}
+    for setting in settings(paradigm=algorithm):
+        if setting.attribute in values:
+            value = values[setting.attribute]
+            setting.parse(setting.text(value))  # refuses what the declaration does not allow
+            typed[setting.attribute] = value
+        else:
+            typed[setting.attribute] = setting.default_value
+    typed["algorithm"] = algorithm
+    return ParadigmConfig(algorithm, typed)

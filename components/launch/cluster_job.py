@@ -1,0 +1,239 @@
+"""The TorchX runner the ``train`` launcher uses, and the training job's identity on a cluster.
+
+:func:`make_runner` gives the launcher a TorchX ``Runner`` for its scheduler (``local_cwd``,
+``local_netns`` or ``kubernetes``, the last with a ``job_name`` run option and ``delete``). On a
+cluster the job has a deterministic name (:func:`job_name`), so that a retried step re-attaches
+to the job its lost attempt submitted, or replaces it (:func:`claim_job`).
+
+TorchX is imported inside the functions that need it: the launcher's start is the user's wait.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import time
+from pathlib import Path
+
+# Schedulers that run the nodes on this machine (the launcher's Python, its folders).
+LOCAL_SCHEDULERS = ("local_cwd", "local_netns")
+
+# Argo retries the train step when its pod is lost (retryStrategy OnError), but the Volcano job
+# the lost launcher submitted goes on running. The job is therefore named after what the step
+# is (the workflow and the run folder), not by TorchX's random suffix, so that a retried
+# launcher finds it: it follows a job that still runs (or finished well) to its end as a fresh
+# launch would, and deletes one that failed, was cancelled or is being torn down before it
+# submits again; a second job never writes the run folder beside the first.
+
+# Pod hostnames are <job>-<task>-0 (task up to "trainer-9999") and must fit in 63 characters.
+JOB_NAME_MAX = 47
+JOB_PREFIX = "sublimate"
+# Volcano phases TorchX reports as RUNNING although the job is ending: not worth attaching to.
+ENDING_PHASES = ("Aborting", "Terminating")
+# How long a deleted job may take to go before the launcher gives up submitting its successor.
+DELETE_WAIT_SECONDS = 120.0
+
+
+def job_name(workflow_name: str, run_dir: Path) -> str:
+    """The Volcano job's name: the same for every attempt of one workflow's train step on one
+    run folder, different for another workflow on the same folder (a resubmitted ``run-id``),
+    and a valid pod-name prefix (lowercase alphanumerics and '-')."""
+    digest = hashlib.sha256(f"{workflow_name}\n{run_dir}".encode()).hexdigest()[:8]
+    room = JOB_NAME_MAX - len(JOB_PREFIX) - len(digest) - 2
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_dir.name.lower())[:room].strip("-")
+    prefix = "" if slug.startswith(JOB_PREFIX) else JOB_PREFIX  # runs are often sublimate-*
+    return "-".join(part for part in (prefix, slug, digest) if part)
+
+
+def _renamed(value: object, old: str, new: str) -> object:
+    """``value`` with every ``old`` in its strings replaced by ``new``: dicts, lists and the
+    Kubernetes client's model objects (``openapi_types``), which keep their types."""
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, list):
+        return [_renamed(item, old, new) for item in value]
+    if isinstance(value, dict):
+        return {_renamed(key, old, new): _renamed(item, old, new) for key, item in value.items()}
+    for attribute in getattr(value, "openapi_types", {}):
+        setattr(value, attribute, _renamed(getattr(value, attribute), old, new))
+    return value
+
+
+@functools.cache
+def _kubernetes_scheduler_class() -> type:
+    """TorchX's Kubernetes scheduler with a ``job_name`` run option and ``delete``.
+
+    Defined on first use: TorchX is imported only when a job is launched.
+    """
+    from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler
+    from torchx.specs import runopts
+
+    class NamedJobKubernetesScheduler(KubernetesScheduler):
+        """TorchX 0.7 names every job ``<app name>-<random suffix>`` (``make_unique``) and has
+        no option to name it otherwise, nor a way to delete a job that already ended."""
+
+        def _run_opts(self) -> runopts:
+            opts = super()._run_opts()
+            opts.add("job_name", type_=str, default=None,
+                     help="the Volcano job's name instead of <app name>-<random suffix>")
+            return opts
+
+        def _submit_dryrun(self, app: object, cfg: dict) -> object:
+            info = super()._submit_dryrun(app, cfg)
+            name = cfg.get("job_name")
+            if name:
+                # TorchX's generated id is in the job's name, its pods' labels and wherever the
+                # app_id macro was (torchrun's --rdzv-id): replace it everywhere at once.
+                resource = info.request.resource
+                generated = resource["metadata"]["name"]
+                info.request.resource = _renamed(resource, generated, name)
+            return info
+
+        def describe(self, app_id: str) -> object:
+            from kubernetes.client.rest import ApiException
+
+            try:
+                return super().describe(app_id)
+            except ApiException as error:
+                if error.status == 404:  # TorchX 0.7 raises where its API promises None
+                    return None
+                raise
+
+        def ending(self, app_id: str) -> str:
+            """Why a job TorchX reports as running is in fact ending ("" when it is not):
+            Volcano's Aborting and Terminating phases, or a deletion under way."""
+            from kubernetes.client.rest import ApiException
+
+            namespace, name = app_id.split(":")
+            try:
+                job = self._custom_objects_api().get_namespaced_custom_object(
+                    group="batch.volcano.sh", version="v1alpha1", namespace=namespace,
+                    plural="jobs", name=name)
+            except ApiException as error:
+                if error.status == 404:
+                    return "deleted"
+                raise
+            phase = ((job.get("status") or {}).get("state") or {}).get("phase", "")
+            if (job.get("metadata") or {}).get("deletionTimestamp"):
+                return "being deleted"
+            return f"phase {phase}" if phase in ENDING_PHASES else ""
+
+        def delete(self, app_id: str) -> None:
+            """Delete the job whatever its state (TorchX's cancel skips an ended one)."""
+            from kubernetes.client.rest import ApiException
+
+            try:
+                self._cancel_existing(app_id)  # on Kubernetes, cancelling deletes the job
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    return NamedJobKubernetesScheduler
+
+
+def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> object:
+    """TorchX 0.7 reads only ~/.kube/config; inside a pod use the pod's service account."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+        api_client = client.ApiClient()
+    except config.ConfigException:  # not in a pod: TorchX falls back to ~/.kube/config
+        api_client = None
+    return _kubernetes_scheduler_class()(session_name, client=api_client)
+
+
+@functools.cache
+def _runner_class() -> type:
+    from torchx.runner import Runner
+
+    class JobRunner(Runner):
+        """TorchX's Runner with ``delete(app_handle)`` (TorchX 0.7 has none) and ``ending``
+        (why a job reported as running is ending), for the Kubernetes scheduler above."""
+
+        def delete(self, app_handle: str) -> None:
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            scheduler.delete(app_id)
+
+        def ending(self, app_handle: str) -> str:
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            return scheduler.ending(app_id)
+
+    return JobRunner
+
+
+def make_runner(scheduler: str, host_gpus: int | None = None) -> object:
+    """A TorchX Runner for ``scheduler``; ``host_gpus``: the GPUs the local schedulers divide
+    between the simulated nodes (default: what the host has)."""
+    if scheduler == "local_netns":
+        from sublimate.components.launch.netns_scheduler import create_scheduler
+
+        return _runner_class()("sublimate", {"local_netns": functools.partial(
+            create_scheduler, gpu_count=host_gpus)})
+    if scheduler == "local_cwd":
+        from sublimate.components.launch.netns_scheduler import create_local_cwd_scheduler
+
+        # The session name get_runner() uses: the nodes' logs stay in <run>/logs/torchx/.
+        return _runner_class()("torchx", {"local_cwd": functools.partial(
+            create_local_cwd_scheduler, gpu_count=host_gpus)})
+    return _runner_class()("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
+
+
+def job_handle(runner: object, scheduler: str, cfg: dict[str, object]) -> str:
+    """The TorchX app handle of the named job ``cfg`` describes (``kubernetes://session/
+    namespace:name``)."""
+    from torchx.specs.builders import make_app_handle
+
+    return make_app_handle(scheduler, runner.name(),  # type: ignore[attr-defined]
+                           f"{cfg['namespace']}:{cfg['job_name']}")
+
+
+# What to do about a job of the same name found before submitting.
+ATTACH, REPLACE, START = "attach", "replace", "start"
+
+
+def previous_job_action(status: object, ending: str = "", fresh: bool = False) -> str:
+    """ATTACH to a job that runs (or finished well: its results stand), REPLACE one that
+    failed, was cancelled, is ``ending`` or is in an unknown state, START when there is none.
+    ``fresh``: this launcher stopped that job itself (a relaunch): replace it whatever its
+    state."""
+    from torchx.specs import AppState
+
+    if status is None:
+        return START
+    if fresh:
+        return REPLACE
+    state = status.state  # type: ignore[attr-defined]
+    if state == AppState.SUCCEEDED or (
+            state in (AppState.SUBMITTED, AppState.PENDING, AppState.RUNNING) and not ending):
+        return ATTACH
+    return REPLACE
+
+
+def claim_job(runner: object, handle: str, fresh: bool,
+              wait_seconds: float = DELETE_WAIT_SECONDS, poll: float = 1.0) -> bool:
+    """Before submitting the job ``handle`` names: whether to follow the job already there
+    (True), or to submit (False), after deleting any job left under that name."""
+    from torchx.specs import is_terminal
+
+    status = runner.status(handle)  # type: ignore[attr-defined]
+    ending = "" if status is None or is_terminal(status.state) else \
+        runner.ending(handle)  # type: ignore[attr-defined]
+    action = previous_job_action(status, ending, fresh)
+    if action == ATTACH:
+        print(f"train: re-attached to {handle} ({status.state.name}), "  # type: ignore[union-attr]
+              "started by an earlier attempt of this step", flush=True)
+        return True
+    if action == REPLACE:
+        why = status.state.name + (f", {ending}" if ending else "")  # type: ignore[union-attr]
+        print(f"train: deleting {handle} ({why}) before submitting it again", flush=True)
+        runner.delete(handle)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + wait_seconds
+        while runner.status(handle) is not None:  # type: ignore[attr-defined]
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"training job {handle} is still there {wait_seconds:.0f}s "
+                                   "after deleting it; delete it by hand (kubectl delete "
+                                   "vcjob) and retry the step")
+            time.sleep(poll)
+    return False

@@ -1,0 +1,532 @@
+"""A running ``local_netns`` cluster from outside: its state file, its teardown, and its faults.
+
+The ``local_netns`` TorchX scheduler (:mod:`sublimate.components.launch.netns_scheduler`) runs every
+node of a job in its own network, mount and PID namespaces on one machine, and describes the cluster
+in ``cluster.json`` beside TorchX's logs::
+
+    <log_dir>/<session>/<app_id>/cluster.json          (CLUSTER_FILE)
+
+A train step's ``log_dir`` is ``<run folder>/logs``, so :func:`find_cluster` finds a job's file
+from its run folder. This module reads that file and acts on the cluster it describes:
+
+* :func:`kill_node` -- SIGKILL a node's PID-namespace init, which takes every process of the
+  node with it (the replica fails);
+* :func:`cut_link` (blocks) or :func:`link_down` / :func:`link_up` -- take a node's link down on
+  the bridge side, so nothing reaches the node and nothing leaves it, then bring it back;
+* :func:`slow_node` / :func:`restore_node` -- a CPU quota (cgroup v1 ``cpu`` controller) on every
+  process of the node, present and future, or extra delay on its link where the kernel has
+  ``netem``; :func:`restore_node` undoes both, and the job's end always does;
+* :func:`list_nodes` -- each node's address, liveness and active faults;
+* :func:`teardown` -- remove everything a job created (the scheduler calls it when the job ends,
+  and a small supervisor process calls it when the launcher was killed).
+
+Everything here needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN). Processes are addressed by pid
+*and* start time (:mod:`sublimate.components.base.process_identity`), so a recycled pid is never
+signalled. This module imports only the standard library besides that: the supervisor and
+``sublimate fault`` start in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sublimate.components.base.process_identity import start_ticks
+
+CLUSTER_FILE = "cluster.json"
+FORMAT_VERSION = 1
+# Cluster states: "starting" while the scheduler builds it, "running", then "ended" for good.
+STARTING, RUNNING, ENDED = "starting", "running", "ended"
+# How long teardown waits for the kernel to reap killed processes before removing their cgroups.
+REAP_SECONDS = 10.0
+CFS_PERIOD_US = 100_000
+
+
+class FaultError(Exception):
+    """Bad input or an impossible fault: one line saying what to fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The state file
+
+
+@dataclass
+class Node:
+    """One node (a TorchX replica) of a ``local_netns`` cluster, as ``cluster.json`` stores it."""
+
+    index: int  # position in the job: roles in order, replicas in order (node 0 is rendezvous host)
+    role: str
+    replica: int
+    addr: str
+    holder_pid: int  # the `unshare` process TorchX waits on (host PID namespace)
+    holder_start: int
+    init_pid: int  # PID 1 of the node's PID namespace, seen from the host
+    init_start: int
+    veth: str = "eth0"  # the node's end of its link, inside the node
+    bridge_veth: str = ""  # the other end, on the bridge (in the bridge's namespace)
+    cgroup: str | None = None  # cgroup v1 cpu group holding every process of the node
+    state: str = RUNNING  # running | killed | ended
+    faults: dict[str, Any] = field(default_factory=dict)  # cut: bool, cpu: float, delay: str
+
+    def alive(self) -> bool:
+        return start_ticks(self.init_pid) == self.init_start
+
+
+@dataclass
+class Cluster:
+    """The whole ``cluster.json``; :meth:`load` / :meth:`save` keep it on disk."""
+
+    path: Path
+    app_id: str
+    state: str = STARTING
+    started: float = 0.0
+    ended: float | None = None
+    subnet: str = ""
+    host_addr: str = ""
+    host_veth: str = ""
+    bridge_pid: int = 0
+    bridge_start: int = 0
+    link: dict[str, str | None] = field(default_factory=dict)  # rate, delay, loss (tc syntax)
+    volume: str | None = None
+    supervisor_pid: int = 0
+    nodes: list[Node] = field(default_factory=list)
+    version: int = FORMAT_VERSION
+
+    @classmethod
+    def load(cls, path: Path | str) -> Cluster:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as error:
+            raise FaultError(f"{path}: no such cluster file") from error
+        except (OSError, ValueError) as error:
+            raise FaultError(f"{path}: unreadable cluster file: {error}") from error
+        nodes = [Node(**node) for node in data.pop("nodes", [])]
+        data.pop("path", None)
+        return cls(path=path, nodes=nodes, **data)
+
+    def save(self) -> None:
+        data = asdict(self)
+        data["path"] = str(self.path)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, self.path)  # readers never see half a file
+
+    def node(self, index: int) -> Node:
+        if not 0 <= index < len(self.nodes):
+            raise FaultError(f"--node {index}: the job {self.app_id} has nodes "
+                             f"0..{len(self.nodes) - 1}")
+        return self.nodes[index]
+
+    def bridge_alive(self) -> bool:
+        return start_ticks(self.bridge_pid) == self.bridge_start
+
+
+@contextlib.contextmanager
+def updating(path: Path | str) -> Iterator[Cluster]:
+    """Read-modify-write ``cluster.json`` under an exclusive lock on its folder.
+
+    The launcher, its supervisor and ``sublimate fault`` may all write the file; the lock is on
+    the directory (flock works on directory descriptors), so no lock file is left behind.
+    """
+    path = Path(path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        cluster = Cluster.load(path)
+        yield cluster
+        cluster.save()
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def find_cluster(run: Path | str, app_id: str | None = None) -> Path:
+    """The ``cluster.json`` of the job in ``run``.
+
+    ``run`` may be the file itself, a job's log folder (``<log_dir>/<session>/<app_id>``), a
+    TorchX ``log_dir``, or a run folder whose ``logs/`` is the log_dir. Among several jobs the
+    one still running is chosen (``app_id`` picks one by name); none running: the newest.
+    """
+    path = Path(run).expanduser()
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FaultError(f"{path}: no such run folder")
+    candidates = [
+        found
+        for pattern in (CLUSTER_FILE, f"*/{CLUSTER_FILE}", f"*/*/{CLUSTER_FILE}",
+                        f"logs/*/*/{CLUSTER_FILE}")
+        for found in path.glob(pattern)
+    ]
+    if app_id:
+        candidates = [c for c in candidates if c.parent.name == app_id]
+    if not candidates:
+        which = f"job {app_id}" if app_id else "local_netns job"
+        raise FaultError(f"{path}: no {which} here (looked for {CLUSTER_FILE} in it, in its "
+                         "logs/<session>/<app_id>/ and below; was the job run with "
+                         "-s local_netns and a log_dir?)")
+    running = [c for c in candidates if Cluster.load(c).state != ENDED]
+    if len(running) > 1:
+        names = ", ".join(sorted(c.parent.name for c in running))
+        raise FaultError(f"{path}: {len(running)} jobs running ({names}); pick one with --app")
+    if running:
+        return running[0]
+    return max(candidates, key=lambda c: c.stat().st_mtime)
+
+
+def load_running(run: Path | str, app_id: str | None = None) -> Cluster:
+    """The cluster of ``run`` (see :func:`find_cluster`), refusing one that has ended."""
+    cluster = Cluster.load(find_cluster(run, app_id))
+    if cluster.state != RUNNING:
+        raise FaultError(f"job {cluster.app_id} is {cluster.state}: no faults to inject")
+    return cluster
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes and commands
+
+
+def signal_process(pid: int, start: int, signum: int = signal.SIGKILL) -> bool:
+    """Send ``signum`` to ``pid`` if it is still the process that started at ``start``."""
+    if not pid or start_ticks(pid) != start:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+        return True
+    return False
+
+
+def run(argv: list[str], what: str) -> str:
+    """Run a command to completion; a failure becomes one FaultError naming ``what``."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise FaultError(f"{what}: {' '.join(argv)}: {detail[-1] if detail else done.returncode}")
+    return done.stdout
+
+
+def in_netns(pid: int, script: str, what: str) -> str:
+    """Run a shell script in the network namespace ``pid`` is in (``set -e``: stops at the
+    first failing command)."""
+    return run(["nsenter", "-t", str(pid), "-n", "sh", "-ec", script], what)
+
+
+# ---------------------------------------------------------------------------------------------
+# Links (tc)
+
+_RATE = re.compile(r"(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)", re.I)
+_TIME = re.compile(r"\d+(?:\.\d+)?(us|usec|ms|msec|s|sec)", re.I)
+_PERCENT = re.compile(r"\d+(?:\.\d+)?%")
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+               "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+
+
+def rate_bits(rate: str) -> float:
+    """``"50mbit"`` -> 50e6 bits per second (tc's units: ``bit`` are bits, ``bps`` bytes)."""
+    match = _RATE.fullmatch(rate.strip())
+    if not match:
+        raise ValueError(f"link rate '{rate}': expected a number and a tc unit, e.g. 100mbit, "
+                         "1gbit, 500kbit (or kbps/mbps for bytes per second)")
+    return float(match.group(1)) * _RATE_UNITS[match.group(2).lower()]
+
+
+def check_link_options(rate: str | None, delay: str | None, loss: str | None) -> None:
+    """Refuse a malformed ``link_rate`` / ``link_delay`` / ``link_loss`` in one line."""
+    if rate:
+        rate_bits(rate)
+    if delay and not _TIME.fullmatch(delay.strip()):
+        raise ValueError(f"link delay '{delay}': expected a number and us, ms or s, e.g. 2ms")
+    if loss and not _PERCENT.fullmatch(loss.strip()):
+        raise ValueError(f"link loss '{loss}': expected a percentage, e.g. 1%")
+
+
+def qdisc_script(dev: str, rate: str | None, delay: str | None, loss: str | None) -> str:
+    """Shell commands that give ``dev``'s egress exactly this shaping (replacing any other).
+
+    Rate is a token bucket (``tbf``); delay and loss need ``netem`` (with the ``tbf`` as its
+    child when there is a rate too). The bucket holds 4 ms of traffic, at least 4 kB: enough
+    that the timer's granularity does not cap fast links, small enough that a transfer of a few
+    MB is held to the rate.
+    """
+    tbf = ""
+    if rate:
+        burst = max(4096, int(rate_bits(rate) / 8 * 0.004))
+        tbf = f"tbf rate {rate} burst {burst} latency 50ms"
+    if delay or loss:
+        netem = " ".join(filter(None, ["netem", f"delay {delay}" if delay else "",
+                                       f"loss {loss}" if loss else ""]))
+        script = f"tc qdisc replace dev {dev} root handle 1: {netem}\n"
+        if tbf:
+            script += f"tc qdisc replace dev {dev} parent 1:1 handle 10: {tbf}\n"
+        return script
+    if tbf:
+        return f"tc qdisc replace dev {dev} root {tbf}\n"
+    # back to the default qdisc; `del` fails when there is nothing to delete, which is fine
+    return f"tc qdisc del dev {dev} root 2>/dev/null || true\n"
+
+
+_NETEM: bool | None = None
+
+
+def kernel_has_netem() -> bool:
+    """Whether this kernel has the ``netem`` qdisc: tried once, on loopback in a throwaway
+    network namespace (which vanishes with the ``unshare`` process), then remembered."""
+    global _NETEM
+    if _NETEM is None:
+        probe = subprocess.run(
+            ["unshare", "--net", "--", "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+             "delay", "1ms"], capture_output=True, text=True, check=False)
+        _NETEM = probe.returncode == 0
+    return _NETEM
+
+
+def netem_missing(option: str, value: str) -> str:
+    return (f"local_netns: {option}={value} needs the netem qdisc, which this kernel does not "
+            "have (tc: 'Specified qdisc kind is unknown'); drop the option, or use a kernel "
+            "with sch_netem (link_rate works without it: it uses tbf)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults
+
+
+def _running_node(cluster: Cluster, index: int) -> Node:
+    node = cluster.node(index)
+    if not node.alive():
+        raise FaultError(f"node {index} ({node.role}/{node.replica}) is not running "
+                         f"(it is {node.state if node.state != RUNNING else 'gone'})")
+    return node
+
+
+def kill_node(cluster: Cluster, index: int) -> None:
+    """SIGKILL node ``index``'s PID-namespace init: every process of the node dies at once.
+
+    TorchX sees the replica fail (its ``unshare`` process exits non-zero); ``cluster.json``
+    marks the node ``killed``. Returns once the signal is sent.
+    """
+    node = _running_node(cluster, index)
+    signal_process(node.init_pid, node.init_start, signal.SIGKILL)
+    with updating(cluster.path) as current:
+        current.nodes[index].state = "killed"
+    node.state = "killed"
+
+
+def _bridge_link(cluster: Cluster, index: int, up: bool) -> None:
+    node = _running_node(cluster, index)
+    if not cluster.bridge_alive():
+        raise FaultError(f"job {cluster.app_id}: its bridge is gone (has the job ended?)")
+    in_netns(cluster.bridge_pid, f"ip link set {node.bridge_veth} {'up' if up else 'down'}",
+             f"{'restoring' if up else 'cutting'} node {index}'s link")
+    with updating(cluster.path) as current:
+        current.nodes[index].faults["cut"] = not up
+
+
+def link_down(cluster: Cluster, index: int) -> None:
+    """Take node ``index``'s link down (bridge side) and return; :func:`link_up` undoes it."""
+    _bridge_link(cluster, index, up=False)
+
+
+def link_up(cluster: Cluster, index: int) -> None:
+    _bridge_link(cluster, index, up=True)
+
+
+def cut_link(cluster: Cluster, index: int, seconds: float,
+             progress: Callable[[float], None] | None = None) -> None:
+    """Cut node ``index``'s link for ``seconds``, **blocking** until it is back up.
+
+    The link comes back up even if the wait is interrupted (Ctrl-C). TCP connections survive a
+    short cut (their retransmissions resume them, after up to one retransmission timeout); a
+    collective with a process-group timeout shorter than the cut fails. ``progress`` is called
+    about once a second with the seconds left.
+    """
+    if seconds <= 0:
+        raise FaultError(f"--for {seconds:g}s: the cut needs a positive duration")
+    link_down(cluster, index)
+    try:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if progress:
+                progress(left)
+            time.sleep(min(1.0, left))
+    finally:
+        link_up(cluster, index)
+
+
+def slow_node(cluster: Cluster, index: int, cpu: float | None = None,
+              delay: str | None = None) -> None:
+    """Slow node ``index`` down, and return (undo with :func:`restore_node`).
+
+    ``cpu``: a CFS quota of ``cpu`` cores (0.25 = a quarter of one core) shared by every process
+    of the node, present and future (they all live in the node's cgroup). ``delay``: extra
+    one-way delay on the node's egress (``netem``; refused where the kernel lacks it).
+    """
+    if cpu is None and delay is None:
+        raise FaultError("slow: give --cpu CORES and/or --delay TIME")
+    node = _running_node(cluster, index)
+    if cpu is not None:
+        if not 0.01 <= cpu <= os.cpu_count():  # type: ignore[operator]
+            raise FaultError(f"--cpu {cpu:g}: expected cores between 0.01 and {os.cpu_count()}")
+        if not node.cgroup or not Path(node.cgroup).is_dir():
+            raise FaultError(f"node {index} has no cpu cgroup (is cgroup v1's cpu controller "
+                             "mounted and writable at /sys/fs/cgroup/cpu?)")
+        quota = max(1000, int(cpu * CFS_PERIOD_US))  # the kernel's minimum quota is 1 ms
+        Path(node.cgroup, "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        Path(node.cgroup, "cpu.cfs_quota_us").write_text(str(quota))
+    if delay is not None:
+        try:
+            check_link_options(None, delay, None)
+        except ValueError as error:
+            raise FaultError(str(error)) from error
+        if not kernel_has_netem():
+            raise FaultError(netem_missing("--delay", delay))
+        link = cluster.link
+        in_netns(node.init_pid, qdisc_script(node.veth, link.get("rate"), delay,
+                                              link.get("loss")), f"delaying node {index}")
+    with updating(cluster.path) as current:
+        faults = current.nodes[index].faults
+        if cpu is not None:
+            faults["cpu"] = cpu
+        if delay is not None:
+            faults["delay"] = delay
+
+
+def restore_node(cluster: Cluster, index: int) -> None:
+    """Undo :func:`slow_node` and a cut on node ``index``: no quota, the job's own link shaping,
+    link up."""
+    node = _running_node(cluster, index)
+    if node.cgroup and Path(node.cgroup).is_dir():
+        Path(node.cgroup, "cpu.cfs_quota_us").write_text("-1")
+    if node.faults.get("delay"):
+        link = cluster.link
+        in_netns(node.init_pid, qdisc_script(node.veth, link.get("rate"), link.get("delay"),
+                                              link.get("loss")), f"restoring node {index}'s link")
+    if cluster.bridge_alive():
+        in_netns(cluster.bridge_pid, f"ip link set {node.bridge_veth} up",
+                 f"restoring node {index}'s link")
+    with updating(cluster.path) as current:
+        current.nodes[index].faults = {}
+
+
+@dataclass
+class NodeStatus:
+    index: int
+    role: str
+    replica: int
+    addr: str
+    state: str  # running, killed, exited (gone without a fault), ended (the job ended)
+    faults: dict[str, Any]
+
+
+def list_nodes(cluster: Cluster) -> list[NodeStatus]:
+    """Every node's address, state and active faults."""
+    statuses = []
+    for node in cluster.nodes:
+        if cluster.state == ENDED:
+            state = node.state if node.state == "killed" else ENDED
+        elif node.alive():
+            state = RUNNING
+        else:
+            state = node.state if node.state != RUNNING else "exited"
+        faults = {k: v for k, v in node.faults.items() if v} if state == RUNNING else {}
+        statuses.append(NodeStatus(node.index, node.role, node.replica, node.addr, state, faults))
+    return statuses
+
+
+# ---------------------------------------------------------------------------------------------
+# Teardown
+
+
+def _wait_gone(pids: list[tuple[int, int]], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while any(start_ticks(pid) == start for pid, start in pids) and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def _remove_cgroup(path: str, seconds: float) -> None:
+    """rmdir a cgroup once its processes are gone (EBUSY until then)."""
+    end = time.monotonic() + seconds
+    while Path(path).is_dir():
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            # a process of the node may have forked after the kill: kill what is left
+            with contextlib.suppress(OSError):
+                for pid in Path(path, "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.02)
+
+
+def teardown(path: Path | str) -> None:
+    """Remove everything the job of ``path`` (its ``cluster.json``) created; safe to repeat.
+
+    Kills each node's init (its PID namespace takes every process of the node along) and its
+    holder, and the bridge's holder (the bridge's namespace, and with it every veth pair,
+    including the host's, disappears); deletes the host's veth first so it is gone before this
+    returns; removes the nodes' cgroups once empty; marks the file ``ended``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return
+    with updating(path) as cluster:
+        if cluster.state == ENDED:
+            return
+        pids = [(cluster.bridge_pid, cluster.bridge_start)]
+        for node in cluster.nodes:
+            pids += [(node.init_pid, node.init_start), (node.holder_pid, node.holder_start)]
+        for pid, start in pids:
+            signal_process(pid, start, signal.SIGKILL)
+        if cluster.host_veth and shutil.which("ip"):
+            subprocess.run(["ip", "link", "del", cluster.host_veth], capture_output=True,
+                           check=False)
+        _wait_gone(pids, REAP_SECONDS)
+        errors = []
+        for node in cluster.nodes:
+            if node.cgroup:
+                try:
+                    _remove_cgroup(node.cgroup, REAP_SECONDS)
+                except OSError as error:
+                    errors.append(f"{node.cgroup}: {error.strerror}")
+            if node.state == RUNNING:
+                node.state = ENDED
+        cluster.state = ENDED
+        cluster.ended = time.time()
+    if errors:
+        raise FaultError(f"job {cluster.app_id}: could not remove {', '.join(errors)}")
+
+
+def supervise(path: Path | str) -> None:
+    """The supervisor's life: wait for the launcher to go, then :func:`teardown`.
+
+    The launcher holds the write end of this process's stdin and never writes; stdin reaches
+    EOF when the launcher closes it (the job ended) or dies, however it dies (SIGKILL
+    included). The supervisor runs in its own session and ignores SIGINT/SIGHUP, so the Ctrl-C
+    or hang-up that stops a launcher still leaves it to clean up.
+    """
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    while sys.stdin.buffer.read(4096):
+        pass
+    teardown(path)
+
+
+# the supervisor: python -m sublimate.components.launch.faults supervise FILE
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "supervise":
+        sys.exit("usage: python -m sublimate.components.launch.faults supervise CLUSTER_JSON")
+    supervise(sys.argv[2])

@@ -1,0 +1,459 @@
+"""Run reports: one JSON summary and a few PNG plots per run, and side-by-side comparisons.
+
+A report is built only from what the run already left on the shared volume:
+``train-summary.json`` (the train step), ``metrics.json`` (the evaluate step: test loss and
+accuracy), ``metrics/<label>.jsonl`` (one record per epoch from every training process) and
+``metrics-endpoints.json``. It is written to ``<run>/report/``::
+
+    report.json        the summary below (``sublimate report RUN`` prints it)
+    overview.png       the four panels in one image
+    loss.png  accuracy.png  throughput.png  time-split.png
+
+The evaluate step writes it at the end of every pipeline run; ``sublimate report RUN [RUN...]``
+(:mod:`sublimate.pipelines.report`, which finds a run by any of its names) prints and
+regenerates it, and with several runs draws them in one comparison plot, each run labelled by
+what differs between them. matplotlib is imported lazily (Agg backend) and is optional: without
+it only the JSON is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sublimate.components.base import run_files
+
+# components.metrics (prometheus-client) is imported by the functions that need it, so that
+# registering `sublimate report` costs the other commands nothing.
+
+REPORT_DIR = run_files.REPORT
+PLOTS = ("loss", "accuracy", "throughput", "time-split")
+
+
+# Copied from train-summary.json into the report when present. The launch figures are the
+# wall time from `sublimate run` starting the train step to the first optimizer step, and
+# its phases (``startup``: phase -> seconds); on a small run they can exceed the training.
+SUMMARY_KEYS = (
+    "algorithm", "backend", "world_size", "epochs", "steps", "global_batch_size",
+    "learning_rate", "final_learning_rate", "train_seconds", "samples_per_second",
+    "communication_ops_per_epoch", "resumed_from_step", "launch_to_first_step_seconds",
+    "startup")
+
+
+class ReportError(Exception):
+    """A run that cannot be found or holds nothing to report."""
+
+
+def _metrics() -> Any:
+    from sublimate.components.monitoring import metrics
+
+    return metrics
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _by_epoch(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Last record per epoch, in epoch order (a resumed run repeats the epoch it crashed in)."""
+    latest = {record["epoch"]: record for record in records if "epoch" in record}
+    return [latest[epoch] for epoch in sorted(latest)]
+
+
+def build_report(run_dir: Path) -> dict[str, Any]:
+    """The report of one run as a dict (nothing is written)."""
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / run_files.SUMMARY) or {}
+    evaluation = read_json(run_dir / run_files.EVALUATION)
+    logs = {path.stem: _by_epoch(list(_metrics().iter_jsonl(path)))
+            for path in sorted((run_dir / "metrics").glob("*.jsonl"))}
+    if not summary and not logs:
+        raise ReportError(f"{run_dir}: no train-summary.json and no metrics/*.jsonl: "
+                          "has this run trained yet?")
+    # The job-wide curve: the parameter server's view for async, rank 0's for the others.
+    main = logs.get("ps") or logs.get("rank-0") or next(iter(logs.values()), [])
+    curve = [{key: record[key] for key in ("epoch", "step", "loss", "samples_per_second",
+                                           "learning_rate", "test_accuracy", "staleness_mean")
+              if key in record} for record in main]
+    split = {}
+    for label, records in logs.items():
+        totals = [sum(record.get(f"{phase}_seconds", 0.0) for record in records)
+                  for phase in _metrics().PHASES]
+        if sum(totals) > 0:
+            split[label] = {**{f"{phase}_seconds": round(total, 4)
+                               for phase, total in zip(_metrics().PHASES, totals, strict=True)},
+                            **{phase: round(fraction, 4)
+                               for phase, fraction in _metrics().time_split(*totals).items()}}
+    losses = [point["loss"] for point in curve if "loss" in point]
+    # What each process's network namespace had sent by its last epoch (see metrics.NET_DEV).
+    sent = {label: records[-1]["net_sent_bytes"] for label, records in logs.items()
+            if records and isinstance(records[-1].get("net_sent_bytes"), int)}
+    report: dict[str, Any] = {
+        "run": run_dir.name,
+        "run_dir": str(run_dir),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        **{key: summary.get(key) for key in SUMMARY_KEYS if key in summary},
+        "final_loss": losses[-1] if losses else None,
+        "test": {key: evaluation[key] for key in ("split", "examples", "loss", "accuracy")
+                 if key in evaluation} if evaluation else None,
+        "time_split": split,
+        "epochs_log": curve,
+        "accuracy_curve": summary.get("accuracy_curve", []),
+    }
+    if summary.get("algorithm") == "async":
+        report["async"] = {key: summary.get(key) for key in (
+            "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
+    if sent:
+        report["net_sent_bytes"] = sent
+    stragglers = straggler_summary(main)
+    if stragglers is not None:
+        report["stragglers"] = stragglers
+    endpoints = read_json(run_dir / run_files.ENDPOINTS)
+    if endpoints:
+        report["metrics_endpoints"] = {key: value.get("address")
+                                       for key, value in endpoints.get("endpoints", {}).items()}
+    return report
+
+
+def straggler_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's stragglers, from the ``stragglers`` lists of the main epoch log's records.
+
+    Rank 0 writes, in each epoch's record, the ranks it flagged that epoch
+    (:meth:`sublimate.components.monitoring.stragglers.Finding.records`; an empty list: checked,
+    none). Per flagged rank: its node, the epochs it was flagged in, its mean and largest ratio of
+    own work per step to the median rank's, its excess per step, and the phase its time went to most
+    often (with that phase's mean ratio to the median). None for runs that did not check (recorded
+    before straggler detection, or a paradigm that does not judge).
+    """
+    checked = [record for record in records if isinstance(record.get("stragglers"), list)]
+    if not checked:
+        return None
+    flagged: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for record in checked:
+        for entry in record["stragglers"]:
+            flagged.setdefault(int(entry["rank"]), []).append((record["epoch"], entry))
+    ranks = []
+    for rank, seen in flagged.items():
+        entries = [entry for _, entry in seen]
+        causes = [entry.get("cause", "?") for entry in entries]
+        cause = max(dict.fromkeys(causes), key=causes.count)  # most often; the first on a tie
+        cause_ratios = [entry["cause_ratio"] for entry in entries
+                        if entry.get("cause") == cause and entry.get("cause_ratio") is not None]
+        ranks.append({
+            "rank": rank, "node": entries[-1].get("node", "?"),
+            "epochs": [epoch for epoch, _ in seen],
+            "ratio_mean": round(sum(e["ratio"] for e in entries) / len(entries), 3),
+            "ratio_max": round(max(e["ratio"] for e in entries), 3),
+            "excess_seconds_per_step": round(
+                sum(e.get("excess_seconds_per_step", 0.0) for e in entries) / len(entries), 6),
+            "cause": cause,
+            "cause_ratio": round(sum(cause_ratios) / len(cause_ratios), 3)
+            if cause_ratios else None})
+    # the rank flagged most often first: the one to look at
+    ranks.sort(key=lambda entry: (-len(entry["epochs"]), -entry["ratio_mean"], entry["rank"]))
+    return {"epochs_checked": len(checked), "ranks": ranks}
+
+
+def _straggler_lines(stragglers: dict[str, Any]) -> list[str]:
+    """``straggler rank 3 (node1): 2.5x median work in 3/3 epochs (max 2.6x), compute 2.5x
+    median, +1.50 ms/step``; or that none was found."""
+    checked = stragglers.get("epochs_checked", 0)
+    if not stragglers.get("ranks"):
+        return [f"  stragglers: none in {checked} epoch{'s' if checked != 1 else ''}"]
+    lines = []
+    for entry in stragglers["ranks"]:
+        cause = entry["cause"] + (f" {entry['cause_ratio']:.1f}x median"
+                                  if entry.get("cause_ratio") is not None else "")
+        lines.append(
+            f"  straggler rank {entry['rank']} ({entry['node']}): {entry['ratio_mean']:.1f}x "
+            f"median work in {len(entry['epochs'])}/{checked} epochs "
+            f"(max {entry['ratio_max']:.1f}x), {cause}, "
+            f"+{entry['excess_seconds_per_step'] * 1000:.2f} ms/step")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    """``1.5s``, or ``16ms`` below a second, where one decimal of a second would read 0.0s."""
+    return f"{seconds:.1f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """A few lines for the terminal."""
+    test = report.get("test") or {}
+    lines = [f"{report['run']}: {report.get('algorithm', '?')} on {report.get('world_size', '?')} "
+             f"workers, {report.get('epochs', '?')} epochs, {report.get('steps', '?')} steps"]
+    figures = []
+    if report.get("train_seconds") is not None:
+        figures.append(f"trained in {report['train_seconds']:.1f}s")
+    if report.get("samples_per_second"):
+        figures.append(f"{report['samples_per_second']:.0f} samples/s")
+    if report.get("final_loss") is not None:
+        figures.append(f"final loss {report['final_loss']:.4f}")
+    if "accuracy" in test:
+        figures.append(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f})")
+    if figures:
+        lines.append("  " + ", ".join(figures))
+    if report.get("launch_to_first_step_seconds") is not None:
+        # longest first: where the wait went (the summary's JSON keeps no chronological order)
+        startup = [(phase, seconds) for phase, seconds in (report.get("startup") or {}).items()
+                   if isinstance(seconds, int | float)]
+        phases = ", ".join(f"{phase} {_duration(seconds)}" for phase, seconds
+                           in sorted(startup, key=lambda item: -item[1]))
+        lines.append(f"  launch to first step {report['launch_to_first_step_seconds']:.1f}s"
+                     + (f" ({phases})" if phases else ""))
+    for label, split in report.get("time_split", {}).items():
+        lines.append(f"  {label:<10} compute {split['compute'] * 100:3.0f}%  "
+                     f"comm {split['comm'] * 100:3.0f}%  data {split['data'] * 100:3.0f}%")
+    if report.get("stragglers"):
+        lines += _straggler_lines(report["stragglers"])
+    if report.get("async"):
+        lines.append(f"  staleness mean {report['async']['staleness_mean']}, "
+                     f"max {report['async']['staleness_max']}")
+    return "\n".join(lines)
+
+
+# --- labels -----------------------------------------------------------------------------------
+
+# What can tell runs apart, in the order a label names it: report key -> how a value reads.
+DESCRIBED_BY: tuple[tuple[str, Callable[[Any], str]], ...] = (
+    ("algorithm", str),
+    ("world_size", lambda value: f"{value} workers"),
+    ("global_batch_size", lambda value: f"batch {value}"),
+    ("epochs", lambda value: f"{value} epochs"),
+    ("learning_rate", lambda value: f"lr {value:g}"),
+    # the rate the run ended at (after linear scaling and warmup): what the worker records
+    ("final_learning_rate", lambda value: f"final lr {value:g}"),
+    ("backend", str),
+)
+
+
+def _describe(key: str, value: Any, show: Callable[[Any], str]) -> str:
+    if value is None:
+        return f"{key.replace('_', ' ')} ?"
+    try:
+        return show(value)
+    except (TypeError, ValueError):  # a summary written by another version
+        return f"{key.replace('_', ' ')} {value}"
+
+
+def run_labels(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """One legend label per run: what differs between them, not their (random) run ids.
+
+    One run is named by its algorithm. Runs that nothing recorded tells apart are named by
+    their run ids, and the run id is added to a label that two runs would otherwise share.
+    """
+    if len(reports) == 1:
+        return [str(reports[0].get("algorithm") or reports[0]["run"])]
+    parts: list[list[str]] = [[] for _ in reports]
+    for key, show in DESCRIBED_BY:
+        values = [report.get(key) for report in reports]
+        if len({json.dumps(value, sort_keys=True) for value in values}) > 1:
+            for part, value in zip(parts, values, strict=True):
+                part.append(_describe(key, value, show))
+    labels = [", ".join(part) for part in parts]
+    return [label if label and labels.count(label) == 1
+            else f"{label} ({report['run']})" if label else str(report["run"])
+            for label, report in zip(labels, reports, strict=True)]
+
+
+def _shared_description(reports: Sequence[dict[str, Any]]) -> str:
+    """What every compared run has in common (for the title)."""
+    shared = []
+    for key, show in DESCRIBED_BY:
+        values = [report.get(key) for report in reports]
+        if values[0] is not None and all(value == values[0] for value in values):
+            shared.append(_describe(key, values[0], show))
+    return ", ".join(shared)
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on workers, CI or pods
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw_loss(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    for report, label in zip(reports, labels, strict=True):
+        points = [(p["epoch"], p["loss"]) for p in report["epochs_log"] if "loss" in p]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
+    ax.set(title="training loss", xlabel="epoch", ylabel="cross-entropy")
+    losses = [p["loss"] for r in reports for p in r["epochs_log"] if "loss" in p]
+    if losses and min(losses) > 0:  # a log axis would drop a zero loss off the plot
+        ax.set_yscale("log")
+
+
+def _padded(values: Sequence[float], fraction: float, minimum: float) -> tuple[float, float]:
+    """Limits that hold every value with room to spare, so no marker is cut by the frame."""
+    low, high = min(values), max(values)
+    pad = max((high - low) * fraction, minimum)
+    return low - pad, high + pad
+
+
+def _draw_accuracy(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    xs: list[float] = []
+    ys: list[float] = []
+    for index, (report, label) in enumerate(zip(reports, labels, strict=True)):
+        color = f"C{index}"
+        curve = [(p["epoch"], p["test_accuracy"]) for p in report["epochs_log"]
+                 if p.get("test_accuracy") is not None]
+        if curve:  # rank 0's (or the ps') evaluation after every epoch
+            ax.plot(*zip(*curve, strict=True), color=color, marker="o", markersize=3,
+                    label=f"{label} (per epoch)")
+            xs += [x for x, _ in curve]
+            ys += [y for _, y in curve]
+        test = report.get("test") or {}
+        if test.get("accuracy") is not None:  # the evaluate step's figure, after the last epoch
+            epoch = report.get("epochs") or (report["epochs_log"][-1]["epoch"]
+                                             if report["epochs_log"] else 1)
+            ax.scatter([epoch], [test["accuracy"]], color=color, marker="*", s=160, zorder=3,
+                       edgecolors="black", linewidths=0.5,
+                       label=f"{label}: final {test['accuracy']:.4f}")
+            xs.append(epoch)
+            ys.append(test["accuracy"])
+    ax.set(title="test accuracy", xlabel="epoch", ylabel="accuracy")
+    if not ys:
+        ax.set_xlim(0.5, max((report.get("epochs") or 1 for report in reports), default=1) + 0.5)
+        ax.text(0.5, 0.5, "no accuracy yet\n(run the evaluate step)", ha="center",
+                va="center", transform=ax.transAxes, color="gray")
+        return
+    # From epoch 1 (as the other panels) to half an epoch past the last point, and a vertical
+    # margin of at least two points of accuracy: a lone final figure, or one at exactly 1.0,
+    # is drawn whole, not cut by the frame.
+    ax.set_xlim(min(*xs, 1) - 0.5, max(xs) + 0.5)
+    ax.set_ylim(*_padded(ys, 0.1, 0.02))
+
+
+def _draw_throughput(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    for report, label in zip(reports, labels, strict=True):
+        points = [(p["epoch"], p["samples_per_second"]) for p in report["epochs_log"]
+                  if "samples_per_second" in p]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=3, label=label)
+    ax.set(title="throughput (whole job)", xlabel="epoch", ylabel="samples/s")
+    ax.set_ylim(bottom=0)
+
+
+def _draw_time_split(ax: Any, reports: Sequence[dict[str, Any]], labels: Sequence[str]) -> None:
+    rows = [(f"{run_label + ' ' if len(reports) > 1 else ''}{label}", split)
+            for report, run_label in zip(reports, labels, strict=True)
+            for label, split in report.get("time_split", {}).items()]
+    if not rows:
+        ax.text(0.5, 0.5, "no step timings recorded", ha="center", va="center",
+                transform=ax.transAxes, color="gray")
+        return
+    names = [name for name, _ in rows]
+    left = [0.0] * len(rows)
+    colors = {"compute": "#4C72B0", "comm": "#DD8452", "data": "#55A868"}
+    for phase in ("compute", "comm", "data"):
+        widths = [split[phase] * 100 for _, split in rows]
+        ax.barh(names, widths, left=left, color=colors[phase], label=phase)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set(title="step time per rank (%)", xlim=(0, 100))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, fontsize="small",
+              frameon=False)
+
+
+DRAW = {"loss": _draw_loss, "accuracy": _draw_accuracy, "throughput": _draw_throughput,
+        "time-split": _draw_time_split}
+
+
+def _finish(ax: Any, name: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    if name != "time-split":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+    if name != "time-split" and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")  # loc "best": placed where it hides the fewest points
+    ax.grid(alpha=0.3)
+
+
+def draw_panel(name: str, reports: Sequence[dict[str, Any]]) -> Any:
+    """One panel (``loss``, ``accuracy``, ...) as a matplotlib Figure with a single Axes."""
+    plt = _pyplot()
+    figure, ax = plt.subplots(figsize=(6.4, 4.2))
+    DRAW[name](ax, reports, run_labels(reports))
+    _finish(ax, name)
+    # fixed margins: tight_layout would double the time spent on these small plots
+    figure.subplots_adjust(left=0.22 if name == "time-split" else 0.13,
+                           right=0.97, bottom=0.13, top=0.91)
+    return figure
+
+
+def draw(reports: Sequence[dict[str, Any]], title: str | None = None) -> Any:
+    """The four panels for one or more runs as a matplotlib Figure (axes in ``PLOTS`` order)."""
+    plt = _pyplot()
+    labels = run_labels(reports)
+    rows = max(len(r.get("time_split", {})) for r in reports) * len(reports)
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8 + max(0, rows - 6) * 0.3))
+    for ax, name in zip(axes.flat, PLOTS, strict=True):
+        DRAW[name](ax, reports, labels)
+        _finish(ax, name)
+    figure.suptitle(title or _title(reports))
+    figure.tight_layout()
+    return figure
+
+
+def plot(reports: Sequence[dict[str, Any]], output: Path, title: str | None = None) -> Path:
+    """The four panels for one or more runs in one PNG."""
+    plt = _pyplot()
+    figure = draw(reports, title)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output
+
+
+def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
+    """Build the report and write ``report/report.json`` and the PNGs; returns the report."""
+    run_dir = Path(run_dir)
+    report = build_report(run_dir)
+    folder = run_dir / REPORT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    report["plots"] = {}
+    if plots:
+        try:
+            plt = _pyplot()
+        except ImportError:
+            report["plots_skipped"] = "matplotlib is not installed"
+        else:
+            for name in PLOTS:
+                figure = draw_panel(name, [report])
+                figure.savefig(folder / f"{name}.png", dpi=100)
+                plt.close(figure)
+                report["plots"][name] = f"{name}.png"
+            plot([report], folder / "overview.png")
+            report["plots"]["overview"] = "overview.png"
+    temporary = folder / ".report.json.tmp"
+    temporary.write_text(json.dumps(report, indent=2) + "\n")
+    temporary.replace(folder / "report.json")
+    return report
+
+
+def _title(reports: Sequence[dict[str, Any]]) -> str:
+    if len(reports) == 1:
+        report = reports[0]
+        return (f"{report['run']}: {report.get('algorithm', '?')}, "
+                f"{report.get('world_size', '?')} workers, {report.get('epochs', '?')} epochs")
+    shared = _shared_description(reports)
+    return " vs ".join(run_labels(reports)) + (f" ({shared})" if shared else "")
+
+
+def compare(run_dirs: Sequence[Path], output: Path) -> Path:
+    """One PNG with every run's loss, accuracy, throughput and time split side by side."""
+    reports = [build_report(run_dir) for run_dir in run_dirs]
+    return plot(reports, output)
+
+

@@ -1,0 +1,917 @@
+"""The ``stage-data`` step: materialise a dataset on the shared volume.
+
+``--dataset`` is a built-in name (``digits``, ``mnist1d``), a Python entry point
+``py:module:function`` that returns the splits, or a path / fsspec URL (``s3://bucket/prefix``,
+``file://``, ``gs://`` ...) of a folder in the layout described in
+:mod:`sublimate.components.data.datasets`.
+
+A URL is copied into ``<data-root>/<dataset-id>``:
+
+- one listing of the source (sizes and ETags) decides what to fetch: files whose size and ETag
+  match the previous copy's manifest are hard-linked from it, so a re-run over an unchanged source
+  transfers nothing, and a changed source is still noticed;
+- the rest is fetched concurrently, each file under a temporary name renamed into place; on S3 a
+  pool of threads issues the GETs, an object above :data:`PART_SIZE` is split into ranged GETs
+  written with ``os.pwrite`` into one file, and every GET (each part too) carries
+  ``If-Match: <listed ETag>``, so an object replaced mid-copy is an error, not a mix;
+- the new copy is built in a hidden folder, verified against the SHA-256 digests in
+  ``metadata.json`` (computed as the bytes arrive, so no file is read back twice), given its
+  manifest (:data:`MANIFEST_FILE`) last, and only then swapped with the earlier copy, which a
+  failure (missing bucket, refused credentials, disk full ...) leaves intact.
+
+Publishing, for every kind of dataset (a built-in or ``py:`` one is built the same way):
+
+- the copy is built in ``<data-root>/.<dataset-id>~<host>~<pid>~<start>~<random>/dataset``, a
+  staging folder whose name says who owns it (the process's start time, in clock ticks since
+  boot, tells a live owner from a later process given the same pid). Each staging first removes
+  the staging folders of the same dataset whose owner is gone: on this host, a process that no
+  longer runs (a staging killed by SIGKILL or the OOM killer leaves its folder behind, possibly
+  with most of a dataset in it); from another host (another pod, whose pids mean nothing here),
+  one in which nothing changed for :data:`FOREIGN_STALE_S`;
+- before it is published, every file and folder of the copy is fsynced, and the data root after
+  the rename that publishes it: a crash never leaves a published copy with empty or missing files;
+- a reader of ``<data-root>/<dataset-id>`` always finds a complete copy, the earlier one or the
+  new one, never none and never a mix. Where the filesystem has RENAME_EXCHANGE (Linux on local
+  filesystems), ``<dataset-id>`` is a folder, swapped with the new copy in one ``renameat2``.
+  Where it has not (NFS, CephFS; tried on two empty folders before the first copy is published),
+  a folder cannot be replaced in one step, so ``<dataset-id>`` is a relative link into the staging
+  folder that built the current copy (``<dataset-id> -> .<dataset-id>~.../dataset``); a new copy
+  is published by renaming a new link over it, which POSIX makes atomic on every filesystem, and
+  the earlier copy's folder is removed only after that rename. A folder left at ``<dataset-id>``
+  on such a filesystem by an older sublimate is the one exception: it is moved aside and replaced
+  by a link in two renames, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import hashlib
+import importlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sublimate.components.base.contract import local_workdir
+from sublimate.components.base.durable_files import fsync_file, fsync_folder
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.data import object_store
+from sublimate.components.data.datasets import (
+    BUILTIN_DATASETS,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    DatasetError,
+    Split,
+    build_builtin,
+    sha256_of,
+    verify_dataset,
+    write_dataset,
+)
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+MANIFEST_FILE = ".sublimate-stage.json"
+ENTRY_POINT_PREFIX = "py:"
+DEFAULT_CONCURRENCY = 32
+PART_SIZE = 16 << 20  # objects above this are fetched as concurrent ranged GETs of this size
+_CHUNK = 1 << 20
+
+
+def dataset_id(dataset: str) -> str:
+    """A stable folder name for ``dataset``: readable, and unique per source URL."""
+    if dataset in BUILTIN_DATASETS:
+        return dataset
+    dataset = dataset.rstrip("/")
+    readable = dataset.rsplit(":", 1)[-1] if dataset.startswith(ENTRY_POINT_PREFIX) else \
+        dataset.rsplit("/", 1)[-1]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", readable) or "dataset"
+    return f"{stem}-{hashlib.sha256(dataset.encode()).hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str   # relative to the dataset folder
+    path: str   # inside the filesystem
+    size: int
+    token: str  # ETag (S3), md5/checksum (others) or size+mtime (local): changes with the content
+
+
+@dataclass
+class StageReport:
+    """What a staging did; ``files_fetched == 0`` means no byte crossed the network."""
+
+    folder: Path
+    files_fetched: int = 0
+    bytes_fetched: int = 0
+    files_reused: int = 0
+    files_built: int = 0  # written here from a built-in or py:module:function dataset
+    seconds: float = 0.0
+    fetched: list[str] = field(default_factory=list)
+
+    @property
+    def rate_mb_s(self) -> float:
+        return self.bytes_fetched / 1e6 / max(self.seconds, 1e-9)
+
+
+class Progress:
+    """Prints files, bytes and throughput about once a second while a transfer runs."""
+
+    def __init__(self, total_files: int, total_bytes: int, interval: float = 1.0,
+                 out: Callable[[str], None] | None = None) -> None:
+        self.total_files, self.total_bytes, self.interval = total_files, total_bytes, interval
+        self.files = self.bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._out = out or _say
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def add(self, nbytes: int = 0, files: int = 0) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.files += files
+
+    def line(self) -> str:
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        return (f"stage-data: {self.files}/{self.total_files} files, "
+                f"{self.bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB, "
+                f"{self.bytes / 1e6 / elapsed:.1f} MB/s")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._out(self.line())
+
+    def __enter__(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _say(line: str) -> None:
+    print(object_store.redact(line), flush=True)
+
+
+# --------------------------------------------------------------------------- listing and manifest
+
+def _token(info: dict[str, Any]) -> str:
+    for key in ("ETag", "etag", "md5Hash", "checksum", "crc32c"):
+        if info.get(key):
+            return str(info[key])
+    return f"{info.get('size')}:{info.get('mtime', info.get('LastModified', ''))}"
+
+
+def _list_source(fs: AbstractFileSystem, root: str, url: str) -> dict[str, RemoteFile]:
+    """One flat listing of the dataset folder (the layout has no subfolders)."""
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError as error:
+        if object_store.missing_bucket(error):
+            raise object_store.explain(url, error) from error
+        entries = []
+    except Exception as error:  # every store error becomes one clear message
+        raise object_store.explain(url, error) from error
+    files = {}
+    for info in entries:
+        if info.get("type") != "file":
+            continue
+        name = posixpath.basename(info["name"].rstrip("/"))
+        files[name] = RemoteFile(name, info["name"], int(info["size"]), _token(info))
+    if not files and not entries:
+        where = f" (no objects under this prefix at {object_store.endpoint()})" \
+            if object_store.is_s3(url) else ""
+        raise DatasetError(f"dataset '{object_store.public_url(url)}': no such directory{where}")
+    if METADATA_FILE not in files:
+        raise DatasetError(f"dataset '{object_store.public_url(url)}': not a sublimate dataset "
+                           f"({METADATA_FILE} is missing; publish it with the documented layout, "
+                           "e.g. `sublimate data push`)")
+    return files
+
+
+def _read_manifest(folder: Path, url: str) -> dict[str, Any] | None:
+    """The manifest of a complete earlier copy of ``url`` at ``folder``, if there is one."""
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if manifest.get("source") != object_store.public_url(url) or \
+            not (folder / METADATA_FILE).is_file():
+        return None
+    return manifest
+
+
+def _unchanged(manifest: dict[str, Any] | None, listing: dict[str, RemoteFile],
+               folder: Path) -> bool:
+    if not manifest:
+        return False
+    for name, entry in manifest["files"].items():
+        remote = listing.get(name)
+        if remote is None or (remote.size, remote.token) != (entry["bytes"], entry["token"]):
+            return False
+        local = folder / name
+        if not local.is_file() or local.stat().st_size != entry["bytes"]:
+            return False
+    return True
+
+
+def _wanted(metadata: dict[str, Any], listing: dict[str, RemoteFile],
+            url: str) -> list[tuple[RemoteFile, str]]:
+    """The shards named by ``metadata`` with their expected SHA-256, checked against the listing."""
+    if metadata.get("format_version") != FORMAT_VERSION:
+        raise DatasetError(f"dataset '{object_store.public_url(url)}': unsupported format_version "
+                           f"{metadata.get('format_version')!r} (expected {FORMAT_VERSION})")
+    wanted = []
+    for split in metadata["splits"].values():
+        for shard in split["shards"]:
+            remote = listing.get(shard["file"])
+            if remote is None:
+                raise DatasetError(f"dataset '{object_store.public_url(url)}': {METADATA_FILE} "
+                                   f"names {shard['file']}, which is not there")
+            if remote.size != shard["bytes"]:
+                raise DatasetError(f"dataset '{object_store.public_url(url)}': {shard['file']} "
+                                   f"is {remote.size} bytes, {METADATA_FILE} says "
+                                   f"{shard['bytes']} (changed while it was being published?)")
+            wanted.append((remote, shard["sha256"]))
+    return wanted
+
+
+# --------------------------------------------------------------------------------------- transfer
+
+def _changed_mid_copy(url: str, name: str, why: str) -> DatasetError:
+    return DatasetError(f"dataset '{object_store.public_url(url)}': {name} changed while it was "
+                        f"being copied ({why}); nothing was staged, re-run once the upload is done")
+
+
+class _Cancelled(Exception):
+    """Another transfer failed first; this one stopped early (never reported)."""
+
+
+class _Transfer:
+    """One object on its way into ``folder``: fetched whole, or in ranged parts for a large one.
+
+    Every GET carries ``If-Match: <listed ETag>``. Bytes land in ``.<name>.part`` (parts with
+    ``os.pwrite`` at their offset in a file sized up front), the SHA-256 is computed while they
+    arrive (for a parted object, over the contiguous prefix as soon as it grows: one sequential
+    pass, overlapping the transfer of later parts), and the file is renamed into place once whole.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str, remote: RemoteFile, folder: Path,
+                 url: str, part_size: int, progress: Progress, stop: threading.Event,
+                 digests: dict[str, str]) -> None:
+        self.client, self.bucket, self.key, self.remote = client, bucket, key, remote
+        self.part, self.final = folder / f".{remote.name}.part", folder / remote.name
+        self.url, self.progress, self.stop, self.digests = url, progress, stop, digests
+        self.where = object_store.join(url, remote.name)
+        size = remote.size
+        self.ranges = [(start, min(start + part_size, size))
+                       for start in range(0, size, part_size)] if size > part_size else [(0, size)]
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._done = [False] * len(self.ranges)
+        self._hashed = 0          # parts [0, _hashed) are in the digest
+        self._hashing = False     # one thread at a time extends the digest
+        self._sha = hashlib.sha256()
+
+    def jobs(self) -> list[Callable[[], None]]:
+        if len(self.ranges) == 1:
+            return [self._whole]
+        return [lambda index=index: self._ranged(index) for index in range(len(self.ranges))]
+
+    # -- network
+    def _get(self, byte_range: str | None) -> Any:
+        extra = {"Range": byte_range} if byte_range else {}
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.key,
+                                          IfMatch=self.remote.token, **extra)["Body"]
+        except Exception as error:
+            raise object_store.explain(self.where, error) from error
+
+    def _read(self, body: Any) -> bytes:
+        if self.stop.is_set():
+            raise _Cancelled
+        try:
+            return body.read(_CHUNK)
+        except Exception as error:
+            raise object_store.explain(self.where, error) from error
+
+    # -- a whole object in one GET, hashed as it is written
+    def _whole(self) -> None:
+        body = self._get(None)
+        try:
+            with open(self.part, "wb") as out:
+                while chunk := self._read(body):
+                    out.write(chunk)
+                    self._sha.update(chunk)
+                    self.progress.add(len(chunk))
+        finally:
+            body.close()
+        self._land()
+
+    # -- one ranged part of a large object
+    def _ranged(self, index: int) -> None:
+        start, end = self.ranges[index]
+        body = self._get(f"bytes={start}-{end - 1}")
+        try:
+            fd = self._open()
+            offset = start
+            while chunk := self._read(body):
+                if offset + len(chunk) > end:
+                    break
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
+                self.progress.add(len(chunk))
+        finally:
+            body.close()
+        if offset != end:
+            raise _changed_mid_copy(self.url, self.remote.name,
+                                    f"bytes {start}-{end - 1} came back as a different length")
+        with self._lock:
+            self._done[index] = True
+            if self._hashing:
+                return  # the thread that is hashing will take this part too
+            self._hashing = True
+        self._extend_digest()
+
+    def _open(self) -> int:
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                   0o644)
+                os.ftruncate(self._fd, self.remote.size)
+            return self._fd
+
+    def _extend_digest(self) -> None:
+        """Hash every finished part that follows the digest so far; land the file once whole."""
+        while True:
+            with self._lock:
+                if self._hashed == len(self.ranges) or not self._done[self._hashed]:
+                    self._hashing = False
+                    complete = self._hashed == len(self.ranges)
+                    break
+                start, end = self.ranges[self._hashed]
+            with open(self.part, "rb", buffering=0) as reader:  # from the page cache
+                reader.seek(start)
+                remaining = end - start
+                while remaining:
+                    if self.stop.is_set():
+                        raise _Cancelled
+                    chunk = reader.read(min(_CHUNK * 4, remaining))
+                    if not chunk:
+                        raise _changed_mid_copy(self.url, self.remote.name, "short file")
+                    self._sha.update(chunk)
+                    remaining -= len(chunk)
+            with self._lock:
+                self._hashed += 1
+        if complete:
+            self.close()
+            self._land()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _land(self) -> None:
+        _land(self.part, self.final, self.remote, self.url)
+        self.digests[self.remote.name] = self._sha.hexdigest()
+        self.progress.add(files=1)
+
+
+def _fetch_s3(fs: Any, files: list[RemoteFile], folder: Path, url: str, progress: Progress,
+              concurrency: int, digests: dict[str, str]) -> None:
+    """Concurrent GETs from a thread pool, large objects split into ranged parts."""
+    client = object_store.transfer_client(url, max(1, concurrency))
+    stop = threading.Event()
+    transfers = []
+    for remote in files:
+        bucket, key, _ = fs.split_path(remote.path)
+        transfers.append(_Transfer(client, bucket, key, remote, folder, url, PART_SIZE, progress,
+                                   stop, digests))
+    jobs = [job for transfer in transfers for job in transfer.jobs()]
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(jobs))),
+                              thread_name_prefix="stage-data")
+    try:
+        futures = [pool.submit(job) for job in jobs]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception()
+                  and not isinstance(f.exception(), _Cancelled)]
+        if failed:
+            stop.set()
+            raise failed[0].exception()  # type: ignore[misc]
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for transfer in transfers:
+            transfer.close()
+
+
+def _fetch_generic(fs: AbstractFileSystem, files: list[RemoteFile], folder: Path, url: str,
+                   progress: Progress, concurrency: int) -> None:
+    """Any other fsspec filesystem: a thread pool of get_file, then a re-check of each token."""
+
+    def fetch(remote: RemoteFile) -> None:
+        part = folder / f".{remote.name}.part"
+        fs.get_file(remote.path, str(part))
+        if _token(fs.info(remote.path)) != remote.token:
+            raise _changed_mid_copy(url, remote.name, "its checksum/mtime no longer matches")
+        _land(part, folder / remote.name, remote, url)
+        progress.add(remote.size, files=1)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for future in [pool.submit(fetch, remote) for remote in files]:
+            future.result()
+
+
+def _land(part: Path, final: Path, remote: RemoteFile, url: str) -> None:
+    size = part.stat().st_size
+    if size != remote.size:
+        raise _changed_mid_copy(url, remote.name, f"{size} bytes arrived, the listing said "
+                                f"{remote.size}")
+    os.rename(part, final)
+
+
+def _fetch(fs: AbstractFileSystem, files: list[RemoteFile], folder: Path, url: str,
+           concurrency: int, digests: dict[str, str] | None = None) -> None:
+    """Fetch ``files`` into ``folder``; the SHA-256 of what arrived goes into ``digests`` where
+    the transfer computed it (S3), so verification need not read those files again."""
+    if not files:
+        return
+    with Progress(len(files), sum(f.size for f in files)) as progress:
+        if object_store.is_s3(url):
+            _fetch_s3(fs, files, folder, url, progress, concurrency,
+                      {} if digests is None else digests)
+        else:
+            _fetch_generic(fs, files, folder, url, progress, concurrency)
+
+
+def _read_metadata_from(fs: AbstractFileSystem, remote: RemoteFile, folder: Path, url: str,
+                        concurrency: int) -> dict[str, Any]:
+    _fetch(fs, [remote], folder, url, concurrency)
+    try:
+        return json.loads((folder / METADATA_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise DatasetError(f"dataset '{object_store.public_url(url)}': {METADATA_FILE} is not "
+                           f"valid JSON: {error}") from error
+
+
+def _reusable(name: str, remote: RemoteFile, sha256: str, previous: Path,
+              manifest: dict[str, Any] | None, digests: dict[str, str]) -> bool:
+    """Whether the earlier copy's file can stand in for ``remote`` without a transfer."""
+    local = previous / name
+    if not local.is_file() or local.stat().st_size != remote.size:
+        return False
+    entry = (manifest or {}).get("files", {}).get(name)
+    if entry and entry["token"] == remote.token and entry["sha256"] == sha256:
+        return True
+    # No manifest (an older copy) or a new ETag: reuse only what hashes the same.
+    digests[name] = sha256_of(local)
+    return digests[name] == sha256
+
+
+def sha256_of_or_none(path: Path) -> str | None:
+    return sha256_of(path) if path.is_file() else None
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    # A hard link shares the bytes; files are never modified in place, so the old copy and a job
+    # still reading it are unaffected.
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+# ------------------------------------------------------------------------ staging and publishing
+
+STAGING_MARK = "~"  # never in a dataset id: `.<id>~...` names only this module's folders
+# A staging folder of another host (another pod) cannot be judged by its pid: it is removed
+# once nothing in it has changed for this long.
+FOREIGN_STALE_S = 24 * 3600
+_RENAME_EXCHANGE = 2
+_NO_EXCHANGE = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", os.uname().nodename) or "host"
+
+
+def _new_staging(target: Path) -> Path:
+    """A hidden folder beside ``target`` that names its owner: ``.<id>~<host>~<pid>~<start>~<n>``.
+    The dataset is built in its ``dataset`` subfolder; a later staging removes the folder if its
+    owner no longer runs (:func:`_remove_stale_stagings`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    owner = f"{_host()}{STAGING_MARK}{os.getpid()}{STAGING_MARK}{start_ticks(os.getpid()) or 0}"
+    while True:
+        folder = target.parent / f".{target.name}{STAGING_MARK}{owner}{STAGING_MARK}" \
+                                 f"{os.urandom(4).hex()}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+
+
+def _linked_staging(target: Path) -> Path | None:
+    """The staging folder that ``target`` links into (the layout without RENAME_EXCHANGE), or
+    None if ``target`` is not such a link."""
+    try:
+        text = os.readlink(target)
+    except OSError:
+        return None
+    first = text.split("/", 1)[0]
+    if "/" not in text or not first.startswith(f".{target.name}{STAGING_MARK}"):
+        return None  # not a link this module made: never touch what it points to
+    return target.parent / first
+
+
+def _owner_gone(folder: Path, target: Path) -> bool:
+    """Whether ``folder``'s staging was abandoned: its owner on this host no longer runs, or,
+    from another host, nothing in it changed for :data:`FOREIGN_STALE_S`."""
+    fields = folder.name[len(target.name) + 2:].split(STAGING_MARK)
+    if len(fields) != 4 or not fields[1].isdigit() or not fields[2].isdigit():
+        return False  # not named by _new_staging
+    host, pid, ticks = fields[0], int(fields[1]), int(fields[2])
+    if host == _host():
+        if ticks:
+            return start_ticks(pid) != ticks
+        try:  # no /proc when it was named: the pid alone must do
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    try:
+        changed = max(path.stat().st_mtime for path in (folder, *folder.iterdir()))
+    except OSError:
+        return False
+    return time.time() - changed > FOREIGN_STALE_S
+
+
+def _remove_stale_stagings(target: Path) -> list[Path]:
+    """Remove the staging folders of ``target`` whose owner is gone (a staging killed by SIGKILL
+    or the OOM killer leaves one, possibly with most of a dataset in it), except the one that
+    ``target`` links to. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    for folder in entries:
+        if not folder.name.startswith(f".{target.name}{STAGING_MARK}") or \
+                not _owner_gone(folder, target):
+            continue
+        if folder == _linked_staging(target):  # read again now: a stager may just have linked
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file in ``folder``, then the folder: before a rename publishes it, all of it
+    is on disk, so a crash never leaves a published dataset with empty or missing files."""
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            _sync_tree(Path(entry.path))
+        elif entry.is_file(follow_symlinks=False):
+            fsync_file(Path(entry.path))
+    fsync_folder(folder)
+
+
+def _publish(staging: Path, target: Path, replace: bool) -> bool:
+    """Make ``staging/dataset`` the dataset at ``target``; False if ``replace`` is off and a
+    complete copy was there first (theirs stays: a job may be reading it).
+
+    With RENAME_EXCHANGE (Linux, local filesystems) ``target`` is a folder, swapped with the new
+    copy in one step. Without it (NFS, CephFS), a folder cannot be replaced in one step, so the
+    first copy is published as a relative link ``target -> .<id>~<owner>/dataset`` and each new
+    copy by renaming a new link over it (atomic on every POSIX filesystem); the old copy is
+    removed only once no name leads to it. Either way a reader always finds a complete copy.
+    """
+    data = staging / "dataset"
+    _sync_tree(data)
+    parent = target.parent
+    if not target.exists() and not target.is_symlink():
+        try:
+            if _can_exchange(staging):
+                os.rename(data, target)
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                os.symlink(_link_text(staging), target)
+            fsync_folder(parent)
+            return True
+        except OSError:
+            if not target.exists():
+                raise
+            # Another stager published first: fall through, as if it had been there before.
+    if not replace and (target / METADATA_FILE).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
+    if target.is_symlink():
+        _relink(staging, target)
+        return True
+    if _exchange(data, target):
+        fsync_folder(parent)
+        shutil.rmtree(staging, ignore_errors=True)  # "dataset" in it is now the earlier copy
+        return True
+    # A folder on a filesystem without RENAME_EXCHANGE (staged there by an older sublimate): the
+    # one replacement that cannot be atomic. It moves into our staging folder and a link takes
+    # its place at once; from now on every replacement is a link's rename.
+    os.rename(target, staging / "earlier")
+    _relink(staging, target)
+    shutil.rmtree(staging / "earlier", ignore_errors=True)
+    return True
+
+
+def _link_text(staging: Path) -> str:
+    return f"{staging.name}/dataset"  # relative: the volume may be mounted anywhere
+
+
+def _relink(staging: Path, target: Path) -> None:
+    """Point the link ``target`` at ``staging/dataset`` by renaming a new link over it, then
+    remove the staging folder it pointed to before."""
+    earlier = _linked_staging(target)
+    link = staging / "link"
+    link.unlink(missing_ok=True)
+    os.symlink(_link_text(staging), link)
+    os.rename(link, target)
+    fsync_folder(target.parent)
+    if earlier is not None and earlier != staging:
+        shutil.rmtree(earlier, ignore_errors=True)
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> None:
+    """Linux's renameat2(2); ``OSError`` (``ENOSYS`` where libc has no such call)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError) as error:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", str(b)) from error
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(b))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step; False where the filesystem (or libc) cannot."""
+    try:
+        _renameat2(a, b, _RENAME_EXCHANGE)
+    except OSError as error:
+        if error.errno in _NO_EXCHANGE:
+            return False
+        raise
+    return True
+
+
+def _can_exchange(staging: Path) -> bool:
+    """Whether the filesystem of ``staging`` supports RENAME_EXCHANGE, tried on two empty
+    folders inside it (a killed probe leaves nothing outside the staging folder)."""
+    first, second = staging / "probe-a", staging / "probe-b"
+    first.mkdir()
+    second.mkdir()
+    try:
+        return _exchange(first, second)
+    finally:
+        first.rmdir()
+        second.rmdir()
+
+
+# --------------------------------------------------------------------------------------- staging
+
+def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY) -> StageReport:
+    """Copy the dataset at ``url`` to ``target`` incrementally and atomically (see module doc)."""
+    started = time.perf_counter()
+    fs, root = object_store.open_url(url)
+    listing = _list_source(fs, root, url)
+    manifest = _read_manifest(target, url)
+    if _unchanged(manifest, listing, target):
+        try:
+            verify_dataset(target)
+            _say(f"stage-data: {target} is already complete; nothing to transfer "
+                 f"({len(listing)} objects listed, source unchanged)")
+            return StageReport(target, files_reused=len(manifest["files"]),  # type: ignore[index]
+                               seconds=time.perf_counter() - started)
+        except DatasetError as error:
+            _say(f"stage-data: the earlier copy is damaged ({error}); staging again")
+            manifest = None
+    staging = _new_staging(target)
+    try:
+        data = staging / "dataset"
+        data.mkdir()
+        report, digests = _stage_into(fs, url, listing, data, target, manifest, concurrency)
+        verify_dataset(data, digests)  # hashed on the way in: no file is read twice
+        _write_manifest(data, url, listing)
+        _publish(staging, target, replace=True)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError) and not isinstance(error, DatasetError):
+            raise _os_error(url, target, error) from error
+        raise
+    report.folder, report.seconds = target, time.perf_counter() - started
+    return report
+
+
+def _stage_into(fs: AbstractFileSystem, url: str, listing: dict[str, RemoteFile], staging: Path,
+                previous: Path, manifest: dict[str, Any] | None,
+                concurrency: int) -> tuple[StageReport, dict[str, str]]:
+    report = StageReport(staging)
+    digests: dict[str, str] = {}  # SHA-256 of files already read once (while fetched or reused)
+    meta_remote = listing[METADATA_FILE]
+    entry = (manifest or {}).get("files", {}).get(METADATA_FILE)
+    if entry and entry["token"] == meta_remote.token and entry["sha256"] == sha256_of_or_none(
+            previous / METADATA_FILE):
+        _link_or_copy(previous / METADATA_FILE, staging / METADATA_FILE)
+        metadata = json.loads((staging / METADATA_FILE).read_text())
+        report.files_reused += 1
+    else:
+        metadata = _read_metadata_from(fs, meta_remote, staging, url, concurrency)
+        report.fetched.append(METADATA_FILE)
+    to_fetch = []
+    for remote, sha256 in _wanted(metadata, listing, url):
+        if _reusable(remote.name, remote, sha256, previous, manifest, digests):
+            _link_or_copy(previous / remote.name, staging / remote.name)
+            report.files_reused += 1
+        else:
+            to_fetch.append(remote)
+    _fetch(fs, to_fetch, staging, url, concurrency, digests)
+    report.fetched += [remote.name for remote in to_fetch]
+    report.files_fetched = len(report.fetched)
+    report.bytes_fetched = sum(listing[name].size for name in report.fetched)
+    return report, digests
+
+
+def _write_manifest(folder: Path, url: str, listing: dict[str, RemoteFile]) -> None:
+    """The completion marker, written last: source, and per file its size, ETag and SHA-256."""
+    metadata = json.loads((folder / METADATA_FILE).read_text())
+    digests = {shard["file"]: shard["sha256"] for split in metadata["splits"].values()
+               for shard in split["shards"]}
+    digests[METADATA_FILE] = sha256_of(folder / METADATA_FILE)
+    manifest = {
+        "source": object_store.public_url(url),
+        "completed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": {name: {"bytes": listing[name].size, "token": listing[name].token,
+                         "sha256": digest} for name, digest in sorted(digests.items())},
+    }
+    part = folder / f".{MANIFEST_FILE}.part"
+    part.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.rename(part, folder / MANIFEST_FILE)
+
+
+def _os_error(url: str, target: Path, error: OSError) -> DatasetError:
+    if error.errno == errno.ENOSPC:
+        return DatasetError(f"dataset '{object_store.public_url(url)}': disk full: no space left "
+                            f"on {target.parent} ({error.filename or 'while writing'}); "
+                            "the earlier copy, if any, is untouched")
+    return object_store.explain(url, error)
+
+
+def stage_entry_point(dataset: str, target: Path) -> Path:
+    """Build a dataset from ``py:module:function`` (the function returns ``{split: Split}``)."""
+    spec = dataset[len(ENTRY_POINT_PREFIX):]
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise DatasetError(f"dataset '{dataset}': expected py:module:function")
+    workdir = local_workdir()  # a local run imports as its user would, from where it started
+    if workdir is not None and str(workdir) not in sys.path:
+        sys.path.append(str(workdir))
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise DatasetError(f"dataset '{dataset}': cannot load {spec}: {error}") from error
+    if (target / METADATA_FILE).is_file():
+        return target
+    splits = function()
+    if not isinstance(splits, dict) or not all(isinstance(s, Split) for s in splits.values()):
+        raise DatasetError(f"dataset '{dataset}': {spec}() must return a dict of "
+                           "split name -> datasets.Split")
+    num_classes = int(max(int(s.y.max()) for s in splits.values() if len(s.y))) + 1
+    return write_dataset(target, splits, name=function_name, num_classes=num_classes,
+                         extra={"source": dataset})
+
+
+def stage_dataset(dataset: str, data_root: Path, *,
+                  concurrency: int = DEFAULT_CONCURRENCY) -> StageReport:
+    """Make ``dataset`` available under ``data_root``; report what was transferred."""
+    started = time.perf_counter()
+    target = data_root / dataset_id(dataset)
+    for folder in _remove_stale_stagings(target):
+        _say(f"stage-data: removed {folder.name}, left by a staging that was killed")
+    if dataset in BUILTIN_DATASETS or dataset.startswith(ENTRY_POINT_PREFIX):
+        complete = (target / METADATA_FILE).is_file()
+        if complete:
+            _say(f"stage-data: {target} is already complete; nothing to transfer")
+        else:
+            _build_into_place(dataset, target)
+        verify_dataset(target)
+        files = sum(1 for path in target.iterdir() if path.is_file())
+        return StageReport(target, files_reused=files if complete else 0,
+                           files_built=0 if complete else files,
+                           seconds=time.perf_counter() - started)
+    if "://" in dataset or Path(dataset).exists():
+        url = dataset if "://" in dataset else str(Path(dataset).resolve())
+        return stage_url(url, target, concurrency=concurrency)
+    if "/" in dataset or dataset.startswith("."):
+        raise DatasetError(f"dataset '{dataset}': no such directory")
+    raise DatasetError(f"dataset '{dataset}' is neither a built-in dataset "
+                       f"({', '.join(BUILTIN_DATASETS)}) nor an existing path or URL")
+
+
+def _build_into_place(dataset: str, target: Path) -> None:
+    """Build a built-in or ``py:`` dataset in a staging folder and publish it, unless another
+    stager published one first (a built dataset never changes: theirs is as good)."""
+    staging = _new_staging(target)
+    try:
+        if dataset in BUILTIN_DATASETS:
+            build_builtin(dataset, staging / "dataset")
+        else:
+            stage_entry_point(dataset, staging / "dataset")
+        _publish(staging, target, replace=False)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def stage(dataset: str, data_root: Path) -> Path:
+    """Make ``dataset`` available under ``data_root`` and return its verified folder."""
+    return stage_dataset(dataset, data_root).folder
+
+
+def summary(report: StageReport) -> str:
+    """The closing line: machine-greppable counts (tests and benchmarks read them)."""
+    built = f"built {report.files_built} files; " if report.files_built else ""
+    return (f"stage-data: {built}transferred {report.files_fetched} files, "
+            f"{report.bytes_fetched} bytes in {report.seconds:.2f}s "
+            f"({report.rate_mb_s:.1f} MB/s); reused {report.files_reused} files")
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stage-data", description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True,
+                        help="built-in name, py:module:function, path or fsspec URL")
+    parser.add_argument("--data-root", required=True, type=Path,
+                        help="folder on the shared volume that holds staged datasets")
+    parser.add_argument("--output-path", type=Path,
+                        help="file to write the staged folder's path to (an Argo output)")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help="simultaneous transfers (default %(default)s)")
+    args = parser.parse_args(None if argv is None else list(argv))
+    try:
+        report = stage_dataset(args.dataset, args.data_root, concurrency=args.concurrency)
+    except DatasetError as error:
+        from sublimate.components.base.termination import fail
+
+        return fail("stage-data", object_store.redact(str(error)))
+    folder = report.folder
+    metadata = json.loads((folder / METADATA_FILE).read_text())
+    counts = ", ".join(f"{name}={split['examples']}" for name, split in metadata["splits"].items())
+    _say(summary(report))
+    _say(f"stage-data: {metadata['name']} ready at {folder} ({counts}) "
+         f"in {report.seconds:.2f}s")
+    if args.output_path:
+        args.output_path.parent.mkdir(parents=True, exist_ok=True)
+        args.output_path.write_text(str(folder))
+    return 0
+
+
+DEFAULT_CREDENTIALS_SECRET = "sublimate-s3"
+
+
+def template(name: str = "stage-data", credentials_secret: str = DEFAULT_CREDENTIALS_SECRET,
+             **step_options: object):
+    """The ``stage-data`` step: input ``dataset``; output ``dataset-dir`` (the staged folder).
+
+    Object-store credentials and endpoint come from the Kubernetes Secret
+    ``credentials_secret`` (every key optional); locally, from the usual AWS variables.
+    """
+    from sublimate.components.base.runtime import DATASETS_PATH, python_step
+    from sublimate.components.data.object_store import credentials_env
+
+    return python_step(
+        name, "sublimate.components.steps.stage_data",
+        inputs={"dataset": "--dataset"},
+        outputs={"dataset-dir": "--output-path"},
+        extra_args=["--data-root", DATASETS_PATH],
+        env=credentials_env(credentials_secret),
+        **step_options,  # type: ignore[arg-type]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
