@@ -10,8 +10,9 @@ import pytest
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan, place_gpus
+from sublimate.components.launch.launcher import build_app, scheduler_config
 from sublimate.components.launch.netns_scheduler import host_gpu_count
-from sublimate.components.steps.train import build_app, main, parse_args, scheduler_config
+from sublimate.components.steps.train import main, parse_args
 
 ARGS = ["--data-dir", "/srv/datasets/digits", "--run-dir", "/srv/runs/r1"]
 

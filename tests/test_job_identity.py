@@ -22,14 +22,14 @@ from sublimate.components.launch.cluster_job import (
     make_runner,
     previous_job_action,
 )
-from sublimate.components.steps.train import (
+from sublimate.components.launch.launcher import (
     FAILED,
     SUCCEEDED,
     build_app,
-    parse_args,
     run_attempt,
     scheduler_config,
 )
+from sublimate.components.steps.train import parse_args
 
 RUNS = Path("/mnt/sublimate/runs")
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--runs-root", str(RUNS),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.base.settings import SettingError, check
-from sublimate.components.steps import train
+from sublimate.components.launch import launcher
 from tests.conftest import (
     REPO,
     finish_run,
@@ -101,20 +101,20 @@ def test_own_loop_with_the_library_bmuf_on_two_nodes_resumes_after_a_kill(
 
 def test_entrypoint_arguments_expand_only_the_contract() -> None:
     env = {"SUBLIMATE_DATA_DIR": "/data/x", "SUBLIMATE_RUN_DIR": "/runs/y", "OTHER": "z"}
-    assert train.entrypoint_arguments(
+    assert launcher.entrypoint_arguments(
         "--data $SUBLIMATE_DATA_DIR --out=${SUBLIMATE_RUN_DIR}/m '$HOME' $OTHER", env) == [
         "--data", "/data/x", "--out=/runs/y/m", "$HOME", "$OTHER"]
 
 
 def test_entrypoint_problems_name_the_entrypoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SUBLIMATE_LOCAL_CWD", str(REPO))
-    assert train.entrypoint_problem(PLAIN, local=True) is None
-    assert train.entrypoint_problem("examples.cnn_bmuf.train", local=True) is None
-    assert train.entrypoint_problem("examples/nope.py", local=True) == \
+    assert launcher.entrypoint_problem(PLAIN, local=True) is None
+    assert launcher.entrypoint_problem("examples.cnn_bmuf.train", local=True) is None
+    assert launcher.entrypoint_problem("examples/nope.py", local=True) == \
         f"entrypoint 'examples/nope.py': no such script ({REPO / 'examples/nope.py'})"
-    assert train.entrypoint_problem("examples.nope:main", local=True) == \
+    assert launcher.entrypoint_problem("examples.nope:main", local=True) == \
         "entrypoint 'examples.nope:main': no module named 'examples.nope'"
-    assert "No module named 'nopkg'" in train.entrypoint_problem("nopkg.sub", local=True)
+    assert "No module named 'nopkg'" in launcher.entrypoint_problem("nopkg.sub", local=True)
 
 
 def test_a_bad_entrypoint_fails_the_run_in_one_line(tmp_path: Path) -> None:

@@ -84,7 +84,8 @@ def test_real_rpc_trainers_have_every_push_applied_once_within_the_staleness_bou
               "--global-batch-size", str(GLOBAL_BATCH), "--staleness-bound", str(BOUND),
               "--eval-every-epoch", "false", "--checkpoint-every", "0",
               "--metrics-port", "0"]  # OS-chosen: no clash with anything else on the machine
-    # What the TorchX app gives these processes (components/steps/train.py: async_app, _worker_env)
+    # What the TorchX app gives these processes (components/launch/apps.py: parameter_server,
+    # _worker_env)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     module = [sys.executable, "-m", "sublimate.components.processes.async_sgd"]
     roles = {"ps": ["ps"], **{f"trainer{i}": ["trainer", "--trainer-id", str(i)]

@@ -72,8 +72,9 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Add a setting in one place: the pipeline's parameter (UI form, types annotation), the
     train template's input, the launcher's flag, and the worker's argument all follow."""
+    from sublimate.components.launch import launcher
     from sublimate.components.processes import worker
-    from sublimate.components.steps import train as launcher
+    from sublimate.components.steps import train
     from sublimate.pipelines.train import train_pipeline
 
     dropout = S.Setting("dropout", 0.1, "Dropout probability of the hidden layers.",
@@ -95,7 +96,7 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
     assert {"name": "dropout", "value": "{{workflow.parameters.dropout}}"} in \
         task["arguments"]["parameters"]
 
-    args = launcher.parse_args(["--data-dir", str(tmp_path), "--run-dir", str(tmp_path),
+    args = train.parse_args(["--data-dir", str(tmp_path), "--run-dir", str(tmp_path),
                                 "--dropout", "0.3"])
     assert args.dropout == 0.3
     flags = launcher.training_flags(args)

@@ -67,12 +67,13 @@ def test_the_launcher_submits_without_importing_torch(digits: Path, tmp_path: Pa
     # torch takes about a second to import: the workers need it, the launcher must not pay it
     program = (
         "import sys\n"
-        "from sublimate.components.launch import cluster_job\n"
+        "from sublimate.components.data import datasets\n"
+        "from sublimate.components.launch import cluster_job, launcher\n"
         "from sublimate.components.steps import train\n"
         f"args = train.parse_args(['--data-dir', {str(digits)!r}, '--run-dir', "
         f"{str(tmp_path / 'run')!r}])\n"
-        "assert train.data_problem(args.data_dir, args.global_batch_size, True) is None\n"
-        "train.build_app(args, 'local_cwd')\n"
+        "assert datasets.data_problem(args.data_dir, args.global_batch_size, True) is None\n"
+        "launcher.build_app(args, 'local_cwd')\n"
         "cluster_job.make_runner('local_cwd')\n"
         "print(sorted(m for m in ('torch', 'prometheus_client') if m in sys.modules))\n")
     completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,

@@ -9,15 +9,11 @@ import pytest
 import torch
 
 from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch.apps import trainer
 from sublimate.components.launch.cluster_job import make_runner
-from sublimate.components.steps.train import (
-    build_app,
-    choose_scheduler,
-    follow_logs,
-    parse_args,
-    trainer,
-    whole_lines,
-)
+from sublimate.components.launch.launcher import build_app, choose_scheduler
+from sublimate.components.launch.logs import follow_logs, whole_lines
+from sublimate.components.steps.train import parse_args
 
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1"]
 
@@ -160,8 +156,8 @@ def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
 
 def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from sublimate.components.launch import launcher as train
     from sublimate.components.launch.cluster_job import job_name
-    from sublimate.components.steps import train
 
     (tmp_path / "namespace").write_text("ml-team\n")
     monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)

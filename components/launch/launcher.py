@@ -1,0 +1,407 @@
+"""The train step's launcher: submits the training job through TorchX and follows it to its end.
+
+:func:`launch` takes the run folder's lock, then runs attempts (:func:`run_attempt`): each builds
+the job's ``AppDef`` from the step's settings (:func:`build_app`, over the TorchX components of
+:mod:`.apps`), submits it to a TorchX scheduler (``local_cwd`` or ``local_netns`` on one machine,
+``kubernetes`` in a cluster pod), follows its logs (:mod:`.logs`) and its progress (the
+watchdog), and ends in one of ``SUCCEEDED``, ``FAILED``, ``STALLED``, ``LOST`` or ``STOPPED``; a
+stalled job or a lost node is relaunched from the last checkpoint (``max-restarts`` times).
+Stopping the step cancels the job.
+
+Only light imports here: everything before the job's submission is start-up time the user waits
+through, and torch alone takes about a second to import (the workers need it, the launcher does
+not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sublimate.components.base import run_files
+from sublimate.components.base import settings as declared
+from sublimate.components.base.contract import contract_env, is_script, locate_entrypoint
+from sublimate.components.base.settings import to_flags, worker_settings
+from sublimate.components.base.termination import fail
+from sublimate.components.launch.apps import parameter_server, trainer
+from sublimate.components.launch.cluster_job import (
+    LOCAL_SCHEDULERS,
+    claim_job,
+    job_handle,
+    job_name,
+    make_runner,
+)
+from sublimate.components.launch.gpu_plan import gpu_plan, place_gpus
+from sublimate.components.launch.logs import follow_logs
+from sublimate.components.launch.run_lock import RunLock, RunLockBusy, lock_owner
+from sublimate.components.monitoring import metrics, watchdog
+
+if TYPE_CHECKING:
+    from torchx import specs
+
+# The step whose launcher this is: its settings (``settings(step=STEP)``) and the prefix of
+# every line the launcher writes.
+STEP = "train"
+# How often the launcher asks the scheduler whether the job ended: a local process table is
+# cheap to poll, a Kubernetes API server is not.
+POLL_SECONDS = {"local_cwd": 0.05, "local_netns": 0.05, "kubernetes": 0.25}
+
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
+    if scheduler == "local_cwd":
+        return {"log_dir": str(args.run_dir / run_files.LOGS)}
+    if scheduler == "local_netns":
+        from sublimate.components.base.runtime import SHARED_VOLUME_PATH
+
+        # Each node sees the shared volume at its cluster path too, as a pod would.
+        volume = {"volume": f"{args.runs_root.parent}:{SHARED_VOLUME_PATH}"} \
+            if args.runs_root else {}
+        return {"log_dir": str(args.run_dir / run_files.LOGS), **volume,
+                **{option: value for option, value in (
+                    ("link_rate", args.link_rate), ("link_delay", args.link_delay),
+                    ("link_loss", args.link_loss)) if value}}
+    namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
+    # The job runs next to the workflow, in the namespace of the pod that launches it.
+    namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
+    return {"queue": args.queue, "namespace": namespace,
+            "job_name": job_name(args.workflow_name, args.run_dir)}
+
+
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def choose_scheduler(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ and "SUBLIMATE_LOCAL_RUN" not in os.environ
+    return "kubernetes" if in_cluster else "local_cwd"
+
+
+def training_flags(args: argparse.Namespace) -> list[str]:
+    """The settings the workers of ``args.algorithm`` read, as their command-line flags."""
+    return to_flags(vars(args), worker_settings([args.algorithm]))
+
+
+def job_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The train step's settings, typed, by attribute: ``$SUBLIMATE_SETTINGS`` of the contract."""
+    return {setting.attribute: getattr(args, setting.attribute)
+            for setting in declared.settings(step=STEP)}
+
+
+def entrypoint_arguments(text: str, env: dict[str, str]) -> list[str]:
+    """``entrypoint-args`` split like a shell line, with the contract's variables expanded
+    (``--data $SUBLIMATE_DATA_DIR``), so that a script that knows nothing of sublimate can be
+    told where things are; other ``$`` text is left as it is."""
+    names = "|".join(re.escape(name) for name in env if name.startswith("SUBLIMATE_"))
+    pattern = re.compile(rf"\$(?:\{{({names})\}}|({names})\b)")
+    return [pattern.sub(lambda match: env[match.group(1) or match.group(2)], arg)
+            for arg in shlex.split(text)]
+
+
+def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
+    """Why the workers could not start ``entrypoint``, in one line (None: they can, as far as
+    the launcher can tell; in a cluster the launcher's image is the workers')."""
+    import importlib.util
+
+    target, pythonpath = locate_entrypoint(entrypoint, local)
+    if is_script(target):
+        return None if Path(target).is_file() else \
+            f"entrypoint '{entrypoint}': no such script ({target})"
+    module = target.partition(":")[0]
+    if pythonpath and pythonpath not in sys.path:
+        sys.path.insert(0, pythonpath)
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as error:  # a parent package is missing
+        return f"entrypoint '{entrypoint}': {error}"
+    return None if found else f"entrypoint '{entrypoint}': no module named '{module}'"
+
+
+def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
+    local = scheduler in LOCAL_SCHEDULERS
+    common = {
+        "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
+        "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
+        "mounts": None if local else args.mount, "name": f"sublimate-{args.algorithm}",
+        "env": {
+            # The workers time their start-up from this launcher's start (train-summary.json).
+            **({metrics.LAUNCH_TIME_ENV: f"{args.launch_time:.3f}"}
+               if getattr(args, "launch_time", None) else {}),
+            # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
+            # machine they stay on loopback.
+            **({} if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"}),
+        },
+    }
+    # Simulated nodes share one host, so each local job needs its own rendezvous port.
+    port = _free_port() if local else 29500
+    # Every training process gets the contract (dataset, run folder, settings: contract.py);
+    # the built-in workers read the same through their flags.
+    common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
+    paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
+    layout = {"nodes": int(args.nodes), "min_nodes": getattr(args.nodes, "minimum", args.nodes),
+              "procs_per_node": args.procs_per_node, "rdzv_port": port,
+              "max_restarts": args.max_restarts,
+              "rendezvous_timeout": int(args.rendezvous_timeout)}
+    if args.entrypoint:
+        target, pythonpath = locate_entrypoint(args.entrypoint, local)
+        if pythonpath:
+            common["env"]["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
+        return trainer(
+            *entrypoint_arguments(args.entrypoint_args, common["env"]), entrypoint=target,
+            framework=args.framework, **layout, **common)
+    if args.algorithm == "async":
+        return parameter_server(
+            *paths, *training_flags(args),
+            trainers=int(args.nodes) * args.procs_per_node, rpc_port=port, **common)
+    return trainer("--algorithm", args.algorithm, *paths, *training_flags(args), **layout,
+                   **common)
+
+
+def make_watchdog(args: argparse.Namespace, attempt: str | None) -> watchdog.Watchdog | None:
+    """The launcher's progress watchdog for one attempt (None: off, or async, whose processes
+    write no heartbeats); ``attempt`` None judges every heartbeat written from now on."""
+    if args.algorithm == "async" or not args.stall_seconds:
+        return None
+    # An elastic job may go on with fewer nodes: only the ranks it always has are judged.
+    world = getattr(args.nodes, "minimum", args.nodes) * args.procs_per_node
+    return watchdog.Watchdog(args.run_dir, args.stall_seconds, world,
+                             startup_seconds=args.startup_seconds, attempt=attempt,
+                             nodes={rank: f"node{rank // args.procs_per_node}"
+                                    for rank in range(world)})
+
+
+def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
+    """Whether to judge progress now: own code that does not use sublimate's library writes no
+    heartbeats, so its watchdog waits for the first one."""
+    if dog is None:
+        return False
+    return not args.entrypoint or any(watchdog.progress_dir(args.run_dir).glob("rank-*.json"))
+
+
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Submit the job and wait for it; relaunch it from the last checkpoint when the watchdog
+    finds it stalled or a node is lost (``max-restarts`` times; torchrun's own restarts cover
+    a crashed worker on a node that is still there)."""
+    scheduler = choose_scheduler(args.scheduler)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.dryrun:  # writes nothing in the run folder: no lock to take
+        return _launch(args, scheduler)
+    lock = RunLock(args.run_dir, lock_owner(args.workflow_name, args.run_dir))
+    try:
+        takeover = lock.acquire()
+    except RunLockBusy as error:
+        return fail(STEP, str(error))
+    try:
+        if takeover:
+            print(f"train: {takeover}", file=sys.stderr, flush=True)
+        return _launch(args, scheduler)
+    finally:
+        lock.release()
+
+
+def _launch(args: argparse.Namespace, scheduler: str) -> int:
+    started = time.perf_counter()
+    with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
+        for attempt in range(args.max_restarts + 1):
+            outcome = run_attempt(runner, args, scheduler, attempt)
+            if outcome not in (STALLED, LOST):
+                break
+            if attempt < args.max_restarts:
+                print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} of "
+                      f"{args.max_restarts})", file=sys.stderr, flush=True)
+        if outcome != SUCCEEDED:
+            return 143 if outcome == STOPPED else 1
+    if args.dryrun:
+        return 0
+    startup = _startup_line(args.run_dir)
+    if startup:
+        print(f"train: {startup}", flush=True)
+    where = f"results in {args.run_dir}" if args.entrypoint and not (
+        args.run_dir / run_files.MODEL).is_file() else f"model at {args.run_dir / run_files.MODEL}"
+    print(f"train: finished in {time.perf_counter() - started:.1f}s; {where}", flush=True)
+    for output, value in ((args.model_path_output, args.run_dir / run_files.MODEL),
+                          (args.run_dir_output, args.run_dir)):
+        if output:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(str(value))
+    return 0
+
+
+# How one attempt ended; a stalled job or a lost node is relaunched from the last checkpoint.
+SUCCEEDED, FAILED, STALLED, LOST, STOPPED = "succeeded", "failed", "stalled", "lost", "stopped"
+
+
+def enough_nodes(args: argparse.Namespace, status: object) -> bool:
+    """Whether an elastic job still has its minimum of nodes (running or finished well)."""
+    from torchx.specs import AppState
+
+    minimum = getattr(args.nodes, "minimum", args.nodes)
+    if minimum >= int(args.nodes):
+        return False
+    replicas = [replica for role in getattr(status, "roles", None) or []
+                if role.role == "worker" for replica in role.replicas]
+    return sum(replica.state in (AppState.RUNNING, AppState.SUCCEEDED)
+               for replica in replicas) >= minimum
+
+
+def lost_replicas(status: object, ended: bool = False) -> list[str]:
+    """Nodes that failed (while others still run, unless ``ended``), as ``node<i>
+    (<address>)``, from schedulers that report replicas one by one (local_netns, kubernetes)."""
+    from torchx.specs import AppState
+
+    roles = getattr(status, "roles", None) or []
+    replicas = [replica for role in roles for replica in role.replicas]
+    if not ended and not any(replica.state == AppState.RUNNING for replica in replicas):
+        return []  # the job as a whole ended: its own state says how
+    return [f"node{replica.id}" + (f" ({replica.hostname})" if replica.hostname else "")
+            for role in roles for replica in role.replicas
+            if replica.state == AppState.FAILED and role.role == "worker"]
+
+
+def end_hung_workers(run_dir: Path, attempt: str) -> None:
+    """End this attempt's workers for good after a stall was cancelled.
+
+    A frozen worker (stopped, or stuck where signals wait) outlives the SIGTERM of a cancel,
+    and a peer waiting for it in a collective lives on until the collective timeout; on
+    ``local_cwd`` their process ids are in their heartbeats (``local_netns`` nodes are their own
+    PID namespaces, ended with them; a pod ends with its pod).
+    """
+    for beat in watchdog.read_heartbeats(run_dir, attempt).values():
+        if beat.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(beat.pid, signal.SIGKILL)
+
+
+def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
+    """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
+    STALLED (the watchdog stopped it), LOST (a node died while the others waited for it) or
+    STOPPED (the step was stopped)."""
+    from torchx.specs import AppState
+
+    attempt_started = time.time()
+    app = build_app(args, scheduler)
+    cfg: dict[str, object] = dict(scheduler_config(args, scheduler))
+    if scheduler in LOCAL_SCHEDULERS:
+        place_gpus(app, cfg, gpu_plan(args, app))  # main() refused a shortage, said a fallback
+    if args.dryrun:
+        print(runner.dryrun(app, scheduler, cfg=cfg))  # type: ignore[attr-defined]
+        return SUCCEEDED
+    attempt_id = f"{os.getpid()}-{attempt}-{time.time():.3f}"
+    for role in app.roles:  # the end of the launcher's own share of the start-up
+        role.env[metrics.SUBMIT_TIME_ENV] = f"{time.time():.3f}"
+        role.env[watchdog.ATTEMPT_ENV] = attempt_id
+        if attempt:  # a relaunch's start-up begins with it, not with the stalled attempt
+            role.env[metrics.LAUNCH_TIME_ENV] = f"{attempt_started:.3f}"
+    # On a cluster the job has this step's name: an earlier attempt's job may be there.
+    handle = job_handle(runner, scheduler, cfg) if scheduler == "kubernetes" else ""
+    try:
+        attached = bool(handle) and claim_job(runner, handle, fresh=attempt > 0)
+    except RuntimeError as error:  # the job under this step's name would not go
+        print(f"train: error: {error}", file=sys.stderr, flush=True)
+        return FAILED
+    # The job followed was started with another attempt id: judge the heartbeats written from
+    # now on, whatever attempt wrote them.
+    dog = make_watchdog(args, None if attached else attempt_id)
+    # Caught from before the submission: a SIGTERM between the job's start and the wait below
+    # must cancel the job too, not end this launcher and orphan the job's processes.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    status, stalled, lost, streams = None, None, [], []
+    try:
+        if not attached:
+            handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+            what = f"entrypoint {args.entrypoint}" if args.entrypoint \
+                else f"algorithm {args.algorithm}"
+            print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
+                  f"procs, {what})", flush=True)
+        streams = follow_logs(runner, handle, app, scheduler)
+        poll = POLL_SECONDS.get(scheduler, 0.25)
+        next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
+        while not stop.is_set():
+            status = runner.status(handle)  # type: ignore[attr-defined]
+            if status is None or status.is_terminal():
+                break
+            lost = lost_replicas(status)
+            if lost and enough_nodes(args, status):
+                lost = []  # elastic: the others go on without it
+            if lost:
+                break  # a node died while the others wait for it (rendezvous or a collective)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
+                stalled = dog.check() if _watched(args, dog) else None  # type: ignore[union-attr]
+                if stalled is not None:
+                    break
+            stop.wait(poll)  # a SIGTERM ends the wait at once
+    except KeyboardInterrupt:
+        stop.set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stop.is_set():
+        if handle:  # empty when stopped before the submission returned a handle
+            runner.cancel(handle)  # type: ignore[attr-defined]
+        print("train: stopped; cancelled the training job", file=sys.stderr)
+        return STOPPED
+    if stalled is not None:
+        runner.cancel(handle)  # type: ignore[attr-defined]
+        if scheduler == "local_cwd":
+            end_hung_workers(args.run_dir, attempt_id)
+        print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
+        return STALLED
+    if lost:
+        runner.cancel(handle)  # type: ignore[attr-defined]
+        print(f"train: error: lost {', '.join(lost)} while the job ran; stopped the others",
+              file=sys.stderr, flush=True)
+        return LOST
+    for stream in streams:
+        stream.join(timeout=5)
+    lost = lost_replicas(status, ended=True)
+    if status is not None and status.state == AppState.FAILED and lost \
+            and enough_nodes(args, status):
+        print(f"train: finished on {int(args.nodes) - len(lost)} of {int(args.nodes)} nodes "
+              f"(elastic, lost {', '.join(lost)})", flush=True)
+        return SUCCEEDED
+    if status is None or status.state != AppState.SUCCEEDED:
+        state = status.state.name if status else "UNKNOWN"
+        runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running
+        print(f"train: error: training job {handle} ended {state}", file=sys.stderr)
+        for role in status.roles if status else []:
+            for replica in role.replicas:
+                if replica.state != AppState.SUCCEEDED:
+                    print(f"train: {role.role} replica {replica.id} ended "
+                          f"{replica.state.name}", file=sys.stderr)
+        return FAILED
+    return SUCCEEDED
+
+
+def _startup_line(run_dir: Path) -> str | None:
+    """The workers' launch-to-first-step figures from the run's summary, as one log line."""
+    try:
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+        total, phases = summary["launch_to_first_step_seconds"], summary["startup"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return metrics.format_startup(total, phases) if total is not None else None
+
+
