@@ -14,13 +14,13 @@ from typing import Any
 # pipeline name -> "module:function" returning a Hera workflow object; imported on demand so
 # `sublimate run FILE.yaml` never pays for Hera.
 PIPELINES: dict[str, str] = {
-    "train": "sublimate.pipelines.train:train_pipeline",
-    "retrain": "sublimate.pipelines.retrain:retrain_pipeline",
-    "sweep": "sublimate.pipelines.sweep:sweep_pipeline",
+    "train": "sublimate.pipelines.sublimate_train:train_pipeline",
+    "retrain": "sublimate.pipelines.sublimate_retrain:retrain_pipeline",
+    "sweep": "sublimate.pipelines.sublimate_sweep:sweep_pipeline",
 }
 # Argo documents of the install, beyond the pipelines themselves.
 SCHEDULES: dict[str, str] = {
-    "train-nightly": "sublimate.pipelines.train:nightly_retraining",
+    "train-nightly": "sublimate.pipelines.sublimate_train:nightly_retraining",
 }
 # label sublimate.dev/pipeline -> "module:function" checking the resolved parameters' cross-setting
 # rules before any step runs (raises SettingError); light modules only: no Hera, no torch.

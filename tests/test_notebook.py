@@ -46,7 +46,7 @@ def test_the_notebook_builds_its_pipeline_from_the_public_api() -> None:
                  "train_pipeline()"):
         assert call in source, call
     # what the README does not show: internals a user would have to dig out of the code
-    for internal in ("sublimate.pipelines.parameters", "TEMPLATE_INPUTS", "PARAMETERS",
+    for internal in ("sublimate.pipelines.typed_parameters", "TEMPLATE_INPUTS", "PARAMETERS",
                      "tempfile"):
         assert internal not in source, internal
 

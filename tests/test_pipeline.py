@@ -9,8 +9,8 @@ import yaml
 
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.lint import lint_document
-from sublimate.pipelines.parameters import TYPES_ANNOTATION
 from sublimate.pipelines.render import render_all, render_dict
+from sublimate.pipelines.typed_parameters import TYPES_ANNOTATION
 from tests.conftest import REPO
 
 

@@ -51,7 +51,7 @@ def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None
 
 
 def test_every_pipeline_parameter_is_documented_in_the_readme() -> None:
-    from sublimate.pipelines.train import pipeline_parameters
+    from sublimate.pipelines.sublimate_train import pipeline_parameters
 
     readme = (REPO / "README.md").read_text()
     missing = [p.name for p in pipeline_parameters() if f"`{p.name}`" not in readme]

@@ -18,7 +18,7 @@ from sublimate.components.monitoring.run_report import (
     write_report,
 )
 from sublimate.pipelines.cli.report import add_report_command
-from sublimate.pipelines.report import resolve_run
+from sublimate.pipelines.run_lookup import resolve_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -26,6 +26,7 @@ import yaml
 from sublimate.pipelines.runner import ManifestError, load_manifest
 from sublimate.pipelines.runner.fields import (
     CLUSTER_ONLY,
+    CLUSTER_ONLY_FIELDS,
     FIELDS,
     REFUSED,
     SUPPORTED,
@@ -33,7 +34,6 @@ from sublimate.pipelines.runner.fields import (
     paths_with,
 )
 from sublimate.pipelines.runner.manifest import (
-    CLUSTER_ONLY_FIELDS,
     check_workflow,
     cluster_only_fields,
     cluster_only_note,

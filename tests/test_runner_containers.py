@@ -1,5 +1,5 @@
 """Pods of several containers: containerSet, initContainers and sidecars, run locally as Argo
-runs them (pipelines/runner/containers.py cites the Argo sources). Each manifest is ours; each
+runs them (pipelines/runner/container_set.py cites the Argo sources). Each manifest is ours; each
 test asserts the phases, messages and outputs Argo gives."""
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sublimate.pipelines.runner import ManifestError
-from sublimate.pipelines.runner.expr import evaluate, go_format, output_parameter, render_tag
-from sublimate.pipelines.runner.expressions import ExpressionError, evaluate_when
+from sublimate.pipelines.runner.conditions import ExpressionError, evaluate_when
+from sublimate.pipelines.runner.expr_lang import evaluate, go_format, output_parameter, render_tag
 from sublimate.pipelines.runner.harness import WorkflowRun, run
 
 SCOPE = {
@@ -361,7 +361,7 @@ def test_when_with_an_unquoted_hyphenated_word_errors(tmp_path: Path) -> None:
 def test_a_run_without_expressions_does_not_load_lark() -> None:
     code = ("import sys; from sublimate.pipelines.runner.manifest import check_workflow; "
             "import sublimate.pipelines.runner.engine; "
-            "print('lark' in sys.modules, 'sublimate.pipelines.runner.expr' in sys.modules)")
+            "print('lark' in sys.modules, 'sublimate.pipelines.runner.expr_lang' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]

@@ -21,7 +21,7 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
-from sublimate.pipelines.runner.expressions import ExpressionError
+from sublimate.pipelines.runner.conditions import ExpressionError
 from sublimate.pipelines.runner.hooks import (
     evaluate_hook_expression,
 )

@@ -1,5 +1,5 @@
-"""Container mode (``sublimate run --containers``, pipelines/runner/in_images.py): each step runs
-in its template's own image through buildah's chroot isolation, the only engine that runs here.
+"""Container mode (``sublimate run --containers``, pipelines/runner/images/executor.py): each step
+runs in its template's own image through buildah's chroot isolation, the only engine that runs here.
 
 Two tiny images are built from the static busybox for the session (``images``), each with an
 ``/etc/image-name`` of its own; the manifests are ours. docker's and podman's command lines
@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from sublimate.pipelines.runner import RunOptions
-from sublimate.pipelines.runner.container_engines import (
+from sublimate.pipelines.runner.engine import run_workflow
+from sublimate.pipelines.runner.images.engines import (
     ENGINE_CLASSES,
     ENGINES,
     Buildah,
@@ -33,13 +34,12 @@ from sublimate.pipelines.runner.container_engines import (
     choose_engine,
     path_in_root,
 )
-from sublimate.pipelines.runner.engine import run_workflow
-from sublimate.pipelines.runner.in_images import Keeper
+from sublimate.pipelines.runner.images.executor import Keeper
 from sublimate.pipelines.runner.mounts import Bind
 from tests.conftest import REPO, require, run_cli
 
 BUSYBOX = Path("/bin/busybox")
-PREFIX = f"sublimate-{os.getpid()}-"  # this process's containers (in_images names them so)
+PREFIX = f"sublimate-{os.getpid()}-"  # this process's containers (images.executor names them so)
 
 
 def _buildah(*args: str, check: bool = True) -> str:
@@ -529,7 +529,7 @@ def test_an_unknown_engine_is_refused() -> None:
 
 def test_the_keeper_needs_only_the_standard_library() -> None:
     """The keeper runs as a script without the package (python -I -S): standard library only."""
-    source = (REPO / "pipelines/runner/container_keeper.py").read_text()
+    source = (REPO / "pipelines/runner/images/keeper.py").read_text()
     imports = {line.split()[1] for line in source.splitlines()
                if line.startswith(("import ", "from "))}
     assert imports <= {"__future__", "contextlib", "json", "os", "signal", "subprocess", "sys",

@@ -22,13 +22,13 @@ from sublimate.pipelines.runner import (
     run_workflow,
     unsupported_fields,
 )
-from sublimate.pipelines.runner.durations import parse_duration
-from sublimate.pipelines.runner.expressions import (
+from sublimate.pipelines.runner.conditions import (
     ExpressionError,
     depends_references,
     evaluate_when,
     parse_depends,
 )
+from sublimate.pipelines.runner.durations import parse_duration
 
 HEAD = "apiVersion: argoproj.io/v1alpha1\n"
 

@@ -30,8 +30,8 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
+from sublimate.pipelines.runner.conditions import parse_depends
 from sublimate.pipelines.runner.dag import DagPlan, describe_depends
-from sublimate.pipelines.runner.expressions import parse_depends
 
 Script = PodOutcome | list[PodOutcome] | Callable[[PodRequest], PodOutcome]
 

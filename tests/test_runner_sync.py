@@ -12,7 +12,7 @@ import pytest
 
 from sublimate.pipelines.argo_terms import NodePhase
 from sublimate.pipelines.runner import ManifestError, RunOptions, load_manifest, run_workflow
-from sublimate.pipelines.runner.model import RunEvent
+from sublimate.pipelines.runner.run_types import RunEvent
 
 FAIL_FAST = "template has failed or errored children and failFast enabled"
 

@@ -75,7 +75,7 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
     from sublimate.components.launch import launcher
     from sublimate.components.processes import worker
     from sublimate.components.steps import train
-    from sublimate.pipelines.train import train_pipeline
+    from sublimate.pipelines.sublimate_train import train_pipeline
 
     dropout = S.Setting("dropout", 0.1, "Dropout probability of the hidden layers.",
                         kind="number", minimum=0, maximum=1)

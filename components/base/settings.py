@@ -4,12 +4,13 @@ Each :class:`Setting` is the single source of a training knob: its name (the pip
 template input and the ``--flag`` of the launcher and the workers), type, default, bounds or
 choices, description (the Argo UI's tooltip and the ``--help`` text), which paradigms it applies to,
 and who reads it (the launcher only, or passed on to every worker). From the declaration come the
-pipeline's parameters and their types annotation (:mod:`sublimate.pipelines.train`), the template's
-inputs and the launcher's flags (:mod:`sublimate.components.steps.train`), the workers' arguments
-(:mod:`sublimate.components.processes.worker`, :mod:`sublimate.components.processes.async_sgd`) and
-each paradigm's typed configuration (:func:`paradigm_config`). Rules that tie settings together live
-in :func:`check` and run before any step starts (``sublimate run``/``submit``) and again inside the
-step, with the same code and the same one-line message.
+pipeline's parameters and their types annotation (:mod:`sublimate.pipelines.sublimate_train`), the
+template's inputs and the launcher's flags (:mod:`sublimate.components.steps.train`), the workers'
+arguments (:mod:`sublimate.components.processes.worker`,
+:mod:`sublimate.components.processes.async_sgd`) and each paradigm's typed configuration
+(:func:`paradigm_config`). Rules that tie settings together live in :func:`check` and run before any
+step starts (``sublimate run``/``submit``) and again inside the step, with the same code and the
+same one-line message.
 
 Adding a setting is one entry in :data:`SETTINGS` (plus the code that uses it).
 """

@@ -10,7 +10,7 @@ accuracy), ``metrics/<label>.jsonl`` (one record per epoch from every training p
     loss.png  accuracy.png  throughput.png  time-split.png
 
 The evaluate step writes it at the end of every pipeline run; ``sublimate report RUN [RUN...]``
-(:mod:`sublimate.pipelines.report`, which finds a run by any of its names) prints and
+(:mod:`sublimate.pipelines.run_lookup`, which finds a run by any of its names) prints and
 regenerates it, and with several runs draws them in one comparison plot, each run labelled by
 what differs between them. matplotlib is imported lazily (Agg backend) and is optional: without
 it only the JSON is written.

@@ -100,7 +100,7 @@ def _cluster(args: argparse.Namespace, running: bool = True) -> Cluster:
     reference = Path(args.run).expanduser()
     try:
         if not reference.exists() and "/" not in args.run:
-            from sublimate.pipelines.report import ReportError, resolve_run
+            from sublimate.pipelines.run_lookup import ReportError, resolve_run
 
             try:
                 reference = resolve_run(args.run)

@@ -314,8 +314,8 @@ class _RunHelp(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
-        from sublimate.pipelines.parameters import describe_parameters
-        from sublimate.pipelines.train import pipeline_parameters
+        from sublimate.pipelines.sublimate_train import pipeline_parameters
+        from sublimate.pipelines.typed_parameters import describe_parameters
 
         parser.print_help()
         print(f"\nparameters of the '{DEFAULT_PIPELINE}' pipeline (-p NAME=VALUE):")

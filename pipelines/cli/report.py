@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sublimate.pipelines.report import (
+from sublimate.pipelines.run_lookup import (
     REPORT_DIR,
     ReportError,
     compare,

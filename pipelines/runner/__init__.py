@@ -3,7 +3,7 @@
 ``load_manifest`` reads a Workflow, WorkflowTemplate or CronWorkflow; ``run_workflow`` checks
 it against the supported feature set (``unsupported_fields``), resolves parameters and runs
 every container/script template as a local process group (or in its image with
-``RunOptions(containers=...)``: ``in_images``), with DAG/steps semantics, loops,
+``RunOptions(containers=...)``: ``images``), with DAG/steps semantics, loops,
 conditions, retries, deadlines, artifacts and volumes following Argo.
 
 Deciding what runs is kept apart from running it: each pod is planned as a ``PodRequest``
@@ -32,13 +32,15 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .display import console_reporter, format_table
 from .errors import ManifestError, ParameterError, RunInterrupted
-from .executor import Executor, LocalExecutor, PodHooks, PodOutcome
+from .executor import Executor, PodHooks, PodOutcome
+from .fields import CLUSTER_ONLY_FIELDS
 from .harness import NodeView, WorkflowRun, run, run_workflow
-from .manifest import CLUSTER_ONLY_FIELDS, load_manifest, unsupported_fields
-from .model import NodeResult, RunEvent, RunOptions, RunResult
-from .parameters import resolve_parameters
+from .local_executor import LocalExecutor
+from .manifest import load_manifest, unsupported_fields
+from .parameter_resolution import resolve_parameters
 from .plan import Mount, PodRequest
 from .run_folder import InterruptedRun, settle_interrupted_runs
+from .run_types import NodeResult, RunEvent, RunOptions, RunResult
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",

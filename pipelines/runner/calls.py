@@ -7,33 +7,18 @@ failed call leaves its DAG, steps or loop going.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
+from .conditions import ExpressionError, evaluate_when
 from .errors import NodeError
-from .expressions import ExpressionError, evaluate_when
-from .model import NodeResult
+from .run_types import NodeResult
 from .scope import CancelScope
 from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
-    from .engine import Run
-
-
-Item = TypeVar("Item")
-
-
-def run_concurrently(work: Callable[[int, Item], None], items: Sequence[Item]) -> None:
-    """``work(i, item)`` for every item, all at once, and wait for all: Argo starts a step
-    group's steps and a loop's items together (parallelism slots limit their pods)."""
-    threads = [threading.Thread(target=work, args=(i, item), daemon=True)
-               for i, item in enumerate(items)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    from .context import RunContext
 
 
 def continues(call: dict, phase: NodePhase) -> bool:
@@ -67,7 +52,7 @@ def call_arguments(call: dict, call_vars: Vars, where: str) -> dict:
     }
 
 
-def call_one(run: Run, call: dict, call_vars: Vars, name: str, display: str,
+def call_one(run: RunContext, call: dict, call_vars: Vars, name: str, display: str,
              parent: NodeResult, scope: CancelScope, slots: threading.Semaphore | None,
              where: str) -> NodeResult:
     record = run.record

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, NamedTuple
 from sublimate.pipelines.argo_terms import FAILURE_HANDLING_RESULTS, NodePhase, NodeType
 
 from .calls import FAIL_FAST, continues, parallelism_slots
+from .conditions import Ast, depends_references, evaluate_depends, parse_depends
 from .errors import NodeError
-from .expressions import Ast, depends_references, evaluate_depends, parse_depends
-from .model import NodeResult
 from .outputs import result_vars, template_outputs
+from .run_types import NodeResult
 from .scope import CancelScope
 from .substitution import Vars, substitute_text
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
     from .run_folder import RunRecord
 
 
@@ -215,7 +215,7 @@ def _words(ast: Ast, inside: str = "") -> str:
     return f"({text})" if inside and inside != kind else text
 
 
-def run_dag(run: Run, template: dict, local: Vars, node: NodeResult, scope: CancelScope
+def run_dag(run: RunContext, template: dict, local: Vars, node: NodeResult, scope: CancelScope
             ) -> NodeResult:
     record = run.record
     record.transition(node, NodePhase.RUNNING)

@@ -9,7 +9,7 @@ from typing import TextIO
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .model import NodeResult, RunEvent, RunResult
+from .run_types import NodeResult, RunEvent, RunResult
 
 MAX_VALUE = 40
 # A loop child is named after its item (``sweep(0:accumulation-steps:1,algorithm:sync,...)``,

@@ -37,19 +37,20 @@ from .artifacts import workflow_artifacts
 from .calls import call_one
 from .dag import run_dag
 from .errors import ManifestError, NodeError, RunInterrupted
-from .executor import Executor, LocalExecutor
+from .executor import Executor
 from .exit_handler import run_exit_handler
 from .inputs import resolve_inputs
 from .library import ANNOTATION_SCHEDULED_TIME
+from .local_executor import LocalExecutor
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .model import NodeResult, RunEvent, RunOptions, RunResult, iso, now
 from .mounts import resolve as resolve_mounts
-from .parameters import resolve_parameters
+from .parameter_resolution import resolve_parameters
 from .plan import Layout, template_deadline, template_kind
 from .pod import run_pod
 from .retry import run_with_retries
 from .run_folder import RunRecord, make_run_dir
+from .run_types import NodeResult, RunEvent, RunOptions, RunResult, iso, now
 from .scope import CancelScope
 from .steps import run_steps
 from .substitution import Vars
@@ -129,7 +130,7 @@ class Run:
                                    else options.executor)
         mounts = None
         if options.containers is not None:  # before anything exists: an image may be missing
-            from .in_images import image_executor  # deferred: only container mode pays for it
+            from .images.executor import image_executor  # deferred: only container mode pays for it
 
             self.executor = image_executor(workflow, params, options.containers)
             mounts = "image"

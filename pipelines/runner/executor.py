@@ -1,9 +1,12 @@
 """Executors: what runs a planned pod (``plan.PodRequest``) and reports how it ended.
 
 The engine decides what runs, when, and what a pod's end means for its node; an executor only
-runs one request. ``LocalExecutor`` (the default) starts it as a local process group, the way
+runs one request. This module is the interface between them: :class:`Executor`, the
+:class:`PodHooks` the engine hands it, the :class:`PodOutcome` it returns, and
+:func:`await_pod`, which every executor uses to wait for a pod's only process.
+``local_executor.LocalExecutor`` (the default) starts a pod as a local process group, the way
 Argo's executor runs a container: the image is not used, the local Python environment stands in
-for it. ``in_images.ImageExecutor`` runs each pod in its template's image instead
+for it. ``images.executor.ImageExecutor`` runs each pod in its template's image instead
 (``sublimate run --containers``). Tests pass a fake executor that returns scripted outcomes, so
 DAG and steps semantics are checked without starting processes.
 """
@@ -11,20 +14,26 @@ DAG and steps semantics are checked without starting processes.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from .mounts import namespace_cleanup, namespace_setup
-from .plan import PodRequest
-from .process import LocalProcess
+from .local_process import LocalProcess
 from .scope import Stoppable
 
 if TYPE_CHECKING:
-    from .containers import ContainerEnd
-    from .plan import Container
+    from .plan import PodRequest
+
+
+class ContainerEnd(NamedTuple):
+    """How one container ended. ``exit_code`` is as Kubernetes reports it (a signal N is
+    128 + N); None when it never started (``error`` says why, or the pod stopped first)."""
+
+    name: str
+    role: str  # "init", "set" or "sidecar"
+    exit_code: int | None
+    message: str = ""  # its termination message, when it failed
+    error: str = ""  # could not start
 
 
 @dataclass
@@ -61,34 +70,6 @@ class Executor(Protocol):
         ...
 
 
-class LocalExecutor:
-    """Runs a pod as a local process group, with its log in ``request.log``."""
-
-    def run(self, request: PodRequest, hooks: PodHooks) -> PodOutcome:
-        if request.containers:  # init containers, sidecars or a containerSet
-            from .containers import run_containers  # deferred: only such pods pay for it
-
-            return run_containers(request, hooks, start_container)
-        argv = list(request.argv)
-        if argv[0] in ("python", "python3"):
-            argv[0] = sys.executable  # so that the runner's venv is used
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")  # lets follow_logs stream lines as they come
-        env.update(request.env)
-        env.update(request.runner_env)
-        request.termination_log.unlink(missing_ok=True)
-        if request.mounts_note:
-            hooks.on_line(f"note: {request.mounts_note}")
-        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line,
-                               setup=namespace_setup(request))
-        try:
-            process.start()
-        except OSError as exc:
-            return PodOutcome(exit_code=None,
-                              error=f"failed to start {argv[0]!r}: {exc.strerror or exc}")
-        return await_pod(process, request, hooks, cleanup=lambda: namespace_cleanup(request))
-
-
 def await_pod(process: LocalProcess, request: PodRequest, hooks: PodHooks,
               cleanup: Callable[[], None] | None = None) -> PodOutcome:
     """A pod's only process, started: hand it to the scope, wait for its end, run ``cleanup``
@@ -106,25 +87,6 @@ def await_pod(process: LocalProcess, request: PodRequest, hooks: PodHooks,
         message = _termination_message(request)
     return PodOutcome(exit_code=code, stdout=stdout, message=message,
                       stopped=process.stopped)
-
-
-def start_container(request: PodRequest, container: Container,
-                    on_line: Callable[[str], None], append: bool = False) -> LocalProcess:
-    """Start one container of a pod of several (``containers``) as ``LocalExecutor.run``
-    starts a pod's only one: same environment, its own log and termination log."""
-    argv = list(container.argv)
-    if argv and argv[0] in ("python", "python3"):
-        argv[0] = sys.executable
-    env = dict(os.environ)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(container.env)
-    env.update(request.runner_env)
-    env["SUBLIMATE_TERMINATION_LOG"] = str(container.termination_log)
-    if not append:
-        container.termination_log.unlink(missing_ok=True)
-    process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append)
-    process.start()
-    return process
 
 
 def _termination_message(request: PodRequest) -> str:

@@ -19,11 +19,11 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 from .errors import NodeError
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
     from .hooks import Hook
 
 
-def run_exit_handler(run: Run, hook: Hook, phase: NodePhase, message: str
+def run_exit_handler(run: RunContext, hook: Hook, phase: NodePhase, message: str
                      ) -> tuple[NodePhase, str]:
     """The workflow's phase and message once the handler has run."""
     failures = run.record.failures()  # every Failed/Error node, quoted as Argo does

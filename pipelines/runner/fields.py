@@ -213,7 +213,7 @@ _ARGUMENTS = {
     "artifacts": _YES,
     **_under("artifacts[]", _artifact(supported=(
         "name", "from", "raw", "subPath", "archive", *_BUCKETS, "http", "git",
-        "fromExpression"))),  # fromExpression: pipelines/runner/expr.py
+        "fromExpression"))),  # fromExpression: pipelines/runner/expr_lang.py
 }
 _CALL = {
     "name": _YES,
@@ -256,7 +256,7 @@ _VALUE_FROM = {
     "path": _YES,
     "default": _YES,
     "parameter": _YES,
-    "expression": _YES,  # a DAG/steps template's output (pipelines/runner/expr.py)
+    "expression": _YES,  # a DAG/steps template's output (pipelines/runner/expr_lang.py)
     **{key: _refused(f"valueFrom.{key}") for key in (
         "configMapKeyRef", "event", "jqFilter", "jsonPath", "supplied")},
 }
@@ -314,7 +314,7 @@ _TEMPLATE = {
     **{key: _refused(f"{key} templates") for key in (
         "resource", "suspend", "http", "plugin", "data")},
     "daemon": _refused("daemon templates"),
-    # pods of several containers: pipelines/runner/containers.py
+    # pods of several containers: pipelines/runner/container_set.py
     "containerSet": _YES,
     "containerSet.containers": _YES,
     **_under("containerSet.containers[]", {**_CONTAINER, "dependencies": _YES}),
@@ -444,5 +444,14 @@ def paths_with(status: str) -> list[str]:
     return [path for path, field in FIELDS.items() if field.status == status]
 
 
-__all__ = ["CLUSTER_ONLY", "FIELDS", "REFUSED", "SUPPORTED", "Field", "classify",
-           "field_pattern", "paths_with"]
+# Fields that only mean something to a Kubernetes cluster (scheduling, images, pod policy,
+# garbage collection, metrics, artifact archiving): their names, from the table above. The
+# checker decides by path (``classify``); this set of names is for code that filters a
+# template's own keys (``plan``).
+CLUSTER_ONLY_FIELDS = frozenset(
+    path.rsplit(".", 1)[-1] for path, field in FIELDS.items() if field.status == CLUSTER_ONLY
+)
+
+
+__all__ = ["CLUSTER_ONLY", "CLUSTER_ONLY_FIELDS", "FIELDS", "REFUSED", "SUPPORTED", "Field",
+           "classify", "field_pattern", "paths_with"]

@@ -24,7 +24,7 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from . import engine
 from .manifest import load_manifest, normalise_workflow
-from .model import NodeResult, RunEvent, RunOptions, RunResult
+from .run_types import NodeResult, RunEvent, RunOptions, RunResult
 
 # Nodes that never ran: a false `when` (Skipped), an unmet `depends` (Omitted).
 _NOT_RUN = frozenset({NodePhase.SKIPPED, NodePhase.OMITTED})

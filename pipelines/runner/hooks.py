@@ -37,8 +37,8 @@ evaluated and waited for), ``pkg/apis/workflow/v1alpha1/workflow_types.go`` (``L
   marks the entrypoint's node (workflow level) or the task's node Error; here the hook does not
   fire and the workflow, or the hooked node once it ends, ends Error with the message.
 
-Not supported (refused by ``hook_problems``): ``templateRef`` in a hook, and hooks or ``onExit``
-on a looped step or task (Argo hooks every item, and a DAG task's group as well).
+Not supported (refused by ``template_checks.hook_problems``): ``templateRef`` in a hook, and hooks
+or ``onExit`` on a looped step or task (Argo hooks every item, and a DAG task's group as well).
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ from typing import TYPE_CHECKING, NamedTuple
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .calls import call_arguments, call_one
+from .conditions import ExpressionError
 from .errors import NodeError
-from .expressions import ExpressionError
-from .model import NodeResult, RunEvent
 from .outputs import result_vars
+from .run_types import NodeResult, RunEvent
 from .scope import CancelScope
 from .substitution import Vars
+from .template_checks import EXIT
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
 
-EXIT = "exit"  # wfv1.ExitLifecycleEvent
 # The node phases Argo's ``Completed()`` accepts: an exit hook runs only after one of them.
 _COMPLETED = (NodePhase.SUCCEEDED, NodePhase.FAILED, NodePhase.ERROR)
 # operator.go: the workflow's status from its node's phase (Skipped/Omitted read Succeeded).
@@ -106,7 +106,7 @@ def named_hooks(holder: dict) -> list[Hook]:
             for name, hook in (holder.get("hooks") or {}).items() if name != EXIT]
 
 
-def workflow_arguments(run: Run) -> dict:
+def workflow_arguments(run: RunContext) -> dict:
     return {"parameters": [{"name": k, "value": v} for k, v in run.params.items()]}
 
 
@@ -114,17 +114,17 @@ def workflow_arguments(run: Run) -> dict:
 #
 # A hook's ``expression`` is expr-lang, which Argo evaluates with ``argoexpr.EvalBool``
 # (util/expr/argoexpr/eval.go) against ``env.GetFuncMap(scope)`` (util/expr/env/env.go): the
-# runner's one expr evaluator (:mod:`.expr`, also behind ``{{=...}}`` tags) does the same. As in
-# expr, a name missing from the environment is an error (expr.Env on a map is strict,
+# runner's one expr evaluator (:mod:`.expr_lang`, also behind ``{{=...}}`` tags) does the same.
+# As in expr, a name missing from the environment is an error (expr.Env on a map is strict,
 # checker/checker.go), a missing map key is nil, and a member of nil is an error. The parser
 # loads only for a workflow whose hooks have expressions.
 
 
 def parse_hook_expression(source: str) -> object:
     """The tree of a hook's ``expression``; ``ExpressionError`` naming what is unsupported."""
-    from . import expr
+    from . import expr_lang
 
-    return expr.parse(source)
+    return expr_lang.parse(source)
 
 
 def evaluate_hook_expression(source: str, scope: Mapping[str, object],
@@ -132,77 +132,27 @@ def evaluate_hook_expression(source: str, scope: Mapping[str, object],
     """Evaluate a hook's ``expression`` (``tree``: already parsed) against the variables
     ``scope`` (dotted names), as ``argoexpr.EvalBool`` does; ``ExpressionError`` on any
     error, an unknown name included (expr compiles first: it fails even if unused)."""
-    from . import expr
+    from . import expr_lang
 
-    tree = expr.parse(source) if tree is None else tree
-    env = expr.environment(scope)
+    tree = expr_lang.parse(source) if tree is None else tree
+    env = expr_lang.environment(scope)
     # With a map for environment, expr refuses an unknown top-level name at compile time; a
     # missing key below one (tasks.C) is nil, as at run time.
-    missing = [path for path in expr.missing_references(tree, env)  # type: ignore[arg-type]
+    missing = [path for path in expr_lang.missing_references(tree, env)  # type: ignore[arg-type]
                if re.split(r"[.\[]", path, maxsplit=1)[0] not in env]
     if missing:
         raise ExpressionError(f"unknown name {missing[0]} in {source!r}")
-    result = expr.evaluate(source, scope, tree=tree, env=env)  # type: ignore[arg-type]
+    result = expr_lang.evaluate(source, scope, tree=tree, env=env)  # type: ignore[arg-type]
     if not isinstance(result, bool):
         raise ExpressionError(f"unable to cast expression result {result!r} to bool "
                               f"({source!r})")
     return result
 
 
-# --------------------------------------------------------------------------- checks
-
-
-def hook_problems(holder: dict, path: str, names: set, looped: bool = False) -> list[str]:
-    """What the local runner cannot run in a spec's, step's or task's ``hooks``/``onExit``."""
-    problems: list[str] = []
-    hooks = holder.get("hooks")
-    if looped and (hooks or holder.get("onExit")):
-        field = "hooks" if hooks else "onExit"
-        problems.append(f"{path}.{field}: hooks and onExit on a looped step or task are not "
-                        "supported by the local runner")
-    if holder.get("onExit") and holder["onExit"] not in names:
-        problems.append(f"{path}.onExit: template {holder['onExit']!r} not found")
-    if hooks is None:
-        return problems
-    if not isinstance(hooks, dict):
-        return [*problems, f"{path}.hooks: expected a mapping of hook names to hooks"]
-    if holder.get("onExit") and EXIT in hooks:
-        problems.append(f"{path}: use either onExit or hooks.exit, not both (Argo runs onExit "
-                        "and ignores hooks.exit)")
-    for name, hook in hooks.items():
-        where = f"{path}.hooks.{name}"
-        if not isinstance(hook, dict):
-            problems.append(f"{where}: expected a mapping")
-            continue
-        for key in hook:
-            if key == "templateRef":
-                problems.append(f"{where}.templateRef: templateRef in a hook is not supported "
-                                "by the local runner (use template)")
-            elif key not in ("template", "arguments", "expression"):
-                problems.append(f"{where}.{key}: field is not supported by the local runner")
-        if "template" in hook and hook["template"] not in names:
-            problems.append(f"{where}.template: template {hook['template']!r} not found")
-        elif "template" not in hook and "templateRef" not in hook:
-            problems.append(f"{where}.template: missing")
-        args = hook.get("arguments") or {}
-        if not isinstance(args, dict) or set(args) - {"parameters", "artifacts"}:
-            problems.append(f"{where}.arguments: only parameters and artifacts are supported")
-        expression = hook.get("expression")
-        if name != EXIT and not expression:
-            problems.append(f"{where}.expression: required for a hook not named exit "
-                            "(Argo: Expression required)")
-        if expression:
-            try:
-                parse_hook_expression(str(expression))
-            except ExpressionError as exc:
-                problems.append(f"{where}.expression: {exc}")
-    return problems
-
-
 # ------------------------------------------------------------------------- running
 
 
-def _run_hook(run: Run, hook: Hook, hook_vars: Vars, name: str, display: str,
+def _run_hook(run: RunContext, hook: Hook, hook_vars: Vars, name: str, display: str,
               parent: NodeResult | None, scope: CancelScope) -> NodeResult:
     """One hook's template, its arguments substituted with ``hook_vars``."""
     try:
@@ -217,7 +167,7 @@ class _Watch:
     """Named hooks evaluated on every phase change of one node (or of any node, at workflow
     level), each fired at most once in a thread of its own."""
 
-    def __init__(self, run: Run, hooks: list[Hook], env: Callable[[NodeResult | None], Vars],
+    def __init__(self, run: RunContext, hooks: list[Hook], env: Callable[[NodeResult | None], Vars],
                  fire: Callable[[Hook, Vars], None]) -> None:
         self.run, self.hooks, self.env, self.fire = run, hooks, env, fire
         self.lock = threading.Lock()
@@ -260,7 +210,7 @@ class _Watch:
                 thread.join()
 
 
-def call_with_hooks(run: Run, call: dict, call_vars: Vars, name: str, display: str,
+def call_with_hooks(run: RunContext, call: dict, call_vars: Vars, name: str, display: str,
                     parent: NodeResult, scope: CancelScope, slots: threading.Semaphore | None,
                     where: str, prefix: str) -> NodeResult:
     """A step or task (not looped) with ``hooks``/``onExit``: its node as ``call_one`` gives it,
@@ -325,7 +275,7 @@ def call_with_hooks(run: Run, call: dict, call_vars: Vars, name: str, display: s
     return node
 
 
-def _outputs(prefix: str, call_name: str, node: NodeResult, run: Run) -> Vars:
+def _outputs(prefix: str, call_name: str, node: NodeResult, run: RunContext) -> Vars:
     """The hooked node's variables for its hooks' arguments: exit_handler.go
     ``resolveExitTmplArgument`` adds its output parameters and artifacts to the scope (its
     ``status`` is there already)."""
@@ -338,7 +288,7 @@ class WorkflowHooks:
     """The workflow's named hooks: evaluated on every node change while it runs, once more
     with its final status, and waited for before its exit handler."""
 
-    def __init__(self, run: Run, hooks: list[Hook]) -> None:
+    def __init__(self, run: RunContext, hooks: list[Hook]) -> None:
         self.run = run
         self.status: str = NodePhase.RUNNING
         self.watch = _Watch(run, hooks, self._env, self._fire)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from .errors import NodeError
-from .parameters import declared_value, enum_choices
+from .parameter_resolution import declared_value, enum_choices
 from .substitution import Vars, as_text
 
 

@@ -3,20 +3,21 @@
 Its children run in parallel under a ``TaskGroup`` node named like Argo's ``task(3:value)``;
 the group fails when a child fails (even with ``continueOn``, which only lets its dependents and
 its DAG go on, as in Argo), and its outputs are
-the children's aggregated in item order as JSON lists, as Argo does.
+the children's aggregated in item order as JSON lists, as Argo does. ``run_concurrently`` is the
+fan-out itself, also used for a step group's parallel steps.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import run_concurrently
 from .errors import NodeError
-from .model import NodeResult
+from .run_types import NodeResult
 from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
@@ -25,6 +26,20 @@ if TYPE_CHECKING:
 # Runs one item: (the child's node name, its display name, the item's variables, the TaskGroup
 # node) -> the child's node.
 RunItem = Callable[[str, str, Vars, NodeResult], NodeResult]
+
+
+Item = TypeVar("Item")
+
+
+def run_concurrently(work: Callable[[int, Item], None], items: Sequence[Item]) -> None:
+    """``work(i, item)`` for every item, all at once, and wait for all: Argo starts a step
+    group's steps and a loop's items together (parallelism slots limit their pods)."""
+    threads = [threading.Thread(target=work, args=(i, item), daemon=True)
+               for i, item in enumerate(items)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def loop_items(call: dict, call_vars: Vars, where: str) -> list | None:

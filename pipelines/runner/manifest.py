@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
+from .conditions import ExpressionError, parse_depends
 from .durations import timing_problems
 from .errors import ManifestError
-from .expressions import ExpressionError, parse_depends
-from .fields import CLUSTER_ONLY, FIELDS, SUPPORTED, classify, field_pattern
+from .fields import CLUSTER_ONLY, SUPPORTED, classify, field_pattern
 from .library import (
     TEMPLATE_KINDS,
     TemplateLibrary,
@@ -29,23 +29,13 @@ from .library import (
 )
 from .repository import remote_problems
 from .substitution import expression_sites
+from .template_checks import COMMAND_REQUIRED, container_problems, hook_problems
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
-# Fields that only mean something to a Kubernetes cluster (scheduling, images, pod policy,
-# garbage collection, metrics, artifact archiving): their names, from the one table in
-# ``fields``. The checker decides by path (``fields.classify``); this set of names is for code
-# that filters a template's own keys.
-CLUSTER_ONLY_FIELDS = frozenset(
-    path.rsplit(".", 1)[-1] for path, field in FIELDS.items() if field.status == CLUSTER_ONLY
-)
 
-# Why a container without a command is refused in process mode: in container mode
-# (``in_images``) the image's entrypoint stands in for it, and ``check_workflow`` lets it be.
-COMMAND_REQUIRED = "command: required by the local runner (the image's entrypoint is unknown " \
-    "locally)"
 
 # Known Argo features with a friendlier name for the error message.
 _REFUSED = {
@@ -130,7 +120,7 @@ _STEP = {
     "when": ANY,
     "continueOn": {"failed": ANY, "error": ANY},
     **_LOOP,
-    "hooks": ANY,  # checked by hooks.hook_problems
+    "hooks": ANY,  # checked by template_checks.hook_problems
     "onExit": ANY,
 }
 _TASK = {**_STEP, "dependencies": ANY, "depends": ANY}
@@ -169,7 +159,7 @@ _TEMPLATE = {
     },
     "container": _CONTAINER,
     "script": _SCRIPT,
-    # pipelines/runner/containers.py runs these and checks them (container_problems)
+    # pipelines/runner/container_set.py runs these, template_checks.py checks them
     "containerSet": {
         "containers": _list({**_CONTAINER, "dependencies": ANY}),
         "volumeMounts": _MOUNTS,
@@ -201,7 +191,7 @@ _SPEC = {
     "artifactRepositoryRef": {"configMap": ANY, "key": ANY},
     "templates": _list(_TEMPLATE),
     "onExit": ANY,
-    "hooks": ANY,  # checked by hooks.hook_problems
+    "hooks": ANY,  # checked by template_checks.hook_problems
     "parallelism": ANY,
     "activeDeadlineSeconds": ANY,
     "volumes": _list(_VOLUME),
@@ -334,7 +324,7 @@ def unsupported_fields(workflow: dict) -> list[str]:
     _walk(spec, _SPEC, "spec", problems)
     sites = expression_sites(spec, _strings(spec, "spec"))
     if sites:
-        from .expr import site_problems  # only a manifest with expressions pays for lark
+        from .expr_lang import site_problems  # only a manifest with expressions pays for lark
 
         problems += site_problems(sites)
     templates = spec.get("templates") or []
@@ -347,8 +337,6 @@ def unsupported_fields(workflow: dict) -> list[str]:
     elif entry not in names:
         problems.append(f"spec.entrypoint: template {entry!r} not found")
     if spec.get("hooks") is not None:
-        from .hooks import hook_problems  # only a manifest with hooks pays for the import
-
         problems += hook_problems(spec, "spec", names)
         if isinstance(spec["hooks"], dict) and isinstance(spec["hooks"].get("exit"), dict) \
                 and "expression" in spec["hooks"]["exit"]:
@@ -409,8 +397,6 @@ def _check_template(
         problems.append(f"{path}.name: missing")
     local_volumes = volumes | _volume_names(template, path, problems)
     if any(k in template for k in ("containerSet", "initContainers", "sidecars")):
-        from .containers import container_problems  # only such templates pay for the import
-
         problems += container_problems(template, path, local_volumes)
     for kind in ("container", "script"):
         body = template.get(kind)
@@ -443,7 +429,7 @@ def _check_template(
             deps = list(task.get("dependencies") or [])
             if task.get("depends"):
                 try:
-                    from .expressions import depends_references
+                    from .conditions import depends_references
 
                     ast = parse_depends(str(task["depends"]))
                     deps += [name for name, _ in depends_references(ast)]
@@ -476,8 +462,6 @@ def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:
     if len(loops) > 1:
         problems.append(f"{path}: only one of {', '.join(loops)} may be used")
     if "hooks" in call or "onExit" in call:
-        from .hooks import hook_problems  # only a manifest with hooks pays for the import
-
         problems += hook_problems(call, path, names, looped=bool(loops))
 
 

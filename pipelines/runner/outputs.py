@@ -15,11 +15,11 @@ from sublimate.pipelines.argo_terms import NodeType
 
 from .errors import NodeError
 from .loops import group_vars
-from .model import NodeResult, iso
+from .run_types import NodeResult, iso
 from .substitution import Vars, as_text, substitute_text
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
 
 
 def result_vars(prefix: str, name: str, node: NodeResult, nodes: dict[str, NodeResult]) -> Vars:
@@ -43,7 +43,7 @@ def result_vars(prefix: str, name: str, node: NodeResult, nodes: dict[str, NodeR
     return out
 
 
-def template_outputs(run: Run, template: dict, scope_vars: Vars, node: NodeResult) -> str:
+def template_outputs(run: RunContext, template: dict, scope_vars: Vars, node: NodeResult) -> str:
     """Outputs of a DAG/steps template, taken from its tasks; a problem, or ``""``."""
     outputs = template.get("outputs") or {}
     where = f"templates.{template['name']}.outputs"
@@ -77,8 +77,8 @@ def template_outputs(run: Run, template: dict, scope_vars: Vars, node: NodeResul
 
 def _expression_value(source: str, scope_vars: Vars, where: str) -> str:
     """``valueFrom.expression`` (controller/scope.go resolveParameter); expr loads lazily."""
-    from .expr import output_parameter
-    from .expressions import ExpressionError
+    from .conditions import ExpressionError
+    from .expr_lang import output_parameter
 
     try:
         return output_parameter(source, scope_vars)
@@ -91,8 +91,8 @@ def artifact_source(art: dict, scope_vars: Vars, where: str) -> str:
     resolveArtifact); used for a DAG/steps template's outputs and for call arguments."""
     if not art.get("fromExpression"):
         return substitute_text(str(art["from"]), scope_vars, where)
-    from .expr import artifact_path
-    from .expressions import ExpressionError
+    from .conditions import ExpressionError
+    from .expr_lang import artifact_path
 
     try:
         return artifact_path(str(art["fromExpression"]), scope_vars)
@@ -100,7 +100,7 @@ def artifact_source(art: dict, scope_vars: Vars, where: str) -> str:
         raise NodeError(f"{where}.fromExpression: {exc}") from None
 
 
-def set_param(run: Run, node: NodeResult, param: dict, value: str) -> None:
+def set_param(run: RunContext, node: NodeResult, param: dict, value: str) -> None:
     node.parameters[param["name"]] = value
     if param.get("globalName"):
         with run.lock:
@@ -108,7 +108,7 @@ def set_param(run: Run, node: NodeResult, param: dict, value: str) -> None:
             run.globals[f"workflow.outputs.parameters.{param['globalName']}"] = value
 
 
-def set_artifact(run: Run, node: NodeResult, art: dict, path: str) -> None:
+def set_artifact(run: RunContext, node: NodeResult, art: dict, path: str) -> None:
     node.artifacts[art["name"]] = path
     if art.get("globalName"):
         with run.lock:

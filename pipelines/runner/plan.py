@@ -7,7 +7,7 @@ mounts, the input artifacts to place, the outputs to read back and the deadline.
 writes nothing, so a dry run shows exactly what a run would start, and an executor gets all it
 needs in one value (see ``executor``). A pod with init containers, sidecars or a
 ``containerSet`` lists them in ``PodRequest.containers``, each planned the same way
-(``containers`` runs them).
+(``container_set`` runs them).
 """
 
 from __future__ import annotations
@@ -25,17 +25,28 @@ from .artifacts import Input as InputArtifact
 from .artifacts import input_source
 from .durations import parse_duration
 from .errors import NodeError
-from .manifest import CLUSTER_ONLY_FIELDS
+from .fields import CLUSTER_ONLY_FIELDS
 from .mounts import SCRIPT_PATH, Bind, binds_for
 from .paths import PathMap
-from .run_folder import node_folder
 from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
-    from .in_images import InImage
+    from .images.spec import InImage
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
 # `sublimate run` defines them at start-up, and a NamedTuple costs a sixth as much to define.
+
+
+MAX_READABLE = 96
+
+
+def node_folder(display_name: str, node_id: str) -> str:
+    """``<display name>-<id hash>`` under ``nodes/``: readable in a listing, unique like the id."""
+    readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in display_name)
+    readable = "-".join(part for part in readable.split("-") if part) or "node"
+    # A loop child is named after its whole item (a kilobyte for a sweep's point): a file name
+    # holds 255 bytes, and the id's hash alone keeps the folder unique.
+    return f"{readable[:MAX_READABLE].rstrip('-')}-{node_id.rsplit('-', 1)[-1]}"
 
 
 class Layout(NamedTuple):
@@ -48,7 +59,7 @@ class Layout(NamedTuple):
     claims: tuple[tuple[str, Path], ...] = ()
     # "namespace": pods see their folders mounted at the manifest's paths (``mounts``);
     # "rewrite": the paths are rewritten to local folders (``paths``); "image": each pod runs
-    # in its template's image (``in_images``), its folders bound at the manifest's paths.
+    # in its template's image (``images``), its folders bound at the manifest's paths.
     mounts: str = "rewrite"
     # spec.securityContext: the pods' own unless a template sets one (container mode).
     pod_security: dict | None = None
@@ -130,7 +141,7 @@ class PodRequest:
     inputs: list[InputArtifact] = field(default_factory=list)
     outputs: dict = field(default_factory=dict)  # the template's outputs section, resolved
     deadline_s: float | None = None  # the template's own activeDeadlineSeconds/timeout
-    # Init containers, sidecars and a containerSet's containers (see ``containers``); empty
+    # Init containers, sidecars and a containerSet's containers (see ``container_set``); empty
     # for a plain container/script pod, which runs ``argv`` alone.
     containers: list[Container] = field(default_factory=list)
     set_retry: SetRetry | None = None
@@ -139,7 +150,7 @@ class PodRequest:
     binds: list[Bind] | None = None
     working_dir: str = ""
     mounts_note: str = ""
-    # Container mode (``in_images``): what the pod's main container runs in its image.
+    # Container mode (``images``): what the pod's main container runs in its image.
     in_image: InImage | None = None
 
     @property
@@ -244,7 +255,7 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     env, from_environment = _environment(body, text)
     in_image = None
     if layout.mounts == "image":
-        from .in_images import image_spec  # deferred: only container mode pays for it
+        from .images.spec import image_spec  # deferred: only container mode pays for it
 
         in_image = image_spec(body, template.get("securityContext") or layout.pod_security,
                               argv[len(body.get("command") or []):], _input_paths(tmpl))
@@ -362,7 +373,7 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
         env, from_environment = _environment(body, text)
         in_image = None
         if images:
-            from .in_images import image_spec
+            from .images.spec import image_spec
 
             inputs = _input_paths(tmpl) if (role == "set" and name == "main") or (
                 role != "set" and body.get("mirrorVolumeMounts")) else []

@@ -15,20 +15,19 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from . import artifacts
 from .errors import NodeError
-from .executor import PodOutcome
-from .model import NodeResult
+from .executor import ContainerEnd, PodOutcome
 from .outputs import set_artifact, set_param
 from .plan import PodRequest, plan_pod
+from .run_types import NodeResult
 from .scope import CancelScope, Stoppable
 from .substitution import Vars, as_text
 
 if TYPE_CHECKING:
-    from .containers import ContainerEnd
-    from .engine import Run
+    from .context import RunContext
     from .run_folder import RunRecord
 
 
-def run_pod(run: Run, template: dict, local: Vars, node: NodeResult, scope: CancelScope,
+def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scope: CancelScope,
             art_args: dict[str, dict]) -> NodeResult:
     """``NodeError`` (unresolvable variable, missing input) propagates: the caller makes the
     node Error."""
@@ -52,7 +51,7 @@ def run_pod(run: Run, template: dict, local: Vars, node: NodeResult, scope: Canc
         return record.finish(node, NodePhase.ERROR, outcome.error)
     phase, message = _ending(outcome, request, scope)
     if outcome.containers:
-        from .containers import STOPPED_WHILE_RUNNING, pod_ending  # deferred: only such pods
+        from .container_set import STOPPED_WHILE_RUNNING, pod_ending  # deferred: only such pods
 
         phase, message = pod_ending(outcome, scope.stop_reason() or "stopped")
         for child in hooks.containers.values():
@@ -118,7 +117,7 @@ class _Hooks:
         if end is None:
             self.record.transition(child, NodePhase.RUNNING)
             return
-        from .containers import container_phase
+        from .container_set import container_phase
 
         child.exit_code = end.exit_code
         self.record.finish(child, *container_phase(end))
@@ -164,7 +163,7 @@ def _ending(outcome: PodOutcome, request: PodRequest, scope: CancelScope
     return NodePhase.SUCCEEDED, ""
 
 
-def _collect_outputs(run: Run, request: PodRequest, node: NodeResult) -> str:
+def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> str:
     """Read the pod's output parameters and store its artifacts; the first problem, or ``""``."""
     problem = ""
     for param in request.outputs.get("parameters") or []:

@@ -18,10 +18,10 @@ from sublimate.pipelines.argo_terms import NodeType
 
 from .artifacts import workflow_artifacts
 from .calls import call_arguments, when_text
+from .conditions import ExpressionError, evaluate_when
 from .dag import DagPlan, describe_depends
 from .engine import prepare_workflow, seconds, workflow_globals
 from .errors import NodeError
-from .expressions import ExpressionError, evaluate_when
 from .inputs import resolve_inputs
 from .loops import item_display, item_vars, loop_items
 from .plan import Layout, PodRequest, plan_pod, template_kind

@@ -17,12 +17,12 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .durations import parse_duration
 from .errors import NodeError
-from .model import NodeResult
+from .run_types import NodeResult
 from .scope import CancelScope
 from .substitution import Vars, substitute
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
 
 _RETRIED = {
     "Always": frozenset({NodePhase.FAILED, NodePhase.ERROR}),
@@ -73,8 +73,9 @@ def retry_policy(retry: dict, scope: Vars, where: str) -> RetryPolicy:
     )
 
 
-def run_with_retries(run: Run, template: dict, kind: NodeType, inputs: Vars, node: NodeResult,
-                     scope: CancelScope, art_args: dict[str, dict]) -> NodeResult:
+def run_with_retries(run: RunContext, template: dict, kind: NodeType, inputs: Vars,
+                     node: NodeResult, scope: CancelScope, art_args: dict[str, dict]
+                     ) -> NodeResult:
     record = run.record
     try:
         policy = retry_policy(template["retryStrategy"], {**run.live_globals(), **inputs},

@@ -32,8 +32,8 @@ from sublimate.components.base.durable_files import fsync_folder
 from sublimate.components.base.process_identity import start_ticks, still_runs
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .model import NodeResult, RunEvent, RunResult, iso, now
 from .paths import PathMap
+from .run_types import NodeResult, RunEvent, RunResult, iso, now
 
 _ALPHABET = string.ascii_lowercase + string.digits
 
@@ -91,18 +91,6 @@ def _template_of(node: NodeResult) -> str:
     if node.type == NodeType.STEP_GROUP:
         return ""
     return node.template.rsplit(".", 1)[-1]
-
-
-MAX_READABLE = 96
-
-
-def node_folder(display_name: str, node_id: str) -> str:
-    """``<display name>-<id hash>`` under ``nodes/``: readable in a listing, unique like the id."""
-    readable = "".join(c if c.isalnum() or c in "._-" else "-" for c in display_name)
-    readable = "-".join(part for part in readable.split("-") if part) or "node"
-    # A loop child is named after its whole item (a kilobyte for a sweep's point): a file name
-    # holds 255 bytes, and the id's hash alone keeps the folder unique.
-    return f"{readable[:MAX_READABLE].rstrip('-')}-{node_id.rsplit('-', 1)[-1]}"
 
 
 class RunRecord:

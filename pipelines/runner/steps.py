@@ -11,17 +11,18 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .calls import FAIL_FAST, continues, parallelism_slots, run_concurrently
-from .model import NodeResult
+from .calls import FAIL_FAST, continues, parallelism_slots
+from .loops import run_concurrently
 from .outputs import result_vars, template_outputs
+from .run_types import NodeResult
 from .scope import CancelScope
 from .substitution import Vars
 
 if TYPE_CHECKING:
-    from .engine import Run
+    from .context import RunContext
 
 
-def run_steps(run: Run, template: dict, local: Vars, node: NodeResult, scope: CancelScope
+def run_steps(run: RunContext, template: dict, local: Vars, node: NodeResult, scope: CancelScope
               ) -> NodeResult:
     record = run.record
     record.transition(node, NodePhase.RUNNING)

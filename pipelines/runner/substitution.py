@@ -1,5 +1,5 @@
 """``{{...}}`` variable substitution: Argo's simple tags, and ``{{=...}}`` expression tags
-(evaluated by ``expr``, imported only when a text holds one)."""
+(evaluated by ``expr_lang``, imported only when a text holds one)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def substitute_text(text: str, scope: Mapping[str, str], where: str) -> str:
 def _expression_tag(source: str, scope: Mapping[str, str], where: str) -> str:
     """A ``{{=...}}`` tag (util/template/template.go: the kind after ``{{`` is ``=``, with no
     space before it), evaluated as expr-lang; the evaluator loads only when a tag needs it."""
-    from .expr import render_tag
-    from .expressions import ExpressionError
+    from .conditions import ExpressionError
+    from .expr_lang import render_tag
 
     try:
         return render_tag(source, scope)

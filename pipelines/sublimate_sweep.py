@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from sublimate.components.base import settings as declared
 from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.components.steps import sweep_grid
-from sublimate.pipelines.parameters import PipelineParameter
-from sublimate.pipelines.train import DATASET_LABEL, pipeline_parameters, workflow_options
+from sublimate.pipelines.sublimate_train import DATASET_LABEL, pipeline_parameters, workflow_options
+from sublimate.pipelines.typed_parameters import PipelineParameter
 
 if TYPE_CHECKING:
     from hera.workflows import WorkflowTemplate

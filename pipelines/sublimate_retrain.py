@@ -2,10 +2,11 @@
 with a notification on exit.
 
 A WorkflowTemplate of its own rather than steps behind a flag in ``sublimate-train``: the
-interactive job stays three steps with no registry to set up, and the scheduled one always gates
-and publishes (a retraining that a forgotten parameter could let skip the gate would not be one
-to trust). Both are built from the very same step templates and task wiring
-(:func:`sublimate.pipelines.train.training_tasks`), so a training setting added once reaches both.
+interactive job stays three steps with no registry to set up, and the scheduled one always gates and
+publishes (a retraining that a forgotten parameter could let skip the gate would not be one to
+trust). Both are built from the very same step templates and task wiring
+(:func:`sublimate.pipelines.sublimate_train.training_tasks`), so a training setting added once
+reaches both.
 
 The gate scores the registry's champion on this run's test split with the evaluate step's own
 code, and promotes the challenger only when it wins by more than ``promote-margin``; the
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.components.steps import gate, notify, register_model
-from sublimate.pipelines.train import (
+from sublimate.pipelines.sublimate_train import (
     STEPS,
     pipeline_parameters,
     training_outputs,

@@ -28,29 +28,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sublimate.pipelines.argo_terms import NodePhase
 
-from .executor import PodHooks, PodOutcome
+from .executor import ContainerEnd, PodHooks, PodOutcome
 
 if TYPE_CHECKING:
+    from .local_process import LocalProcess
     from .plan import Container, PodRequest
-    from .process import LocalProcess
 
 GRACE_S = 30.0
 MAIN = "main"
-
-
-class ContainerEnd(NamedTuple):
-    """How one container ended. ``exit_code`` is as Kubernetes reports it (a signal N is
-    128 + N); None when it never started (``error`` says why, or the pod stopped first)."""
-
-    name: str
-    role: str  # "init", "set" or "sidecar"
-    exit_code: int | None
-    message: str = ""  # its termination message, when it failed
-    error: str = ""  # could not start
 
 
 class Start(Protocol):
@@ -349,102 +338,3 @@ def pod_ending(outcome: PodOutcome, stop_reason: str) -> tuple[NodePhase, str]:
             continue
         return NodePhase.FAILED, _failure(end)
     return NodePhase.SUCCEEDED, ""
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def container_problems(template: dict, path: str, volumes: set[str]) -> list[str]:
-    """What the checker says about a template's containerSet, initContainers and sidecars
-    (``workflow/validate/validate.go`` and ``ContainerSetTemplate.Validate``)."""
-    problems: list[str] = []
-    groups: list[tuple[str, list]] = []
-    container_set = template.get("containerSet")
-    if container_set is not None:
-        if not isinstance(container_set, dict):
-            return [f"{path}.containerSet: expected a mapping"]
-        members = [c for c in container_set.get("containers") or [] if isinstance(c, dict)]
-        if not members:
-            problems.append(f"{path}.containerSet.containers: must have at least one container")
-        names = [c.get("name") for c in members]
-        for j, container in enumerate(members):
-            for dependency in container.get("dependencies") or []:
-                if dependency not in names:
-                    problems.append(f"{path}.containerSet.containers[{j}].dependencies: "
-                                    f"{dependency!r} is not a container of the set")
-        if _cyclic({c.get("name"): list(c.get("dependencies") or []) for c in members}):
-            problems.append(f"{path}.containerSet.containers: dependency cycle")
-        inputs = (template.get("inputs") or {}).get("artifacts")
-        outputs = template.get("outputs") or {}
-        if (inputs or outputs.get("parameters") or outputs.get("artifacts")) \
-                and "main" not in names:
-            problems.append(f'{path}.containerSet.containers: must have a container named '
-                            '"main" for input or output')
-        for j, mount in enumerate(container_set.get("volumeMounts") or []):
-            if isinstance(mount, dict) and mount.get("name") not in volumes:
-                problems.append(f"{path}.containerSet.volumeMounts[{j}].name: volume "
-                                f"{mount.get('name')!r} is not declared")
-        retries = (container_set.get("retryStrategy") or {}).get("retries")
-        if retries is not None and "{{" not in str(retries):
-            try:
-                if int(str(retries)) < 1:
-                    problems.append(f"{path}.containerSet.retryStrategy.retries: {retries} "
-                                    "would never run the containers (the emissary makes "
-                                    "`retries` attempts in all)")
-            except ValueError:
-                problems.append(f"{path}.containerSet.retryStrategy.retries: {retries!r} is "
-                                "not an integer")
-        groups.append(("containerSet.containers", members))
-    for key in ("initContainers", "sidecars"):
-        if template.get(key) and not any(k in template for k in
-                                         ("container", "script", "containerSet")):
-            problems.append(f"{path}.{key}: only a container, script or containerSet "
-                            "template runs a pod")
-        groups.append((key, [c for c in template.get(key) or [] if isinstance(c, dict)]))
-    seen: set[str] = set()
-    for key, containers in groups:
-        for j, container in enumerate(containers):
-            where = f"{path}.{key}[{j}]"
-            name = container.get("name")
-            if not name:
-                problems.append(f"{where}.name: missing")
-            elif name in seen or name in ("wait", "init") or \
-                    (name == "main" and key != "containerSet.containers"):
-                problems.append(f"{where}.name: {name!r} is taken (container names are "
-                                "unique in a pod; main, init and wait are Argo's)")
-            seen.add(name)
-            if not container.get("command"):
-                from .manifest import COMMAND_REQUIRED
-
-                problems.append(f"{where}.{COMMAND_REQUIRED}")
-            elif not isinstance(container["command"], list):
-                problems.append(f"{where}.command: expected a list")
-            for k, mount in enumerate(container.get("volumeMounts") or []):
-                if isinstance(mount, dict) and mount.get("name") not in volumes:
-                    problems.append(f"{where}.volumeMounts[{k}].name: volume "
-                                    f"{mount.get('name')!r} is not declared")
-            for k, item in enumerate(container.get("env") or []):
-                ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") \
-                    if isinstance(item, dict) else None
-                if isinstance(ref, dict) and not ref.get("optional"):
-                    problems.append(f"{where}.env[{k}].valueFrom.secretKeyRef: Kubernetes "
-                                    "secrets are not available locally; mark it optional: "
-                                    "true so the local environment provides the variable")
-    return problems
-
-
-def _cyclic(graph: dict) -> bool:
-    state: dict = {}
-
-    def visit(name: object) -> bool:
-        if state.get(name) == 1:
-            return True
-        if state.get(name) == 2 or name not in graph:
-            return False
-        state[name] = 1
-        if any(visit(d) for d in graph[name]):
-            return True
-        state[name] = 2
-        return False
-
-    return any(visit(name) for name in graph)

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import ManifestError
-from .mounts import Bind
+from ..errors import ManifestError
+from ..mounts import Bind
 
 ENGINES = ("docker", "podman", "buildah")
 PROBE_TIMEOUT_S = 30.0
@@ -92,7 +92,7 @@ class Engine:
 
     name = ""
     # Executables (prefixes of /proc/PID/exe) of the engine's own processes in a step's process
-    # group, which a stop must not SIGTERM (``container_keeper.container_processes``); empty
+    # group, which a stop must not SIGTERM (``keeper.container_processes``); empty
     # when the engine's client passes signals on to the container (docker's --sig-proxy).
     engine_exes: tuple[str, ...] = ()
 
@@ -193,7 +193,7 @@ class Buildah(Engine):
         argv = [self.program, "run", "--isolation", "chroot", "--uts", "host",
                 *_spec_flags(spec, "--workingdir")]
         # `buildah run` has no supplementary groups: a pod's fsGroup works through the volumes'
-        # group ownership when it is the runAsGroup (in_images says so).
+        # group ownership when it is the runAsGroup (images.executor says so).
         return [*argv, name, "--", *spec.argv]
 
     def removal(self) -> list[str]:

@@ -3,7 +3,7 @@
 The run is planned as in process mode (``plan``): the same volumes, emptyDirs, input artifacts,
 outputs and script, but with the manifest's paths left as written, since inside the image they
 are real. ``ImageExecutor`` then runs each container through a container engine
-(``container_engines``) as Argo's emissary and wait container would:
+(``images.engines``) as Argo's emissary and wait container would:
 
 - its volumes (claims, claim templates, emptyDirs: the folders process mode uses) are bound at
   their ``mountPath``s; its input artifacts, loaded as in process mode, are bound at their
@@ -25,7 +25,7 @@ are real. ``ImageExecutor`` then runs each container through a container engine
 - once the command has ended, output parameters' ``valueFrom.path`` and output artifacts are
   copied out of the container's own filesystem (those on a volume are already local), then the
   container is removed, always: in a ``finally``, and by the run's keeper
-  (``container_keeper``) if the runner is killed first;
+  (``images.keeper``) if the runner is killed first;
 - a stop (a deadline, Ctrl-C) sends SIGTERM to the step's processes, not to the engine's own
   (buildah kills its command outright when it is signalled), then SIGKILL to them all after
   the grace period, as in process mode.
@@ -48,12 +48,16 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from . import container_keeper
-from .container_engines import (
+from ..executor import PodHooks, PodOutcome, await_pod
+from ..local_process import KILL_GRACE_S, LocalProcess
+from ..mounts import SCRIPT_PATH, Bind
+from ..paths import PathMap
+from . import keeper as keeper_script
+from .engines import (
     COMMAND_TIMEOUT_S,
     ContainerEngineError,
     Engine,
@@ -62,104 +66,19 @@ from .container_engines import (
     choose_engine,
     last_line,
 )
-from .container_keeper import container_processes
-from .errors import NodeError
-from .executor import PodHooks, PodOutcome, await_pod
-from .mounts import SCRIPT_PATH, Bind
-from .paths import PathMap
-from .process import KILL_GRACE_S, LocalProcess
-from .substitution import as_text, substitute_text
+from .keeper import container_processes
+from .spec import InImage, template_images
 
 if TYPE_CHECKING:
-    from .plan import Container, PodRequest
+    from ..plan import Container, PodRequest
 
 # Where a container finds its termination-message file (see the module docstring).
 TERMINATION_PATH = "/argo/termination-log"
-_IMAGE_KEYS = ("container", "script")
 _GROUP_MASK = 0o660  # the kubelet's rwMask for a volume's files under fsGroup
 _DIR_MASK = 0o660 | 0o110 | stat.S_ISGID  # and for its folders: searchable, setgid
 
 
-class InImage(NamedTuple):
-    """What one container of a pod runs in its image (``plan`` makes it in container mode)."""
-
-    image: str
-    command: tuple[str, ...]  # the template's; empty: the image's ENTRYPOINT
-    args: tuple[str, ...]  # with no command and no args: the image's CMD
-    working_dir: str = ""  # "": the image's
-    run_as_user: int | None = None
-    run_as_group: int | None = None
-    run_as_non_root: bool = False
-    fs_group: int | None = None
-    inputs: tuple[str, ...] = ()  # container paths of the input artifacts bound into it
-
-
-def image_spec(body: dict, pod_security: dict | None, args: Sequence[str] | None = None,
-               inputs: Sequence[str] = ()) -> InImage:
-    """A container's ``InImage`` from its (substituted) body and the pod's securityContext:
-    the container's own securityContext fields win, one by one, as in Kubernetes.
-    ``args``: as planned (a script's path appended), else the body's."""
-    own = body.get("securityContext") or {}
-    pod = pod_security or {}
-
-    def number(key: str, where: str, holder: dict) -> int | None:
-        value = holder.get(key)
-        if value is None:
-            return None
-        try:
-            return int(str(value))
-        except ValueError as exc:
-            raise NodeError(f"{where}.{key}: {value!r} is not an integer") from exc
-
-    def chosen(key: str) -> int | None:
-        found = number(key, "securityContext", own)
-        return found if found is not None else number(key, "pod securityContext", pod)
-
-    non_root = own.get("runAsNonRoot", pod.get("runAsNonRoot", False))
-    return InImage(
-        image=str(body.get("image") or ""),
-        command=tuple(str(a) for a in body.get("command") or ()),
-        args=tuple(args if args is not None else (as_text(a) for a in body.get("args") or ())),
-        working_dir=str(body.get("workingDir") or ""),
-        run_as_user=chosen("runAsUser"),
-        run_as_group=chosen("runAsGroup"),
-        run_as_non_root=non_root is True or str(non_root).lower() == "true",
-        fs_group=number("fsGroup", "pod securityContext", pod),
-        inputs=tuple(inputs),
-    )
-
-
 # ----------------------------------------------------------------------------- up front
-
-
-def template_images(workflow: dict, parameters: dict[str, str]
-                    ) -> tuple[dict[str, list[str]], list[str]]:
-    """Every image the workflow's templates name (main, init, sidecar and containerSet
-    containers), with the ``workflow.parameters`` substituted: image -> the templates using
-    it; and the problems found (a container without an image)."""
-    scope = {f"workflow.parameters.{k}": v for k, v in parameters.items()}
-    found: dict[str, list[str]] = {}
-    problems: list[str] = []
-    for template in workflow["spec"].get("templates") or []:
-        name = template.get("name", "?")
-        bodies = [(f"{k}", template[k]) for k in _IMAGE_KEYS if isinstance(template.get(k), dict)]
-        for key in ("initContainers", "sidecars"):
-            bodies += [(f"{key}[{i}]", c) for i, c in enumerate(template.get(key) or [])]
-        bodies += [(f"containerSet.containers[{i}]", c) for i, c in enumerate(
-            (template.get("containerSet") or {}).get("containers") or [])]
-        for where, body in bodies:
-            image = str(body.get("image") or "")
-            if not image:
-                problems.append(f"templates.{name}.{where}.image: required with --containers")
-                continue
-            with contextlib.suppress(NodeError):
-                image = substitute_text(image, scope, f"templates.{name}.{where}.image")
-            if "{{" in image:
-                continue  # known when the pod starts (a task's argument): looked up then
-            users = found.setdefault(image, [])
-            if name not in users:
-                users.append(name)
-    return found, problems
 
 
 def image_executor(workflow: dict, parameters: dict[str, str], requested: str = "auto"
@@ -226,10 +145,10 @@ class ImageExecutor:
 
     def run(self, request: PodRequest, hooks: PodHooks) -> PodOutcome:
         if request.containers:  # init containers, sidecars or a containerSet
-            from .containers import run_containers
+            from ..container_set import run_containers
 
             return run_containers(request, hooks, self.start)
-        from .containers import main_container
+        from ..container_set import main_container
 
         try:
             process = self.start(request, main_container(request), hooks.on_line)
@@ -475,7 +394,7 @@ class ContainerProcess(LocalProcess):
 
 
 class Keeper:
-    """The runner's side of the run's container keeper (``container_keeper``): started with
+    """The runner's side of the run's container keeper (``images.keeper``): started with
     the first container, told of each one, closed with the run. A keeper that died is started
     again and told what the last one knew."""
 
@@ -516,7 +435,7 @@ class Keeper:
                   "grace_s": KILL_GRACE_S}
         # Its own session: a terminal's signals are for the runner, not for it.
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", container_keeper.__file__, json.dumps(config)],
+            [sys.executable, "-I", "-S", keeper_script.__file__, json.dumps(config)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             text=True, start_new_session=True)
 
@@ -538,4 +457,4 @@ def _watch_line(name: str, pgid: int | None) -> str:
     return f"watch {name}" + (f" {pgid}" if pgid is not None else "")
 
 
-__all__ = ["ContainerEngineError", "ImageExecutor", "InImage", "image_executor", "image_spec"]
+__all__ = ["ContainerEngineError", "ImageExecutor", "image_executor"]

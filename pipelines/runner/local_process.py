@@ -82,10 +82,10 @@ class LocalProcess:
         append: bool = False,  # a containerSet retry: Argo appends the attempt's log
         setup: Callable[[], None] | None = None,  # lock-free, in the child before exec
         # False: the runner's death is someone else's to act on (a container's keeper:
-        # ``container_keeper``), so the process gets no PR_SET_PDEATHSIG.
+        # ``images.keeper``), so the process gets no PR_SET_PDEATHSIG.
         die_with_runner: bool = True,
         # Called with each stderr line; True keeps it out of the log and the output (a
-        # container engine's own report of the step's end: ``in_images``).
+        # container engine's own report of the step's end: ``images``).
         engine_line: Callable[[str], bool] | None = None,
     ) -> None:
         self.append = append

@@ -1,6 +1,6 @@
 """The keeper of a run's containers: removes them even when the runner is killed.
 
-``sublimate run --containers`` creates a container per step (``in_images``) and removes it in a
+``sublimate run --containers`` creates a container per step (``images``) and removes it in a
 ``finally`` once the step has ended and its outputs are read. A runner killed outright
 (SIGKILL, the OOM killer) runs no ``finally``: its keeper, a small process of its own started
 with the run's first container, does it instead. The runner tells it, one line each on its
@@ -10,9 +10,9 @@ stdin ends without the runner having closed it on purpose, the runner is gone: t
 stops each container's command as the runner's own stop would (SIGTERM to the step's
 processes, SIGKILL to the group after the grace period: ``process.LocalProcess.stop``) and
 removes the container. This is the container mode's counterpart of the ``PR_SET_PDEATHSIG``
-that ties a process-mode step to the runner (``process``).
+that ties a process-mode step to the runner (``local_process``).
 
-Run as a script (``python -I -S container_keeper.py CONFIG``, standard library only, no
+Run as a script (``python -I -S keeper.py CONFIG``, standard library only, no
 package import: a few milliseconds) and imported by the runner for ``container_processes``,
 so the keeper and the runner pick the same processes to signal.
 """

@@ -37,7 +37,7 @@ from typing import Any
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from .expressions import ExpressionError
+from .conditions import ExpressionError
 
 _GRAMMAR = r"""
 ?start: expr

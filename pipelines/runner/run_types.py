@@ -51,7 +51,7 @@ class RunOptions:
     # "auto" is "namespace" where this machine allows it (and pods are local processes).
     mounts: str = "auto"
     # ``--containers``: run each pod in its template's image through a container engine
-    # (``in_images``): "auto" (the first of docker, podman, buildah that works) or one of them;
+    # (``images``): "auto" (the first of docker, podman, buildah that works) or one of them;
     # None: pods are local processes.
     containers: str | None = None
     # ``--semaphore NAME/KEY=N``: a synchronization semaphore's limit, by ConfigMap name and key

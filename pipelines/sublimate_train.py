@@ -7,7 +7,11 @@ from typing import TYPE_CHECKING, Any
 from sublimate.components.base import settings as declared
 from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.components.steps import evaluate, stage_data, train
-from sublimate.pipelines.parameters import TYPES_ANNOTATION, PipelineParameter, type_annotation
+from sublimate.pipelines.typed_parameters import (
+    TYPES_ANNOTATION,
+    PipelineParameter,
+    type_annotation,
+)
 
 if TYPE_CHECKING:
     from hera.workflows import CronWorkflow, WorkflowTemplate
@@ -144,7 +148,7 @@ def nightly_retraining(
     timezone: str = "UTC",
 ) -> CronWorkflow:
     """A CronWorkflow that submits ``template`` with its defaults every night: the retraining
-    pipeline (:mod:`sublimate.pipelines.retrain`), which only replaces the champion with a
+    pipeline (:mod:`sublimate.pipelines.sublimate_retrain`), which only replaces the champion with a
     better model, so an unattended run can never make the served model worse."""
     from hera.workflows import CronWorkflow
     from hera.workflows.models import WorkflowTemplateRef
