@@ -23,8 +23,7 @@ import time
 import torch
 from torch import nn
 
-from sublimate.components import training
-from sublimate.components.data.streaming import ShardReader, evaluation_batches
+from sublimate.components import ShardReader, evaluation_batches, training
 
 
 class SmallCNN(nn.Module):

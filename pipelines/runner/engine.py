@@ -4,7 +4,9 @@ Split along Argo's controller's own seams: ``dag``, ``steps``, ``loops`` (withIt
 withSequence), ``retry``, ``exit_handler`` and ``pod`` hold one template kind each, ``calls``
 a task or step invoked once, ``outputs`` what a node passes on, and ``run_folder`` the run's
 nodes, phases and ``status.json``. A pod is planned as plain data (``plan.PodRequest``) and
-run by the executor the options name (``executor``: a local process group by default).
+run by the executor the options name (``executor`` is the interface; ``local_executor``, a local
+process group, is the default). The per-kind modules see the run through ``context.RunContext``,
+which :class:`Run` implements: they never import this module.
 
 Each running task or step is a thread; pods' processes run in their own process groups under
 cancel scopes (``scope``) that deadlines and Ctrl-C stop. Node naming, phases and variable
