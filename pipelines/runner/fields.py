@@ -9,10 +9,10 @@ A field is named by its path from the workflow's ``spec``, list items written ``
   resources, security, pod policy, garbage collection, metrics, archiving): accepted, not
   applied, and reported once per run as ``not applied locally: ...``.
 
-The fields under a refused or cluster-only field are not listed: their parent decides. The
-table is plain Python (no schema is read when a workflow runs);
-tests/test_runner_completeness.py walks Argo's JSON schema and fails on any field the table
-does not classify, and feeds each entry through the runner's checker so the table cannot lie.
+The fields under a refused or cluster-only field are not listed: their parent decides. The table is
+plain Python (no schema is read when a workflow runs); tests/pipelines/runner/test_completeness.py
+walks Argo's JSON schema and fails on any field the table does not classify, and feeds each entry
+through the runner's checker so the table cannot lie.
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ from sublimate.pipelines.runner import (
     run,
     run_workflow,
 )
+from tests.conftest import REPO
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @script(outputs=[Parameter(name="total", value_from=ValueFrom(path="/tmp/total"),

@@ -26,7 +26,7 @@ from sublimate.pipelines.runner.hooks import (
     evaluate_hook_expression,
 )
 from sublimate.pipelines.runner.manifest import unsupported_fields
-from tests.test_runner_plan import ECHO, FakeExecutor, run, wf
+from tests.pipelines.runner.test_plan import ECHO, FakeExecutor, run, wf
 
 FAIL = PodOutcome(exit_code=1)
 

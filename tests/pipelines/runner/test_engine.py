@@ -19,8 +19,9 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
+from tests.conftest import REPO
 
-MANIFESTS = Path(__file__).parent / "manifests" / "runner"
+MANIFESTS = REPO / "tests" / "manifests" / "runner"
 
 
 def run(text: str, home: Path, params: dict[str, str] | None = None, **options) -> RunResult:

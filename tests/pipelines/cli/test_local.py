@@ -128,7 +128,7 @@ def test_a_killed_worker_is_restarted_and_resumes_from_its_checkpoint(
     accuracy = float(_nodes(result)["evaluate"]["outputs"]["parameters"]["accuracy"])
     assert abs(accuracy - baseline) <= 0.01
     # A kill between checkpoints leaves no half-written file to look for; a kill during a
-    # checkpoint write does: tests/test_resume_exact.py covers that case.
+    # checkpoint write does: tests/components/training/test_resume_exact.py covers that case.
 
 
 def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:

@@ -111,7 +111,8 @@ def _torchrun(nnodes: int, nproc: int, rdzv_port: int, out: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--rdzv-id", "tf-config-test",
-            "--monitor-interval", "0.1", "-m", "tests.test_tf_config", str(out)]
+            "--monitor-interval", "0.1", "-m", "tests.components.processes.test_tf_config",
+            str(out)]
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -144,7 +145,7 @@ def test_rank0_hosted_store_and_node_addr(tmp_path: Path) -> None:
     envs = [_clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), SUBLIMATE_NODE_ADDR=f"127.0.0.{r + 1}")
             for r in range(2)]
-    command = [sys.executable, "-m", "tests.test_tf_config", str(tmp_path)]
+    command = [sys.executable, "-m", "tests.components.processes.test_tf_config", str(tmp_path)]
     _run([command] * 2, envs)
     records = _records(tmp_path, 2)
     assert [r["address"] for r in records] == ["127.0.0.1", "127.0.0.2"]

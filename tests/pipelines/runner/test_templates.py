@@ -14,9 +14,10 @@ import pytest
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.runner import ManifestError, RunOptions, load_manifest, run_workflow
 from sublimate.pipelines.runner.library import join_specs
+from tests.conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = Path(__file__).parent / "manifests" / "templates"
+ROOT = REPO
+TEMPLATES = ROOT / "tests" / "manifests" / "templates"
 LIBRARY, EXTRA = TEMPLATES / "library", TEMPLATES / "extra"
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)")
 

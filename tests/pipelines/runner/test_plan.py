@@ -3,7 +3,7 @@
 The fake executor starts nothing: it records every ``PodRequest`` it is given and returns a
 scripted outcome (by default it "echoes" its arguments, so results flow from node to node as
 with real processes). ``subprocess.Popen`` is made to fail in this module, so a test that
-started a process would fail. Tests with real processes are in test_runner_engine.py.
+started a process would fail. Tests with real processes are in test_engine.py.
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ from sublimate.pipelines.lint import (
     lint_paths,
     semantic_problems,
 )
+from tests.conftest import REPO
 
-GOOD = Path(__file__).parent / "manifests" / "lint" / "good"
+GOOD = REPO / "tests" / "manifests" / "lint" / "good"
 
 
 # --- documents under test ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Faults on a running ``local_netns`` job (kill, cut, slow) and ``sublimate fault``.
 
-The jobs are real (namespaces, links, cgroups): like tests/test_netns_scheduler.py, these need
-root; outside CI a missing prerequisite skips them, in CI it fails them.
+The jobs are real (namespaces, links, cgroups): like
+tests/components/launch/test_netns_scheduler.py, these need root; outside CI a missing prerequisite
+skips them, in CI it fails them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from sublimate.components.launch import faults
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.cli.fault import duration
-from tests.test_netns_scheduler import (
+from tests.components.launch.test_netns_scheduler import (
     REPO,
     app_of,
     assert_no_leaks,

@@ -14,6 +14,7 @@ import pytest
 
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch import faults
+from tests.components.launch.test_netns_scheduler import netns
 from tests.conftest import (
     finish_run,
     first_checkpoint,
@@ -22,7 +23,6 @@ from tests.conftest import (
     run_outputs,
     start_run,
 )
-from tests.test_netns_scheduler import netns
 
 __all__ = ["netns"]  # the fixture, used by every test below
 
@@ -45,8 +45,8 @@ def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> No
         float(run_outputs(plain.stdout)["metric"]), abs=0.01)
     summary = json.loads((results_folder(tmp_path / "netns") / "train-summary.json").read_text())
     assert summary["world_size"] == 3
-    # The job's cluster was torn down with it (tests/test_netns_scheduler.py checks for leaks
-    # of namespaces, links and processes in every way a job can end).
+    # The job's cluster was torn down with it (tests/components/launch/test_netns_scheduler.py
+    # checks for leaks of namespaces, links and processes in every way a job can end).
     (state,) = results_folder(tmp_path / "netns").glob("logs/**/cluster.json")
     cluster = json.loads(state.read_text())
     assert cluster["state"] != faults.RUNNING

@@ -1,10 +1,10 @@
 """Asynchronous SGD as it really runs: a parameter server and two trainers, each its own process,
 talking over ``torch.distributed.rpc`` (TensorPipe on 127.0.0.1).
 
-tests/test_paradigms.py checks :class:`ParameterServer`'s bookkeeping in one process with
-threads; this checks what only the real processes show: every push a trainer made over RPC was
-applied exactly once (no lost or repeated round trip), and the staleness bound held while one
-trainer was frozen and the other kept going.
+tests/components/paradigms/test_paradigms.py checks :class:`ParameterServer`'s bookkeeping in one
+process with threads; this checks what only the real processes show: every push a trainer made over
+RPC was applied exactly once (no lost or repeated round trip), and the staleness bound held while
+one trainer was frozen and the other kept going.
 """
 
 from __future__ import annotations

@@ -31,9 +31,8 @@ from sublimate.components.launch.netns_scheduler import (
     check_privileges,
     create_scheduler,
 )
-from tests.conftest import require
+from tests.conftest import REPO, require
 
-REPO = Path(__file__).resolve().parents[1]
 SESSION = "torchx"  # the session name get_runner() uses, so the log layout is the usual one
 
 
