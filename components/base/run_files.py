@@ -13,6 +13,8 @@ step and the report, and read by all of them, ``sublimate report`` and the noteb
     checkpoints/step-N/rank-R.pt   CHECKPOINTS        per-rank state; latest.json commits a step
     checkpoints/parameter-server.pt  SERVER_CHECKPOINT  the async server's state
     logs/                          LOGS               TorchX's per-replica logs (local runs)
+    fault-tolerance/               FAULT_TOLERANCE    per-step recovery: each node's events
+                                                      and step counters, per process start
     report/                        REPORT             report.json and the plots
 """
 
@@ -31,6 +33,7 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
 SERVER_CHECKPOINT = f"{CHECKPOINTS}/parameter-server.pt"
 LOGS = "logs"
+FAULT_TOLERANCE = "fault-tolerance"
 REPORT = "report"
 LAUNCHER_LOCK = "launcher.lock"  # the launcher training in this folder (one at a time)
 

@@ -49,13 +49,16 @@ class SettingError(ValueError):
 
 class NodeRange(int):
     """A node count: the int is the most nodes; ``minimum`` is fewer for an elastic job
-    (``nodes=2:4``: start with up to 4, go on while at least 2 remain)."""
+    (``nodes=2:4``: start with up to 4, go on while at least 2 remain). ``ranged``: given as
+    ``MIN:MAX`` (``4:4`` too: under per-step recovery, a step then needs all four)."""
 
     minimum: int
+    ranged: bool
 
     def __new__(cls, maximum: int, minimum: int | None = None) -> NodeRange:
         value = super().__new__(cls, maximum)
         value.minimum = maximum if minimum is None else minimum
+        value.ranged = minimum is not None
         return value
 
     @property
@@ -63,7 +66,7 @@ class NodeRange(int):
         return self.minimum < int(self)
 
     def __str__(self) -> str:
-        return f"{self.minimum}:{int(self)}" if self.elastic else str(int(self))
+        return f"{self.minimum}:{int(self)}" if self.ranged else str(int(self))
 
     __repr__ = __str__
 
@@ -161,7 +164,7 @@ class Setting:
                                    f"{_number(self.maximum)}")
         if minimum > maximum:
             raise SettingError(f"{self.name}: {text}: the minimum is above the maximum")
-        return NodeRange(maximum, minimum)
+        return NodeRange(maximum, minimum if high else None)
 
     def argparse_type(self) -> Any:
         def convert(text: str) -> Any:
@@ -193,6 +196,13 @@ _PERIODIC = frozenset({"bmuf", "easgd"})
 # The paradigms whose workers run one shared step loop under torchrun (processes.worker).
 COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
 _COLLECTIVE = frozenset(COLLECTIVE_PARADIGMS)
+RESTART, PER_STEP = "restart", "per-step"
+RECOVERY_MODES = (RESTART, PER_STEP)
+# max-restarts when left at auto: elastic jobs and per-step recovery exist to survive lost nodes,
+# so they get a few relaunches (per-step: replacements of each node) without being asked.
+DEFAULT_RESTARTS = {"elastic": 3, "per-step": 10, "otherwise": 0}
+# collective-timeout when left at auto, by recovery mode.
+COLLECTIVE_TIMEOUTS = {RESTART: 300.0, PER_STEP: 30.0}
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP all-reduce every "
@@ -242,10 +252,28 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=0),
     Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
             "at the end).", kind="integer", minimum=0),
-    Setting("max-restarts", 0, "Times torchrun restarts the workers after one fails, and times "
-            "the launcher relaunches a stalled job or one that lost a node; they resume from the "
-            "last checkpoint.", kind="integer", minimum=0, maximum=100,
-            reader="launcher"),
+    Setting("max-restarts", AUTO, "Times torchrun restarts the workers after one fails, and times "
+            "the launcher relaunches a stalled job or one that lost a node (they resume from the "
+            "last checkpoint); with recovery per-step, also times each lost node is replaced. "
+            f"auto: {DEFAULT_RESTARTS['elastic']} for elastic nodes (MIN:MAX), "
+            f"{DEFAULT_RESTARTS['per-step']} with recovery per-step, else 0.", kind="integer",
+            minimum=0, maximum=100, auto=True, reader="launcher"),
+    Setting("recovery", "restart", "What a lost node costs. restart: the job stops and every "
+            "node resumes from the last checkpoint (max-restarts times), as torchrun, Kubeflow "
+            "and Ray do. per-step: torchft; every node is a replica group and every step is "
+            "committed by the groups alive at that moment, so a lost node costs its one step in "
+            "flight while the others go on, and its replacement copies the weights from a live "
+            "peer (docs/fault-tolerance.md). sync, bmuf and easgd.",
+            choices=RECOVERY_MODES, paradigms=_COLLECTIVE),
+    Setting("chaos-mtbf", 0, "local_netns: kill a random training node (all its processes at "
+            "once) after exponentially distributed intervals of this mean, in seconds, to see "
+            "a recovery mode at work; 0: no chaos.", kind="number", minimum=0,
+            reader="launcher", paradigms=_COLLECTIVE),
+    Setting("chaos-kills", 0, "chaos-mtbf: stop after this many kills (0: until training ends).",
+            kind="integer", minimum=0, reader="launcher", paradigms=_COLLECTIVE),
+    Setting("chaos-seed", 0, "chaos-mtbf: seed of the kills' times and nodes (the same seed, "
+            "the same schedule: to compare recovery modes).", kind="integer", minimum=0,
+            reader="launcher", paradigms=_COLLECTIVE),
     Setting("lr-scaling", "linear", "Scale the learning rate with the batch one update "
             "averages / reference-batch-size (Goyal et al. 2017): the global batch (sync, "
             "easgd), a trainer's (async); bmuf also divides by its block gain zeta/(1-eta).",
@@ -271,9 +299,12 @@ SETTINGS: tuple[Setting, ...] = (
             paradigms=frozenset({"async"})),
     Setting("eval-every-epoch", True, "Evaluate test accuracy after every epoch (rank 0), for "
             "the report's accuracy curve.", kind="boolean"),
-    Setting("collective-timeout", 300, "Seconds a collective may wait for a peer before the "
-            "job fails (and restarts, with max-restarts) instead of torch's 30 minutes.",
-            kind="number", minimum=1, paradigms=_COLLECTIVE),
+    Setting("collective-timeout", AUTO, "Seconds a collective may wait for a peer before the "
+            "job fails (and restarts, with max-restarts) instead of torch's 30 minutes; with "
+            "recovery per-step, before the step is dropped and retried without that peer. "
+            f"auto: {COLLECTIVE_TIMEOUTS[RESTART]:g} ({COLLECTIVE_TIMEOUTS[PER_STEP]:g} with "
+            "recovery per-step, whose point is to lose little to a peer that died silently).",
+            kind="number", minimum=1, auto=True, paradigms=_COLLECTIVE),
     Setting("data-loading", "auto", "memory: every worker holds the training split; stream: "
             "each rank streams its own shards from the volume through a shuffle buffer (data "
             "larger than memory); auto: stream above 1 GiB.",
@@ -406,14 +437,28 @@ def check(values: Mapping[str, Any]) -> None:
     nodes = merged["nodes"]
     algorithm = merged["algorithm"]
     minimum = getattr(nodes, "minimum", nodes)
-    if minimum < nodes and algorithm != "sync":
+    if minimum < nodes and algorithm != "sync" and merged["recovery"] != PER_STEP:
         raise SettingError(f"nodes {nodes}: elastic training needs algorithm sync ({algorithm} "
                            "keeps per-worker state that cannot be re-divided among fewer nodes)")
-    if minimum < nodes and merged["max_restarts"] < 1:
+    per_step = merged["recovery"] == PER_STEP
+    if minimum < nodes and merged["max_restarts"] == 0 and not per_step:
         raise SettingError(f"nodes {nodes}: elastic training needs max-restarts of at least 1 "
-                           "(the nodes that remain restart their workers after a loss)")
+                           "(the nodes that remain restart their workers after a loss; leave "
+                           f"it at auto for {DEFAULT_RESTARTS['elastic']})")
+    if per_step and algorithm not in _COLLECTIVE:
+        raise SettingError(f"recovery per-step: algorithm {algorithm} keeps its own parameter "
+                           "server and does not support per-step recovery; use recovery restart")
+    if per_step and merged["entrypoint"]:
+        raise SettingError("recovery per-step runs sublimate's own step loop, which commits "
+                           "every step through torchft; with entrypoint, use recovery restart")
+    if merged["chaos_mtbf"] and merged["scheduler"] != "local_netns":
+        raise SettingError("chaos-mtbf kills nodes of a local_netns cluster: set scheduler to "
+                           "local_netns")
     accumulation = merged["accumulation_steps"] if algorithm in _COLLECTIVE else 1
-    for count in range(int(nodes), minimum - 1, -1):  # every size an elastic job can have
+    # Every size an elastic job can have; per-step recovery keeps every node's slice of the
+    # batch (a lost node's is skipped), so only the full size counts.
+    smallest = int(nodes) if per_step else minimum
+    for count in range(int(nodes), smallest - 1, -1):
         workers = count * merged["procs_per_node"]
         divisor = workers * accumulation
         if merged["global_batch_size"] % divisor:
@@ -439,6 +484,25 @@ def check(values: Mapping[str, Any]) -> None:
             and merged["block_momentum"] >= 1:
         raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "
                            "(bmuf diverges at 1 and above)")
+
+
+def max_restarts(values: Mapping[str, Any]) -> int:
+    """``max-restarts`` as the launcher applies it: the value given, or its auto default."""
+    given = values.get("max_restarts")
+    if given is not None:
+        return int(given)
+    if values.get("recovery") == PER_STEP:
+        return DEFAULT_RESTARTS[PER_STEP]
+    nodes = values.get("nodes", 1)
+    return DEFAULT_RESTARTS["elastic" if getattr(nodes, "elastic", False) else "otherwise"]
+
+
+def collective_timeout(values: Mapping[str, Any]) -> float:
+    """``collective-timeout`` as the workers apply it: the value given, or its auto default."""
+    given = values.get("collective_timeout")
+    if given is not None:
+        return float(given)
+    return COLLECTIVE_TIMEOUTS[values.get("recovery") or RESTART]
 
 
 def check_texts(texts: Mapping[str, str]) -> None:

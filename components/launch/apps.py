@@ -15,7 +15,9 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from sublimate.components.base import replica_groups
 from sublimate.components.base.runtime import DEFAULT_IMAGE
+from sublimate.components.launch import lighthouse
 from sublimate.components.monitoring import metrics
 
 if TYPE_CHECKING:
@@ -27,6 +29,9 @@ ASYNC_MODULE = "sublimate.components.processes.async_sgd"
 # runs a user's code (entrypoint.MODULE)
 ENTRYPOINT_MODULE = "sublimate.components.processes.entrypoint"
 RANK0_HOST = "${TORCHX_RANK0_HOST:=localhost}"  # set by TorchX schedulers on multi-node jobs
+# Where a local per-step node's Lighthouse listens: the node's own address on local_netns, else
+# loopback (a pod binds every address of its own network instead: see build_app).
+LOCAL_BIND = f"${{{replica_groups.NODE_ADDR_ENV}:-127.0.0.1}}"
 # How often torchrun's agent checks its workers (torchrun's own default, made explicit: it is
 # also how soon a finished or failed worker is noticed).
 MONITOR_INTERVAL = 0.1
@@ -54,9 +59,10 @@ RDZV_CONF = "${PET_RDZV_CONF:+$PET_RDZV_CONF,}"
 
 
 def _shell(command: list[str]) -> list[str]:
-    # Shell expansions (the rendezvous host, the scheduler's rendezvous options) stay unquoted.
+    # Shell expansions (the rendezvous host, the scheduler's rendezvous options, a local
+    # Lighthouse's address) stay unquoted.
     return ["-c", " ".join(arg if RANK0_HOST in arg or arg.startswith(RDZV_CONF)
-                           else shlex.quote(arg) for arg in command)]
+                           or arg == LOCAL_BIND else shlex.quote(arg) for arg in command)]
 
 
 def _mounts(mounts: list[str] | None) -> list[specs.Mount]:
@@ -85,6 +91,9 @@ def trainer(
     framework: str = "pytorch",
     min_nodes: int | None = None,
     rendezvous_timeout: int = 300,
+    recovery: str = "restart",
+    lighthouse_port: int = 29510,
+    lighthouse_bind: str = LOCAL_BIND,
 ) -> specs.AppDef:
     """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
@@ -111,8 +120,26 @@ def trainer(
         min_nodes: fewer nodes the job may go on with (elastic: ``--nnodes min:max``); the
             TorchX role starts ``nodes`` replicas and needs ``min_nodes``
         rendezvous_timeout: seconds the nodes may take to meet, at start and after a restart
+        recovery: ``restart`` (a lost node stops the job, which restarts from its last
+            checkpoint) or ``per-step`` (torchft: every node is a replica group with its own
+            single-node torchrun; a ``lighthouse`` role forms the quorum of the groups alive
+            before each step, and ``min_nodes`` is how many a step needs)
+        lighthouse_port: the Lighthouse's port (per-step)
+        lighthouse_bind: the address the Lighthouse binds (per-step; a shell expansion on the
+            local schedulers)
+
+    Under per-step recovery ``max_restarts`` is how many times each node may be replaced (by
+    the launcher on one machine, by Volcano on Kubernetes); torchrun itself never restarts.
     """
     from torchx import specs
+
+    if recovery == "per-step":
+        return _per_step_trainer(
+            worker_args, nodes=nodes, procs_per_node=procs_per_node, image=image, cpu=cpu,
+            gpu=gpu, memMB=memMB, python=python, mounts=mounts, env=env, name=name,
+            fork_workers=fork_workers, min_nodes=nodes if min_nodes is None else min_nodes,
+            rendezvous_timeout=rendezvous_timeout, lighthouse_port=lighthouse_port,
+            lighthouse_bind=lighthouse_bind, replacements=max_restarts)
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
@@ -138,13 +165,8 @@ def trainer(
         command = [python, "-m", "torch.distributed.run", *torchrun_flags,
                    "-m", ENTRYPOINT_MODULE, "--framework", framework, "--", entrypoint,
                    *worker_args]
-    elif fork_workers if fork_workers is not None else not gpu:
-        # The worker module runs torchrun itself (worker.agent) and forks each worker.
-        command = [python, "-m", WORKER_MODULE, WORKER_AGENT, *torchrun_flags, "--",
-                   *worker_args]
     else:
-        command = [python, "-m", "torch.distributed.run", *torchrun_flags,
-                   "-m", WORKER_MODULE, *worker_args]
+        command = _worker_command(python, torchrun_flags, worker_args, gpu, fork_workers)
     return specs.AppDef(name=name, roles=[specs.Role(
         name="worker", image=image, entrypoint="bash", args=_shell(command),
         num_replicas=nodes, min_replicas=min_nodes if min_nodes < nodes else None,
@@ -152,6 +174,63 @@ def trainer(
         env=_worker_env(gpu, env), port_map={"c10d": rdzv_port, "metrics": _metrics_port()},
         mounts=_mounts(mounts),
     )])
+
+
+def _worker_command(python: str, torchrun_flags: list[str], worker_args: tuple[str, ...],
+                    gpu: int, fork_workers: bool | None) -> list[str]:
+    """torchrun over the built-in worker: forked from an agent that has imported torch already
+    (CPU nodes, by default: a second of start-up saved per worker), or started afresh."""
+    if fork_workers if fork_workers is not None else not gpu:
+        # The worker module runs torchrun itself (worker.agent) and forks each worker.
+        return [python, "-m", WORKER_MODULE, WORKER_AGENT, *torchrun_flags, "--", *worker_args]
+    return [python, "-m", "torch.distributed.run", *torchrun_flags, "-m", WORKER_MODULE,
+            *worker_args]
+
+
+def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_node: int,
+                      image: str, cpu: int, gpu: int, memMB: int, python: str,
+                      mounts: list[str] | None, env: dict[str, str] | None, name: str,
+                      fork_workers: bool | None, min_nodes: int, rendezvous_timeout: int,
+                      lighthouse_port: int, lighthouse_bind: str,
+                      replacements: int) -> specs.AppDef:
+    """:func:`trainer` with ``recovery=per-step``: a ``worker`` role whose every replica is a
+    replica group (a torchrun of one node, with its own store: no node hosts anything the others
+    need), and a ``lighthouse`` role after it (so that the workers keep replica ids, and node
+    indices, 0..nodes-1). A node's death ends its torchrun (no in-place restarts): the launcher,
+    or Volcano on Kubernetes, replaces the whole node, which heals from a live peer."""
+    from torchx import specs
+
+    if not 1 <= min_nodes <= nodes:
+        raise ValueError(f"min_nodes must be between 1 and nodes ({nodes})")
+    torchrun_flags = [
+        "--nnodes", "1", "--nproc-per-node", str(procs_per_node),
+        # The node's own store on a free port (torchrun --standalone's endpoint); is_host
+        # overrides a scheduler's rendezvous options, which name node 0 as the only host.
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+        "--rdzv-conf", f"is_host=1,join_timeout={int(rendezvous_timeout)}",
+        "--rdzv-id", f"{specs.macros.app_id}-{specs.macros.replica_id}",
+        "--max-restarts", "0",
+        "--monitor-interval", str(MONITOR_INTERVAL),
+    ]
+    command = _worker_command(python, torchrun_flags, worker_args, gpu, fork_workers)
+    worker_env = {**_worker_env(gpu, env), **replica_groups.replica_group_env(
+        nodes, min_nodes, lighthouse_port, specs.macros.replica_id)}
+    return specs.AppDef(name=name, roles=[
+        specs.Role(
+            name="worker", image=image, entrypoint="bash", args=_shell(command),
+            num_replicas=nodes, min_replicas=min_nodes if min_nodes < nodes else None,
+            resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB), env=worker_env,
+            port_map={"metrics": _metrics_port()}, mounts=_mounts(mounts),
+            metadata={lighthouse.RECOVERY_METADATA: "per-step",
+                      lighthouse.MIN_GROUPS_METADATA: min_nodes,
+                      lighthouse.REPLACEMENTS_METADATA: replacements}),
+        specs.Role(
+            name=replica_groups.LIGHTHOUSE_ROLE, image=image, entrypoint="bash",
+            args=_shell(lighthouse.command(python, lighthouse_port, min_nodes,
+                                           lighthouse_bind)),
+            num_replicas=1, resource=specs.Resource(**lighthouse.RESOURCES),
+            env={"PYTHONUNBUFFERED": "1"}, port_map={"lighthouse": lighthouse_port}),
+    ])
 
 
 def parameter_server(

@@ -16,6 +16,12 @@ import re
 import time
 from pathlib import Path
 
+from sublimate.components.launch.lighthouse import (
+    MIN_GROUPS_METADATA,
+    RECOVERY_METADATA,
+    REPLACEMENTS_METADATA,
+)
+
 # Schedulers that run the nodes on this machine (the launcher's Python, its folders).
 LOCAL_SCHEDULERS = ("local_cwd", "local_netns")
 
@@ -81,6 +87,13 @@ def _kubernetes_scheduler_class() -> type:
 
         def _submit_dryrun(self, app: object, cfg: dict) -> object:
             info = super()._submit_dryrun(app, cfg)
+            per_step = [role for role in app.roles  # type: ignore[attr-defined]
+                        if role.metadata.get(RECOVERY_METADATA) == "per-step"]
+            if per_step:
+                from sublimate.components.launch.per_step import volcano_per_step
+
+                volcano_per_step(info.request.resource, per_step[0].metadata[MIN_GROUPS_METADATA],
+                                 per_step[0].metadata[REPLACEMENTS_METADATA])
             name = cfg.get("job_name")
             if name:
                 # TorchX's generated id is in the job's name, its pods' labels and wherever the
@@ -150,7 +163,8 @@ def _runner_class() -> type:
 
     class JobRunner(Runner):
         """TorchX's Runner with ``delete(app_handle)`` (TorchX 0.7 has none) and ``ending``
-        (why a job reported as running is ending), for the Kubernetes scheduler above."""
+        (why a job reported as running is ending), for the Kubernetes scheduler above, and
+        ``replica_states`` / ``restart_replica`` for the local ones (per-step recovery)."""
 
         def delete(self, app_handle: str) -> None:
             scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
@@ -159,6 +173,17 @@ def _runner_class() -> type:
         def ending(self, app_handle: str) -> str:
             scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
             return scheduler.ending(app_id)
+
+        def replica_states(self, app_handle: str) -> dict[tuple[str, int], object]:
+            """Each replica's own state (the local schedulers: per-step recovery's view)."""
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            return scheduler.replica_states(app_id)
+
+        def restart_replica(self, app_handle: str, role: str, replica: int,
+                            env: dict[str, str]) -> None:
+            """Start one replica of a running job again (per-step recovery's replacement)."""
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            scheduler.restart_replica(app_id, role, replica, env)
 
     return JobRunner
 

@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import contract_env, is_script, locate_entrypoint
-from sublimate.components.base.settings import to_flags, worker_settings
+from sublimate.components.base.settings import PER_STEP, RESTART, to_flags, worker_settings
 from sublimate.components.base.termination import fail
+from sublimate.components.launch import per_step as recovery
 from sublimate.components.launch.apps import parameter_server, trainer
+from sublimate.components.launch.chaos import Chaos
 from sublimate.components.launch.cluster_job import (
     LOCAL_SCHEDULERS,
     claim_job,
@@ -161,6 +163,11 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
               "procs_per_node": args.procs_per_node, "rdzv_port": port,
               "max_restarts": args.max_restarts,
               "rendezvous_timeout": int(args.rendezvous_timeout)}
+    if per_step(args):
+        # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
+        layout["min_nodes"] = args.nodes.minimum if getattr(args.nodes, "ranged", False) else 1
+        layout.update(recovery=PER_STEP, lighthouse_port=_free_port() if local else 29510,
+                      **({} if local else {"lighthouse_bind": "0.0.0.0"}))
     if args.entrypoint:
         target, pythonpath = locate_entrypoint(args.entrypoint, local)
         if pythonpath:
@@ -175,6 +182,11 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
             trainers=int(args.nodes) * args.procs_per_node, rpc_port=port, **common)
     return trainer("--algorithm", args.algorithm, *paths, *training_flags(args), **layout,
                    **common)
+
+
+def per_step(args: argparse.Namespace) -> bool:
+    """Whether the job recovers per step (torchft) rather than by restarting."""
+    return getattr(args, "recovery", RESTART) == PER_STEP and args.algorithm != "async"
 
 
 def make_watchdog(args: argparse.Namespace, attempt: str | None) -> watchdog.Watchdog | None:
@@ -223,16 +235,24 @@ def launch(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace, scheduler: str) -> int:
     started = time.perf_counter()
-    with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
-        for attempt in range(args.max_restarts + 1):
-            outcome = run_attempt(runner, args, scheduler, attempt)
-            if outcome not in (STALLED, LOST):
-                break
-            if attempt < args.max_restarts:
-                print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} of "
-                      f"{args.max_restarts})", file=sys.stderr, flush=True)
-        if outcome != SUCCEEDED:
-            return 143 if outcome == STOPPED else 1
+    chaos = start_chaos(args, scheduler)
+    try:
+        with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
+            for attempt in range(args.max_restarts + 1):
+                outcome = run_attempt(runner, args, scheduler, attempt, chaos)
+                if outcome not in (STALLED, LOST):
+                    break
+                if attempt < args.max_restarts:
+                    print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} "
+                          f"of {args.max_restarts})", file=sys.stderr, flush=True)
+            if outcome != SUCCEEDED:
+                return 143 if outcome == STOPPED else 1
+    finally:
+        if chaos is not None:
+            chaos.stop()
+            print(f"train: chaos killed {len(chaos.kills)} node(s): "
+                  f"{', '.join(f'node{kill.node}' for kill in chaos.kills) or 'none'}",
+                  flush=True)
     if args.dryrun:
         return 0
     startup = _startup_line(args.run_dir)
@@ -294,10 +314,13 @@ def end_hung_workers(run_dir: Path, attempt: str) -> None:
                 os.kill(beat.pid, signal.SIGKILL)
 
 
-def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int) -> str:
+def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int,
+                chaos: Chaos | None = None) -> str:
     """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
-    STALLED (the watchdog stopped it), LOST (a node died while the others waited for it) or
-    STOPPED (the step was stopped)."""
+    STALLED (the watchdog stopped it), LOST (a node died while the others waited for it, or,
+    under per-step recovery, every node at once) or STOPPED (the step was stopped). Under
+    per-step recovery on one machine a lost node is replaced alone (:class:`recovery.Replacer`)
+    and the job goes on."""
     from torchx.specs import AppState
 
     attempt_started = time.time()
@@ -329,20 +352,30 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     status, stalled, lost, streams = None, None, [], []
+    replacer, ended = None, None
     try:
         if not attached:
             handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
             what = f"entrypoint {args.entrypoint}" if args.entrypoint \
                 else f"algorithm {args.algorithm}"
+            how = ", recovery per-step" if per_step(args) else ""
             print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
-                  f"procs, {what})", flush=True)
+                  f"procs, {what}{how})", flush=True)
         streams = follow_logs(runner, handle, app, scheduler)
+        if per_step(args) and scheduler in LOCAL_SCHEDULERS:
+            replacer = recovery.Replacer(runner, handle, args.max_restarts)
         poll = POLL_SECONDS.get(scheduler, 0.25)
         next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
         while not stop.is_set():
             status = runner.status(handle)  # type: ignore[attr-defined]
             if status is None or status.is_terminal():
                 break
+            if replacer is not None:
+                ended = replacer.check()
+                if ended is not None:
+                    break
+                stop.wait(poll)
+                continue
             lost = lost_replicas(status)
             if lost and enough_nodes(args, status):
                 lost = []  # elastic: the others go on without it
@@ -363,6 +396,9 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
             runner.cancel(handle)  # type: ignore[attr-defined]
         print("train: stopped; cancelled the training job", file=sys.stderr)
         return STOPPED
+    if replacer is not None and ended is not None:
+        return _per_step_end(runner, handle, args, replacer, ended, streams, attempt_started,
+                             chaos)
     if stalled is not None:
         runner.cancel(handle)  # type: ignore[attr-defined]
         if scheduler == "local_cwd":
@@ -393,6 +429,43 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
                           f"{replica.state.name}", file=sys.stderr)
         return FAILED
     return SUCCEEDED
+
+
+def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
+                  replacer: recovery.Replacer, ended: str, streams: list[threading.Thread],
+                  attempt_started: float, chaos: Chaos | None) -> str:
+    """End a per-step job the way its replicas ended: every node finished (the Lighthouse is
+    stopped: it would serve forever), every node lost at once (relaunch from the checkpoint), or
+    a node out of replacements."""
+    runner.cancel(handle)  # type: ignore[attr-defined]
+    for stream in streams:
+        stream.join(timeout=5)
+    if ended != "succeeded":
+        print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
+        return LOST if ended == "lost" else FAILED
+    section = recovery.summarize(args.run_dir, replacer.losses, attempt_started,
+                                 chaos.kills if chaos is not None else [])
+    recovery.merge_into_summary(args.run_dir, section)
+    for line in recovery.describe(section):
+        print(f"train: {line}", flush=True)
+    return SUCCEEDED
+
+
+def start_chaos(args: argparse.Namespace, scheduler: str) -> Chaos | None:
+    """The run's chaos (``chaos-mtbf``): kills drawn from ``chaos-seed``, on ``local_netns``."""
+    if args.dryrun or not getattr(args, "chaos_mtbf", 0) or scheduler != "local_netns":
+        return None
+    print(f"train: chaos: a node killed every {args.chaos_mtbf:g}s on average (seed "
+          f"{args.chaos_seed}" + (f", at most {args.chaos_kills} kills" if args.chaos_kills
+                                  else "") + ")", flush=True)
+    since = time.time()
+
+    def training() -> bool:  # a rank reported a step: kills land in training, not start-up
+        return any(beat.step > 0 for beat in
+                   watchdog.read_heartbeats(args.run_dir, since=since).values())
+
+    return Chaos(args.run_dir / run_files.LOGS, mtbf=args.chaos_mtbf, max_kills=args.chaos_kills,
+                 seed=args.chaos_seed, armed=training).start()
 
 
 def _startup_line(run_dir: Path) -> str | None:

@@ -28,6 +28,7 @@ supervisor process that outlives the launcher (:func:`faults.supervise`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import ipaddress
 import json
@@ -60,6 +61,7 @@ from torchx.schedulers.local_scheduler import (
 from torchx.specs.api import AppDef, AppState, ReplicaStatus, RoleStatus, runopts
 
 from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.base.replica_groups import volcano_hosts_env
 from sublimate.components.launch import faults
 from sublimate.components.launch.faults import CLUSTER_FILE, Cluster, Node
 
@@ -243,6 +245,11 @@ def _nodes(request: PopenRequest) -> list[tuple[str, int, ReplicaParam, str]]:
             for replica, params in enumerate(replicas)]
 
 
+def node_mac(addr: str) -> str:
+    """A node link's MAC address, from its IPv4 address (locally administered, unicast)."""
+    return "02:42:" + ":".join(f"{octet:02x}" for octet in ipaddress.IPv4Address(addr).packed)
+
+
 def _address(subnet: ipaddress.IPv4Network, octet: int) -> str:
     return str(subnet.network_address + octet)
 
@@ -252,9 +259,13 @@ def assign_addresses(request: PopenRequest, subnet: ipaddress.IPv4Network) -> No
     if len(nodes) > MAX_NODES:
         raise NetnsError(f"{NAME}: {len(nodes)} nodes; at most {MAX_NODES} fit on one bridge")
     rank0 = _address(subnet, 1)
+    # Where every replica runs, as Volcano's env plugin tells each pod (VC_<TASK>_HOSTS).
+    hosts = {volcano_hosts_env(role, replica): _address(subnet, index + 1)
+             for index, (role, replica, _, _) in enumerate(nodes)}
     for index, (_, _, params, _) in enumerate(nodes):
         params.env.update(node_env(index, _address(subnet, index + 1), rank0,
                                    _address(subnet, HOST_OCTET), params.env))
+        params.env.update(hosts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,9 +451,65 @@ class HostGpuLocalScheduler(LocalScheduler):
         super().__init__(session_name=session_name, image_provider_class=CWDImageProvider,
                          cache_size=cache_size, extra_paths=extra_paths)
         self.gpu_count = gpu_count
+        self._requests: dict[str, PopenRequest] = {}  # by app: to start a replica again
+        self._appending = False  # while a replica starts again: its logs are appended to
+        self._restarts: dict[str, dict[int, int]] = {}  # by app and node: times started again
 
     def _cuda_device_count(self) -> int:
         return host_gpu_count() if self.gpu_count is None else self.gpu_count
+
+    # Volcano's env plugin tells every pod of a job where each task runs (VC_<TASK>_HOSTS); the
+    # per-step workers find their Lighthouse that way. Here every replica is on this host.
+    HOST_OF_EVERY_REPLICA = "127.0.0.1"
+
+    def _to_popen_request(self, app: AppDef, cfg: LocalOpts) -> PopenRequest:
+        request = super()._to_popen_request(app, cfg)
+        hosts = {volcano_hosts_env(role, replica): self.HOST_OF_EVERY_REPLICA
+                 for role, replicas in request.role_params.items()
+                 for replica in range(len(replicas))}
+        for replicas in request.role_params.values():
+            for params in replicas:
+                params.env.update({name: host for name, host in hosts.items()
+                                   if name not in params.env})
+        return request
+
+    def schedule(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> str:
+        app_id = super().schedule(dryrun_info)
+        self._requests[app_id] = dryrun_info.request
+        return app_id
+
+    def replica_states(self, app_id: str) -> dict[tuple[str, int], AppState]:
+        """Each replica's own state: RUNNING, SUCCEEDED or FAILED (exit status not 0)."""
+        app = self._apps.get(app_id)
+        if app is None:
+            return {}
+        return {(role, replica.replica_id): AppState.RUNNING if replica.is_alive() else
+                AppState.FAILED if replica.failed() else AppState.SUCCEEDED
+                for role, replicas in app.role_replicas.items() for replica in replicas}
+
+    def restart_replica(self, app_id: str, role: str, replica: int,
+                        env: dict[str, str]) -> None:
+        """Start replica ``replica`` of ``role`` again, with its first command and ``env`` on
+        top (per-step recovery replaces a lost node alone); its logs go on in the same files.
+        Whatever is left of the replica's previous process group is killed first."""
+        app = self._apps[app_id]
+        params = copy.deepcopy(self._requests[app_id].role_params[role][replica])
+        params.env.update(env)
+        previous = app.role_replicas[role][replica]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(previous.proc.pid, signal.SIGKILL)
+        previous.terminate()  # closes its log handles
+        self._appending = True
+        try:
+            app.role_replicas[role][replica] = self._popen(role, replica, params)
+        finally:
+            self._appending = False
+
+    def _get_file_io(self, file: str | None) -> Any:
+        # A replica started again writes on at the end of its logs, which the launcher tails.
+        if file and self._appending:
+            return open(file, "ab", buffering=0)
+        return super()._get_file_io(file)
 
 
 def create_local_cwd_scheduler(session_name: str, cache_size: int = 100,
@@ -559,6 +626,7 @@ class NetnsScheduler(HostGpuLocalScheduler):
             app.kill()  # whatever was started goes, and the error stands
             raise
         self._apps[request.app_id] = app
+        self._requests[request.app_id] = request
         return request.app_id
 
     def _start_cluster(self, app: _NetnsApp, request: NetnsRequest) -> None:
@@ -600,20 +668,10 @@ class NetnsScheduler(HostGpuLocalScheduler):
         cgroups = _own_cpu_cgroup()
         for index, (role, replica, params, log_dir) in enumerate(_nodes(request)):
             os.makedirs(log_dir)
-            node = self._start_node(app, cluster, index, role, replica, params, request.binds)
+            node = self._start_node(app, index, role, replica, params, request.binds)
             cluster.nodes.append(node)
             cluster.save()
-            faults.run(["ip", "link", "add", node.veth, "netns", str(node.init_pid), "type",
-                        "veth", "peer", "name", node.bridge_veth, "netns", str(bridge.pid)],
-                       f"creating node {index}'s link")
-            faults.in_netns(node.init_pid, (
-                f"ip link set lo up\nip addr add {node.addr}/24 dev {node.veth}\n"
-                f"ip link set {node.veth} up\n"
-                + faults.qdisc_script(node.veth, request.link.rate, request.link.delay,
-                                      request.link.loss)), f"configuring node {index}")
-            bridge_script += (f"ip link set {node.bridge_veth} master br0 up\n" +
-                              faults.qdisc_script(node.bridge_veth, request.link.rate,
-                                                  request.link.delay, request.link.loss))
+            bridge_script += self._wire_node(cluster, node, request.link)
             if cgroups is not None:
                 # The node's PID 1 goes in before it starts anything: all its descendants
                 # inherit the group, so a CPU quota on it covers the whole node.
@@ -627,8 +685,63 @@ class NetnsScheduler(HostGpuLocalScheduler):
         cluster.save()
         app.release(go=True)
 
-    def _start_node(self, app: _NetnsApp, cluster: Cluster, index: int, role: str,
-                    replica: int, params: ReplicaParam, binds: list[tuple[str, str]]) -> Node:
+    @staticmethod
+    def _wire_node(cluster: Cluster, node: Node, link: LinkConfig) -> str:
+        """Give a started node its link (address, shaping) into the bridge's namespace; returns
+        the bridge side's script (attach to br0, shape), which the caller runs."""
+        # The node's MAC follows from its address, so a node started again in place keeps it:
+        # its peers' ARP caches stay right (a new MAC would leave them sending to the old one
+        # until their entries expired, tens of seconds in which the replacement is unreachable).
+        faults.run(["ip", "link", "add", node.veth, "address", node_mac(node.addr), "netns",
+                    str(node.init_pid), "type", "veth", "peer", "name", node.bridge_veth,
+                    "netns", str(cluster.bridge_pid)], f"creating node {node.index}'s link")
+        faults.in_netns(node.init_pid, (
+            f"ip link set lo up\nip addr add {node.addr}/24 dev {node.veth}\n"
+            f"ip link set {node.veth} up\n"
+            + faults.qdisc_script(node.veth, link.rate, link.delay, link.loss)),
+            f"configuring node {node.index}")
+        return (f"ip link set {node.bridge_veth} master br0 up\n"
+                + faults.qdisc_script(node.bridge_veth, link.rate, link.delay, link.loss))
+
+    def restart_replica(self, app_id: str, role: str, replica: int,
+                        env: dict[str, str]) -> None:
+        """Start a lost node again in place: a new node with the same index, address, link
+        shaping and CPU group (and any CPU cap ``fault slow`` left on it), its command run afresh
+        with ``env`` on top; its logs go on in the same files. A node still alive is killed
+        first (a replica is restarted only once the launcher found it failed)."""
+        app = self._apps[app_id]
+        if not isinstance(app, _NetnsApp):
+            raise NetnsError(f"{NAME}: no running cluster for {app_id}")
+        request = self._requests[app_id]
+        params = copy.deepcopy(request.role_params[role][replica])
+        params.env.update(env)
+        with faults.updating(app.cluster_path) as cluster:
+            index, old = next((n.index, n) for n in cluster.nodes
+                              if n.role == role and n.replica == replica)
+            faults.signal_process(old.init_pid, old.init_start)
+            app.role_replicas[role][replica].terminate()  # closes its log handles
+            self._appending = True
+            try:
+                node = self._start_node(app, index, role, replica, params, request.binds)
+            finally:
+                self._appending = False
+            node.cgroup, node.faults = old.cgroup, old.faults
+            # The old bridge-side veth goes with the old namespace, which the kernel removes a
+            # little after its last process: a new name never collides with it.
+            started = self._restarts.setdefault(app_id, {})
+            started[index] = started.get(index, 0) + 1
+            node.bridge_veth = f"n{index}r{started[index]}"
+            cluster.nodes[index] = node
+            bridge_script = self._wire_node(cluster, node, request.link)
+            if node.cgroup:
+                Path(node.cgroup, "cgroup.procs").write_text(str(node.init_pid))
+        faults.in_netns(cluster.bridge_pid, bridge_script, f"connecting node {index} again")
+        app.release(go=True)
+
+    def _start_node(self, app: _NetnsApp, index: int, role: str, replica: int,
+                    params: ReplicaParam, binds: list[tuple[str, str]]) -> Node:
+        """Start a node's namespaces, its init waiting for the go (see :data:`NODE_INIT`), and
+        make it the replica's process (a replica started again replaces its predecessor)."""
         stdout, stderr, combined = self._get_replica_output_handles(params)
         env = self._get_replica_env(params)
         go_read, go_write = os.pipe()
@@ -643,9 +756,14 @@ class NetnsScheduler(HostGpuLocalScheduler):
                 cwd=params.cwd, pass_fds=(go_read,)))
         finally:
             os.close(go_read)
-        app.add_replica(role, _LocalReplica(
-            role, replica, proc, stdout=stdout, stderr=stderr, combined=combined,
-            error_file=env.get("TORCHELASTIC_ERROR_FILE", "<N/A>")))
+        local = _LocalReplica(role, replica, proc, stdout=stdout, stderr=stderr,
+                              combined=combined,
+                              error_file=env.get("TORCHELASTIC_ERROR_FILE", "<N/A>"))
+        replicas = app.role_replicas.setdefault(role, [])
+        if replica < len(replicas):
+            replicas[replica] = local
+        else:
+            app.add_replica(role, local)
         init = _child_of(proc.pid, f"node {index}'s namespace holder")
         init_start = _wait_for_namespace(init, f"node {index}'s init")
         addr = params.env["SUBLIMATE_NODE_ADDR"]

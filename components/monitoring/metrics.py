@@ -127,6 +127,17 @@ class _GpuCollector:
             yield utilisation
 
 
+# Per-step recovery (recovery=per-step): gauges of this process's replica group. Counts since
+# the process started (a replacement starts from 0), so gauges rather than counters.
+REPLICA_GAUGES = {
+    "sublimate_replica_groups_participating": "replica groups in the last step's quorum",
+    "sublimate_replica_steps_committed": "steps this process committed with its group",
+    "sublimate_replica_steps_dropped": "steps dropped and taken again (a peer lost mid-step, "
+                                       "or fewer groups alive than the minimum)",
+    "sublimate_replica_heals": "times this group took a live peer's state (a replacement: 1)",
+}
+
+
 class WorkerMetrics:
     """One training process's metrics: created once, updated per batch of steps and per epoch."""
 
@@ -160,6 +171,7 @@ class WorkerMetrics:
         if gpu_index is not None:
             self.registry.register(_GpuCollector(self.labels, gpu_index))
         self._step_ratio: Any = None  # created by observe_step_ratio
+        self._replicas: dict[str, Any] | None = None  # created by observe_replica_groups
         self._straggler: Any = None
         self.address: str | None = None
         self._server: Any = None
@@ -195,6 +207,22 @@ class WorkerMetrics:
                       [*names, "phase"], registry=self.registry)
         for name, seconds in phases.items():
             phase.labels(**self.labels, phase=name).set(seconds)
+
+    def observe_replica_groups(self, participants: int, committed: int, dropped: int,
+                               heals: int) -> None:
+        """Per-step recovery's figures for this process's group (created on the first call:
+        a job that restarts as a whole does not expose them): the groups in the last step's
+        quorum, and the steps this process committed, dropped (a peer lost mid-step, or too
+        few groups) and the times its group took a live peer's state."""
+        if self._replicas is None:
+            from prometheus_client import Gauge
+
+            names = list(self.labels)
+            self._replicas = {name: Gauge(name, doc, names, registry=self.registry)
+                              .labels(**self.labels) for name, doc in REPLICA_GAUGES.items()}
+        for name, value in zip(REPLICA_GAUGES, (participants, committed, dropped, heals),
+                               strict=True):
+            self._replicas[name].set(value)
 
     def observe_step_ratio(self, ratio: float, straggler: bool) -> None:
         """This rank's own work per step against the median rank's, and whether that makes it

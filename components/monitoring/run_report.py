@@ -76,8 +76,11 @@ def build_report(run_dir: Path) -> dict[str, Any]:
     if not summary and not logs:
         raise ReportError(f"{run_dir}: no train-summary.json and no metrics/*.jsonl: "
                           "has this run trained yet?")
-    # The job-wide curve: the parameter server's view for async, rank 0's for the others.
-    main = logs.get("ps") or logs.get("rank-0") or next(iter(logs.values()), [])
+    # The job-wide curve: the parameter server's view for async, rank 0's for the others, and
+    # under per-step recovery the leading group's, whichever group led each epoch.
+    led = _by_epoch([record for records in logs.values() for record in records
+                     if record.get("leader")])
+    main = led or logs.get("ps") or logs.get("rank-0") or next(iter(logs.values()), [])
     curve = [{key: record[key] for key in ("epoch", "step", "loss", "samples_per_second",
                                            "learning_rate", "test_accuracy", "staleness_mean")
               if key in record} for record in main]
@@ -106,6 +109,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "epochs_log": curve,
         "accuracy_curve": summary.get("accuracy_curve", []),
     }
+    if summary.get("fault_tolerance"):
+        report["fault_tolerance"] = summary["fault_tolerance"]
     if summary.get("algorithm") == "async":
         report["async"] = {key: summary.get(key) for key in (
             "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
@@ -215,6 +220,17 @@ def format_summary(report: dict[str, Any]) -> str:
     if report.get("async"):
         lines.append(f"  staleness mean {report['async']['staleness_mean']}, "
                      f"max {report['async']['staleness_max']}")
+    recovery = report.get("fault_tolerance")
+    if recovery and recovery.get("steps_attempted"):
+        lines.append(f"  per-step recovery: {recovery['nodes_lost']} node(s) lost, "
+                     f"{recovery['steps_committed']} of {recovery['steps_attempted']} "
+                     f"group-steps committed ({100 * recovery['committed_ratio']:.2f}%)")
+        for failure in recovery.get("failures", []):
+            back = failure.get("replacement_trained_after_seconds")
+            lines.append(f"    node{failure['node']} lost at step {failure.get('step', '?')}, "
+                         f"{failure.get('steps_lost', 0)} step(s) lost"
+                         + (f", back {back:.1f}s after its replacement started" if back
+                            is not None else ""))
     return "\n".join(lines)
 
 
@@ -436,10 +452,40 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
                 report["plots"][name] = f"{name}.png"
             plot([report], folder / "overview.png")
             report["plots"]["overview"] = "overview.png"
+            if (report.get("fault_tolerance") or {}).get("timeline"):
+                plot_recovery(report, folder / "recovery.png")
+                report["plots"]["recovery"] = "recovery.png"
     temporary = folder / ".report.json.tmp"
     temporary.write_text(json.dumps(report, indent=2) + "\n")
     temporary.replace(folder / "report.json")
     return report
+
+
+def plot_recovery(report: dict[str, Any], output: Path) -> Path:
+    """Per-step recovery's timeline: which node took part in which steps (a bar per process
+    that ran on it), and where each was lost."""
+    plt = _pyplot()
+    recovery = report["fault_tolerance"]
+    figure, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * (1 + max(
+        (span["node"] for span in recovery["timeline"]), default=0))))
+    for span in recovery["timeline"]:
+        ax.barh(span["node"], span["to_step"] - span["from_step"] + 1, left=span["from_step"],
+                height=0.6, color="tab:orange" if span.get("replacement") else "tab:blue")
+    for failure in recovery.get("failures", []):
+        if failure.get("step") is not None:
+            ax.plot(failure["step"], failure["node"], marker="x", color="tab:red",
+                    markersize=9)
+    ax.set_yticks(sorted({span["node"] for span in recovery["timeline"]}))
+    ax.set_yticklabels([f"node{node}" for node in ax.get_yticks()])
+    ax.invert_yaxis()
+    ax.set_xlabel("step")
+    ax.set_title(f"{report['run']}: steps each node took part in (x: lost; orange: replacement)")
+    ax.grid(axis="x", alpha=0.3)
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return output
 
 
 def _title(reports: Sequence[dict[str, Any]]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sublimate.components.base.settings import ParadigmConfig, paradigm_config
 
@@ -25,15 +25,35 @@ if TYPE_CHECKING:  # torch is imported by the workers, not by the code that rend
     from torch import nn
 
 
+class Replicas(Protocol):
+    """Averaging between the replica groups of a job with per-step recovery, a step (or round)
+    at a time: :class:`sublimate.components.training.fault_tolerance.FaultTolerance`. A paradigm
+    given one averages through it, and commits or discards each round through it, instead of
+    using the job's process group (which then holds one node only)."""
+
+    workers: int  # every worker process of the job, alive or not
+
+    def start_step(self) -> int: ...
+
+    def average(self, tensor: torch.Tensor) -> None: ...
+
+    def participating_workers(self) -> int: ...
+
+    def commit(self) -> bool: ...
+
+
 class Paradigm:
-    """Base class: a paradigm sees the model, the optimizer and the process group."""
+    """Base class: a paradigm sees the model, the optimizer and the process group (or, under
+    per-step recovery, the replica groups: ``replicas``)."""
 
     name: ClassVar[str]
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 config: ParadigmConfig | Mapping[str, Any]) -> None:
+                 config: ParadigmConfig | Mapping[str, Any],
+                 replicas: Replicas | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.replicas = replicas
         # Typed and checked against the settings' declaration: `config.sync_period` is an int
         # of at least 1, `config.nesterov` a bool, whatever the caller passed.
         self.config = config if isinstance(config, ParadigmConfig) \
@@ -44,6 +64,36 @@ class Paradigm:
     def training_model(self) -> nn.Module:
         """The module to run forward/backward on (e.g. a DDP wrapper around ``self.model``)."""
         return self.model
+
+    @property
+    def workers(self) -> int:
+        """The job's worker processes (the N of a paradigm's defaults, such as 1 - 1/N)."""
+        if self.replicas is not None:
+            return self.replicas.workers
+        import torch.distributed as dist
+
+        return dist.get_world_size()
+
+    def average_(self, tensor: torch.Tensor) -> None:
+        """Replace ``tensor`` by its mean over the workers (of the participating replica groups,
+        under per-step recovery)."""
+        if self.replicas is not None:
+            self.replicas.average(tensor)
+            return
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+
+    def sum_(self, tensor: torch.Tensor) -> None:
+        """Replace ``tensor`` by its sum over the workers (as :meth:`average_`)."""
+        if self.replicas is not None:
+            self.replicas.average(tensor)
+            tensor *= self.replicas.participating_workers()
+            return
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -96,10 +146,11 @@ class PeriodicAveraging(Paradigm):
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 config: ParadigmConfig | Mapping[str, Any]) -> None:
+                 config: ParadigmConfig | Mapping[str, Any],
+                 replicas: Replicas | None = None) -> None:
         import torch.distributed as dist
 
-        super().__init__(model, optimizer, config)
+        super().__init__(model, optimizer, config, replicas)
         self.period = self.config.sync_period
         self._result: nn.Module | None = None
         start = flat_parameters(model)
@@ -124,12 +175,41 @@ class PeriodicAveraging(Paradigm):
         if step != self.synced_step:
             self.sync_round(step)
 
-    def sync_round(self, step: int) -> None:
-        """One round at ``step``: the paradigm's parameter update, then the buffers."""
+    def sync_round(self, step: int) -> bool:
+        """One round at ``step``: the paradigm's parameter update, then the buffers. Under
+        per-step recovery the round is a transaction of the groups alive: asked for with a
+        quorum, and discarded, leaving every tensor as it was, unless all of them completed it.
+        Returns whether it was applied."""
+        if self.replicas is None:
+            self.synchronize()
+            self.synchronize_buffers()
+            self.synced_step = step
+            self.communication_ops += 1
+            return True
+        self.replicas.start_step()
+        return self.round_in_quorum(step)
+
+    def round_in_quorum(self, step: int) -> bool:
+        """The round's transaction once the quorum is formed (:meth:`sync_round`; a caller that
+        forms the quorum itself, to take a healed step count first, calls this)."""
+        import torch
+
+        assert self.replicas is not None
+        before = (flat_parameters(self.model), copy.deepcopy(self.state_dict()),
+                  [buffer.detach().clone() for buffer in self.model.buffers()])
         self.synchronize()
         self.synchronize_buffers()
+        if not self.replicas.commit():
+            parameters, state, buffers = before
+            load_flat_parameters(self.model, parameters)
+            self.load_state_dict(state)
+            with torch.no_grad():
+                for buffer, saved in zip(self.model.buffers(), buffers, strict=True):
+                    buffer.copy_(saved)
+            return False
         self.synced_step = step
         self.communication_ops += 1
+        return True
 
     def synchronize_buffers(self) -> None:
         """Average the floating buffers across workers and take rank 0's integer ones (one
@@ -139,12 +219,18 @@ class PeriodicAveraging(Paradigm):
         floating, counters = buffer_groups(self.model)
         if floating:
             flat = flat_tensors(floating)
-            dist.all_reduce(flat)
-            flat /= dist.get_world_size()
+            self.average_(flat)
             load_flat_tensors(floating, flat)
         if counters:
             flat = flat_tensors(counters)
-            dist.broadcast(flat, src=0)
+            if self.replicas is None:
+                dist.broadcast(flat, src=0)
+            else:  # every group counts alike: their mean (a group healing sends none) is it
+                import torch
+
+                flat = flat.to(torch.float64)
+                self.average_(flat)
+                flat.round_()
             load_flat_tensors(counters, flat)
         self.synced_buffers = [buffer.detach().clone() for buffer in self.model.buffers()]
 

@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .base import (
     ParadigmConfig,
     PeriodicAveraging,
+    Replicas,
     auto_or,
     flat_parameters,
     load_flat_parameters,
@@ -35,9 +35,10 @@ class BlockMomentumSGD(PeriodicAveraging):
     name = "bmuf"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 config: ParadigmConfig | Mapping[str, Any]) -> None:
-        super().__init__(model, optimizer, config)
-        self.eta = auto_or(self.config.block_momentum, 1.0 - 1.0 / dist.get_world_size())
+                 config: ParadigmConfig | Mapping[str, Any],
+                 replicas: Replicas | None = None) -> None:
+        super().__init__(model, optimizer, config, replicas)
+        self.eta = auto_or(self.config.block_momentum, 1.0 - 1.0 / self.workers)
         self.zeta = self.config.block_lr
         self.nesterov = self.config.nesterov
         start = flat_parameters(model)
@@ -47,8 +48,7 @@ class BlockMomentumSGD(PeriodicAveraging):
 
     def synchronize(self) -> None:
         average = flat_parameters(self.model)
-        dist.all_reduce(average)
-        average /= dist.get_world_size()
+        self.average_(average)
         block_update = average - self.block_start
         self.delta.mul_(self.eta).add_(block_update, alpha=self.zeta)
         self.global_model.add_(self.delta)

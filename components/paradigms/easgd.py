@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .base import (
     ParadigmConfig,
     PeriodicAveraging,
+    Replicas,
     auto_or,
     flat_parameters,
     load_flat_parameters,
@@ -34,16 +34,17 @@ class ElasticAveragingSGD(PeriodicAveraging):
     name = "easgd"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 config: ParadigmConfig | Mapping[str, Any]) -> None:
-        super().__init__(model, optimizer, config)
-        self.alpha = auto_or(self.config.moving_rate, 0.9 / dist.get_world_size())
+                 config: ParadigmConfig | Mapping[str, Any],
+                 replicas: Replicas | None = None) -> None:
+        super().__init__(model, optimizer, config, replicas)
+        self.alpha = auto_or(self.config.moving_rate, 0.9 / self.workers)
         self.center = flat_parameters(model)
 
     def synchronize(self) -> None:
         local = flat_parameters(self.model)
         elastic = self.alpha * (local - self.center)
         pulled_total = elastic.clone()
-        dist.all_reduce(pulled_total)
+        self.sum_(pulled_total)
         load_flat_parameters(self.model, local - elastic)
         self.center += pulled_total
 

@@ -24,6 +24,8 @@ class SyncSGD(Paradigm):
     name = "sync"
 
     def training_model(self) -> nn.Module:
+        if self.replicas is not None:  # per-step recovery: average_gradients() does DDP's part
+            return self.model
         if not hasattr(self, "_ddp"):
             on_gpu = next(self.model.parameters()).is_cuda
             self._ddp = DistributedDataParallel(
@@ -32,8 +34,28 @@ class SyncSGD(Paradigm):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
+        if self.replicas is not None:  # gradients accumulate locally until averaged
+            yield
+            return
         with self.training_model().no_sync():  # type: ignore[operator]
             yield
+
+    def average_gradients(self) -> None:
+        """Per-step recovery: every gradient replaced by its mean over the workers of the
+        participating groups, in one flat all-reduce (DDP's job, which its buckets do during
+        the backward pass in the restart mode). Parameters without a gradient count as zero."""
+        parameters = [parameter for parameter in self.model.parameters()
+                      if parameter.requires_grad]
+        for parameter in parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
+        self.average_(flat)
+        offset = 0
+        for parameter in parameters:
+            size = parameter.numel()
+            parameter.grad.copy_(flat[offset:offset + size].view_as(parameter))
+            offset += size
 
     def after_step(self, step: int) -> None:
         self.communication_ops += 1  # DDP's bucketed gradient all-reduce for this step

@@ -46,7 +46,7 @@ from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re
 )
 
 if TYPE_CHECKING:
-    from sublimate.components.processes.worker import Evaluation
+    from sublimate.components.processes.learning import Evaluation
 
 PS_NAME = "ps"
 SERVER_CHECKPOINT = run_files.SERVER_CHECKPOINT
@@ -148,7 +148,7 @@ def start_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> 
     trainer to join (start-up phases ``data``, ``setup`` and ``process_group``)."""
     global _SERVER
     from sublimate.components.model.models import build_model, model_spec
-    from sublimate.components.processes.worker import Evaluation
+    from sublimate.components.processes.learning import Evaluation
 
     model, optimizer, metadata, train_data, steps_per_epoch = _setup(args)
     num_features = int(train_data.x[0].size)
@@ -434,7 +434,7 @@ class TrainerRun:
         parameters, version, step = self.parameters, self.version, self.step
         loss_fn, perf_counter = nn.CrossEntropyLoss(), time.perf_counter
         pending_startup = self.startup if step < total_steps else None
-        from sublimate.components.processes.worker import fault_injection_step, kill_self
+        from sublimate.components.processes.fault_injection import fault_injection_step, kill_self
 
         fail_at = fault_injection_step(trainer_id)  # resilience tests: SIGKILL at that step
         epoch_loss, epoch_steps, epoch_started = torch.zeros((), device=device), 0, perf_counter()

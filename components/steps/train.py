@@ -12,12 +12,19 @@ the failing worker's error. Stopping the step cancels the job.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
 from sublimate.components.base import settings as declared
-from sublimate.components.base.settings import SettingError, add_arguments, check
+from sublimate.components.base.settings import (
+    PER_STEP,
+    SettingError,
+    add_arguments,
+    check,
+    max_restarts,
+)
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan
@@ -69,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         check(vars(args))
     except SettingError as error:
         parser.error(str(error))
+    args.max_restarts = max_restarts(vars(args))  # auto: what the mode needs
     return args
 
 
@@ -141,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             resolve(args.model)  # a typo in the entry point fails here, not in every worker
         except ValueError as error:
             return fail(STEP, str(error))  # it names the model: "model 'x:y': ..."
+    if args.recovery == PER_STEP and importlib.util.find_spec("torchft") is None:
+        return fail(STEP, "recovery per-step needs torchft in the image (pip install "
+                          "'torchft>=0.2'); or use recovery restart")
     scheduler = choose_scheduler(args.scheduler)
     if scheduler in LOCAL_SCHEDULERS:  # simulated nodes share this host's GPUs
         try:

@@ -13,24 +13,27 @@ from torch import nn
 
 from sublimate.components.base import run_files
 from sublimate.components.base.contract import Contract
-from sublimate.components.base.settings import paradigm_config
+from sublimate.components.base.settings import collective_timeout, paradigm_config
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
-from sublimate.components.paradigms import Paradigm, paradigm_class
+from sublimate.components.paradigms import Paradigm, Replicas, paradigm_class
 from sublimate.components.training.checkpointer import Checkpointer
 from sublimate.components.training.process_group import ProcessGroup, join
 from sublimate.components.training.reporter import Reporter
 
 
 def make_paradigm(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                  settings: Mapping[str, Any] | None = None) -> Paradigm:
+                  settings: Mapping[str, Any] | None = None,
+                  replicas: Replicas | None = None) -> Paradigm:
     """The paradigm ``name`` (sync, bmuf, easgd) around ``model`` and ``optimizer``.
 
     ``settings`` are by attribute (``sync_period=8``); each is checked against its declaration in
     :mod:`sublimate.components.base.settings` (a bad value raises naming the setting), missing ones
-    take defaults.
+    take defaults. ``replicas``: the replica groups of per-step recovery
+    (:class:`~sublimate.components.training.fault_tolerance.FaultTolerance`).
     """
-    return paradigm_class(name)(model, optimizer, paradigm_config(name, dict(settings or {})))
+    return paradigm_class(name)(model, optimizer, paradigm_config(name, dict(settings or {})),
+                                replicas)
 
 
 def save_model(run_dir: Path, model: nn.Module, **info: Any) -> Path:
@@ -94,6 +97,6 @@ def start(backend: str | None = None, timeout_seconds: float | None = None) -> J
     contract.run_dir.mkdir(parents=True, exist_ok=True)
     group = join(backend or str(settings.get("backend", "auto")),
                  timeout_seconds if timeout_seconds is not None
-                 else settings.get("collective_timeout"))
+                 else collective_timeout(settings))
     torch.manual_seed(int(settings.get("seed", 0)))  # the same initial model on every rank
     return Job(contract, group)

@@ -24,12 +24,38 @@ def log(rank: int, message: str) -> None:
 
 @dataclass(slots=True)
 class ProcessGroup:
-    """Where this worker trains: its device, the collective backend, its rank and the world."""
+    """Where this worker trains: its device, the collective backend, its rank and the world.
+
+    Under per-step recovery the process group is one node's (a replica group's):
+    ``replica_group`` is that node among ``replica_groups``, and :attr:`slot` / :attr:`slots`
+    place this process among every process of the job (its share of each global batch, its
+    name in the run folder), as ``rank`` / ``world`` do otherwise.
+    """
 
     device: torch.device
     backend: str
     rank: int
     world: int
+    replica_group: int | None = None
+    replica_groups: int = 1
+
+    @property
+    def slot(self) -> int:
+        """This process among all of the job's (its rank, or its node's first slot plus its
+        rank on the node)."""
+        return self.rank if self.replica_group is None \
+            else self.replica_group * self.world + self.rank
+
+    @property
+    def slots(self) -> int:
+        """Every process of the job, alive or not."""
+        return self.world * self.replica_groups
+
+    @property
+    def node(self) -> int:
+        """The node this process runs on (torchrun's GROUP_RANK, or its replica group)."""
+        return int(os.environ.get("GROUP_RANK", "0")) if self.replica_group is None \
+            else self.replica_group
 
 
 def device_and_backend(requested: str = "auto") -> tuple[torch.device, str]:

@@ -110,8 +110,8 @@ class Reporter:
 
         self.run_dir, self.group, self.total_steps = Path(run_dir), group, total_steps
         self.samples_per_step = samples_per_step  # this rank's examples per optimizer step
-        rank = group.rank
-        self.node_index = int(os.environ.get("GROUP_RANK", "0"))
+        rank = group.slot  # names this process's files: unique in the job, under any recovery
+        self.node_index = group.node
         self.node = f"node{self.node_index}"
         # The heartbeat the launcher's watchdog reads (a step every few seconds, on the volume).
         self.progress = watchdog.ProgressReporter(self.run_dir, rank, self.node, progress_every,
@@ -123,7 +123,8 @@ class Reporter:
         if self.metrics is not None and self.metrics.address:
             log(rank, f"metrics: http://{self.metrics.address}/metrics (every rank: "
                       f"{self.run_dir / monitoring.ENDPOINTS_FILE})")
-        self.epoch_log = EpochLog(self.run_dir, f"rank-{rank}", aggregate=rank == 0)
+        # Every node's first process may lead (per-step recovery: the quorum's first group).
+        self.epoch_log = EpochLog(self.run_dir, f"rank-{rank}", aggregate=group.rank == 0)
         self.comm_clock = CommClock()
         if self.metrics is not None and training_model is not None:
             time_ddp_allreduce(training_model, self.comm_clock)
@@ -153,15 +154,19 @@ class Reporter:
     def end_epoch(self, epoch: int, step: int, loss: float | torch.Tensor, seconds: float,
                   steps: int, *, total_epochs: int | None = None, accuracy: float | None = None,
                   learning_rate: float | None = None,
-                  extra: Mapping[str, Any] | None = None) -> EpochResult:
+                  extra: Mapping[str, Any] | None = None,
+                  leader: bool | None = None) -> EpochResult:
         """Close epoch ``epoch`` (0-based) at ``step`` after ``steps`` steps in ``seconds``: one
-        all-reduce of the mean loss and the time split, rank 0's log line, the epoch's record.
+        all-reduce of the mean loss and the time split, the leader's log line, the epoch's record.
 
         A collective: every rank calls it. ``loss`` is this rank's mean over the epoch's steps;
         ``accuracy`` (rank 0's evaluation, if any) goes into the line, the record and the
-        report's accuracy curve; ``extra`` is added to the record.
+        report's accuracy curve; ``extra`` is added to the record. ``leader`` (default: rank 0)
+        logs the job's line and writes its aggregate view; under per-step recovery it is the
+        quorum's first group, and the collective spans one node.
         """
         group = self.group
+        leader = group.rank == 0 if leader is None else leader
         self.flush(step)
         loss_tensor = loss.detach().reshape(1).to(group.device, torch.float32) \
             if isinstance(loss, torch.Tensor) \
@@ -179,7 +184,7 @@ class Reporter:
         # Without metrics DDP's all-reduce is not timed and waiting would read as compute.
         finding = stragglers.find_stragglers(stragglers.timings_from_rows(rows, steps)) \
             if self.metrics is not None else None
-        samples_per_second = steps * self.samples_per_step * group.world / max(seconds, 1e-9)
+        samples_per_second = steps * self.samples_per_step * group.slots / max(seconds, 1e-9)
         split = monitoring.time_split(*mean_values[1:])
         epochs = f"/{total_epochs}" if total_epochs else ""
         message = (f"epoch {epoch + 1}{epochs} step {step}/{self.total_steps} "
@@ -193,19 +198,20 @@ class Reporter:
                 message += f" | {finding.line()}"
             self.metrics.observe_step_ratio(finding.ratio_of(group.rank),  # type: ignore[union-attr]
                                             finding.is_straggler(group.rank))
-        log(group.rank, message)
+        if leader:
+            print(message, flush=True)
         record_extra = dict(extra or {})
-        if finding is not None and group.rank == 0:
+        if finding is not None and leader:
             record_extra["stragglers"] = finding.records()
         self._record(epoch + 1, step, learning_rate, local_values, mean_values,
                      samples_per_second, steps * self.samples_per_step / max(seconds, 1e-9),
-                     seconds, accuracy, record_extra)
+                     seconds, accuracy, record_extra, leader)
         return EpochResult(mean_values[0], samples_per_second, split, local_values)
 
     def _record(self, epoch: int, step: int, lr: float | None, local: list[float],
                 mean: list[float], samples_per_second: float, local_samples_per_second: float,
                 seconds: float, accuracy: float | None,
-                extra: Mapping[str, Any] | None) -> None:
+                extra: Mapping[str, Any] | None, leader: bool = True) -> None:
         """The epoch's JSONL record, TensorBoard scalars and Prometheus gauges."""
         local_split = monitoring.time_split(*local[1:])
         mean_split = monitoring.time_split(*mean[1:])
@@ -228,7 +234,7 @@ class Reporter:
         if accuracy is not None:
             aggregate["test/accuracy"] = accuracy
         self.epoch_log.write(record, step, scalars,
-                             aggregate if self.epoch_log.aggregate else None)
+                             aggregate if self.epoch_log.aggregate and leader else None)
         if self.metrics is not None:
             self.metrics.observe_epoch(epoch, mean[0], lr)
 

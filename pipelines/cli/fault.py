@@ -71,8 +71,25 @@ def add_fault_commands(subparsers: argparse._SubParsersAction) -> None:
         parser.set_defaults(handler=handler)
         return parser
 
-    command("kill", "kill every process of a node at once (SIGKILL its PID-namespace init)",
-            command_kill)
+    kill = command("kill", "kill every process of a node at once (SIGKILL its PID-namespace "
+                           "init); with --every or --mtbf, again and again", command_kill,
+                   node=False)
+    kill.add_argument("--node", type=int, default=None,
+                      help="the node's index (`sublimate fault list RUN` shows them); with "
+                           "--every or --mtbf, default: a training node drawn at random each "
+                           "time")
+    repeat = kill.add_mutually_exclusive_group()
+    repeat.add_argument("--every", type=duration, default=None,
+                        help="kill again after each such interval, e.g. 20s (the command "
+                             "waits; each kill waits for its node to be back)")
+    repeat.add_argument("--mtbf", type=duration, default=None,
+                        help="kill at exponentially distributed intervals of this mean, e.g. "
+                             "30s: failures at a fleet's rate")
+    kill.add_argument("--count", type=int, default=0,
+                      help="with --every/--mtbf: stop after this many kills (0: until the job "
+                           "ends or Ctrl-C)")
+    kill.add_argument("--seed", type=int, default=0,
+                      help="with --mtbf or a random node: the schedule's seed")
     cut = command("cut", "take a node's link down, and bring it back up after --for",
                   command_cut)
     cut.add_argument("--for", dest="seconds", type=duration, required=True,
@@ -131,8 +148,47 @@ def command_kill(args: argparse.Namespace) -> int:
     from sublimate.components.launch import faults
 
     cluster = _cluster(args)
-    _act(faults.kill_node, cluster, args.node)
-    print(f"fault: killed {_node(cluster, args.node)} of {cluster.app_id}")
+    if args.every is None and args.mtbf is None:
+        if args.node is None:
+            raise UsageError("fault kill: give --node N (or --every/--mtbf to kill repeatedly)")
+        _act(faults.kill_node, cluster, args.node)
+        print(f"fault: killed {_node(cluster, args.node)} of {cluster.app_id}")
+        return 0
+    return _kill_repeatedly(args, cluster)
+
+
+def _kill_repeatedly(args: argparse.Namespace, cluster: Cluster) -> int:
+    """``fault kill --every/--mtbf``: chaos from this terminal until the job ends, ``--count``
+    kills or Ctrl-C."""
+    from sublimate.components.launch import faults
+    from sublimate.components.launch.chaos import Chaos
+
+    if args.count < 0:
+        raise UsageError(f"fault kill: --count {args.count}: give 0 (no limit) or more kills")
+    if args.node is not None:
+        _act(cluster.node, args.node)  # one that the job has
+    how = f"every {args.every:g}s" if args.every else f"every {args.mtbf:g}s on average"
+    which = _node(cluster, args.node) if args.node is not None else "a random training node"
+    print(f"fault: killing {which} of {cluster.app_id} {how}"
+          + (f", {args.count} times" if args.count else " until the job ends") + " (Ctrl-C "
+          "stops)", flush=True)
+
+    def killed(kill: object) -> None:
+        print(f"fault: killed {_node(cluster, kill.node)} "  # type: ignore[attr-defined]
+              f"({time.strftime('%H:%M:%S', time.localtime(kill.time))})",  # type: ignore[attr-defined]
+              flush=True)
+
+    chaos = Chaos(cluster.path, every=args.every, mtbf=args.mtbf, node=args.node,
+                  max_kills=args.count, seed=args.seed, on_kill=killed).start()
+    try:
+        while not chaos.wait(timeout=0.5):
+            if faults.Cluster.load(cluster.path).state != faults.RUNNING:
+                break  # the job ended: nothing left to kill
+    except KeyboardInterrupt:
+        pass
+    finally:
+        chaos.stop()
+    print(f"fault: {len(chaos.kills)} kill(s)")
     return 0
 
 

@@ -1,0 +1,280 @@
+"""The launcher's side of per-step recovery (``recovery=per-step``): replace a lost node alone,
+and say afterwards what each loss cost.
+
+Under per-step recovery every training node is a replica group (see
+:mod:`sublimate.components.training.fault_tolerance`). When one dies, the others go on at the
+next step without it; the launcher starts that node again (:class:`Replacer`, on ``local_cwd`` and
+``local_netns``: the scheduler's ``restart_replica``; on Kubernetes Volcano restarts the task), and
+the replacement copies the weights from a live peer. Only when every node is lost at once does the
+job fall back to the restart path: the launcher relaunches it from the last checkpoint.
+
+After the job, :func:`summarize` reads what each node's processes recorded under
+``<run>/fault-tolerance/`` (their events and step counters) and the launcher's own record of the
+losses, and answers, per loss: which node, at which step, how many steps it lost, and how long
+its replacement took to train again; and in total: steps committed against steps attempted.
+Standard library only: the launcher never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sublimate.components.base import run_files
+from sublimate.components.base.replica_groups import (
+    LIGHTHOUSE_ROLE,
+    REPLACEMENT_ENV,
+    read_counters,
+)
+
+WORKER_ROLE = "worker"
+# What a replica's state is called (TorchX's AppState names), read without importing TorchX.
+RUNNING, SUCCEEDED, FAILED = "RUNNING", "SUCCEEDED", "FAILED"
+
+
+@dataclass
+class Loss:
+    """A training node lost while the job ran, and its replacement."""
+
+    node: int
+    detected: float  # when the launcher saw its replica fail (epoch seconds)
+    killed: float | None = None  # when chaos killed it, if chaos did
+    replaced: float | None = None  # when its replacement started
+    replacement: int = 0  # the how-many-th replacement of this node
+
+
+@dataclass
+class Replacer:
+    """Follows a per-step job's replicas on a local scheduler (one call of :meth:`check` per
+    poll), replacing each lost worker node and a lost Lighthouse, up to ``budget`` times per
+    node. :meth:`check` returns None while the job goes on, else how it ended: ``succeeded``
+    (every node finished), ``lost`` (no node left: relaunch from the checkpoint) or ``failed``
+    (a node is out of replacements)."""
+
+    runner: Any
+    handle: str
+    budget: int
+    losses: list[Loss] = field(default_factory=list)
+    replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
+    message: str = ""  # why the job ended, for ``failed`` and ``lost``
+
+    def check(self) -> str | None:
+        states = {key: state.name for key, state in
+                  self.runner.replica_states(self.handle).items()}
+        workers = {replica: state for (role, replica), state in states.items()
+                   if role == WORKER_ROLE}
+        failed = sorted(replica for replica, state in workers.items() if state == FAILED)
+        if SUCCEEDED in workers.values():
+            # A node finished: the job committed its last step. The others finish too (the
+            # leader may still be writing the model): nothing is replaced any more.
+            return None if RUNNING in workers.values() else "succeeded"
+        if failed and RUNNING not in workers.values():
+            self.message = f"lost every node ({', '.join(f'node{n}' for n in failed)})"
+            return "lost"
+        for node in failed:
+            if self.replaced.get(node, 0) >= self.budget:
+                self.message = (f"node{node} was lost again after {self.budget} replacement(s) "
+                                "(max-restarts)")
+                return "failed"
+            self._replace(node)
+        if states.get((LIGHTHOUSE_ROLE, 0)) == FAILED:
+            print("train: the lighthouse stopped; starting it again", flush=True)
+            self.runner.restart_replica(self.handle, LIGHTHOUSE_ROLE, 0, {})
+        return None
+
+    def _replace(self, node: int) -> None:
+        count = self.replaced[node] = self.replaced.get(node, 0) + 1
+        loss = Loss(node, detected=time.time(), replacement=count)
+        print(f"train: lost node{node}; the others go on without it, and a replacement starts "
+              f"(replacement {count} of {self.budget} for node{node})", flush=True)
+        self.runner.restart_replica(self.handle, WORKER_ROLE, node,
+                                    {REPLACEMENT_ENV: str(count)})
+        loss.replaced = time.time()
+        self.losses.append(loss)
+
+
+# --------------------------------------------------------------------------------------------
+# What the losses cost
+
+
+def _records(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every process incarnation's record: events and counters, by file stem (node<g>-<ms>)."""
+    folder = run_dir / run_files.FAULT_TOLERANCE
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("node*.jsonl")):
+        events = []
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:  # a process killed mid-write leaves half a line
+                continue
+        counters_path = path.with_suffix(".counters")
+        counters = read_counters(counters_path) if counters_path.is_file() else {}
+        node = int(path.stem.split("-")[0].removeprefix("node"))
+        start = next((e["time"] for e in events if e["event"] == "start"), None)
+        found[path.stem] = {"node": node, "start": start, "events": events,
+                            "counters": counters}
+    return found
+
+
+def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((e for e in record["events"] if e["event"] == name), None)
+
+
+def summarize(run_dir: Path, losses: list[Loss], since: float,
+              kills: Sequence[Any] = ()) -> dict[str, Any]:
+    """The ``fault_tolerance`` section of ``train-summary.json`` for the attempt that started at
+    ``since`` (epoch seconds): per lost node, and in total.
+
+    A loss is a node's process that ended without its ``end`` record (whatever the launcher saw:
+    a node may die after the last step it took part in, or on a cluster where Volcano replaced
+    it). The launcher's own record of the loss (``losses``) and chaos's ``kills`` date it and
+    time its replacement when they have it."""
+    for loss in losses:
+        killed = [kill.time for kill in kills if kill.node == loss.node
+                  and kill.time <= loss.detected]
+        if killed and loss.killed is None:
+            loss.killed = max(killed)
+    records = [r for r in _records(run_dir).values() if (r["start"] or 0) >= since - 1]
+    by_node: dict[int, list[dict[str, Any]]] = {}
+    for record in sorted(records, key=lambda r: r["start"] or 0):
+        by_node.setdefault(record["node"], []).append(record)
+    unused = sorted(losses, key=lambda loss: loss.detected)
+    failures = []
+    for node, incarnations in sorted(by_node.items()):
+        for index, record in enumerate(incarnations):
+            # ended well, or stopped on finding no peer to copy (the job was over, or gone)
+            if _event(record, "end") is not None or _event(record, "no_peer") is not None:
+                continue
+            loss = next((loss for loss in unused if loss.node == node
+                         and loss.detected >= (record["start"] or 0)), None)
+            if loss is not None:
+                unused.remove(loss)
+            counters = record["counters"]
+            last_event = record["events"][-1]["time"] if record["events"] else record["start"]
+            moment = (loss.killed or loss.detected) if loss is not None else last_event
+            entry: dict[str, Any] = {
+                "node": node, "time": round(moment or 0, 3), "step": counters.get("last_step"),
+                # the step in flight when it died: attempted, neither committed nor dropped
+                "steps_lost": counters.get("attempted", 0) - counters.get("committed", 0)
+                - counters.get("dropped", 0)}
+            if loss is not None:
+                entry["detected_after_seconds"] = round(loss.detected - moment, 3)
+            replacement = incarnations[index + 1] if index + 1 < len(incarnations) else None
+            first = _event(replacement, "first_commit") if replacement else None
+            if replacement is not None and first is not None:
+                # from the replacement's process start (the launcher's clock), else from its
+                # own first record, after its imports
+                started = loss.replaced if loss is not None and loss.replaced else \
+                    replacement["start"]
+                entry["replacement_trained_after_seconds"] = round(first["time"] - started, 3)
+                healed = _event(replacement, "healed")
+                entry["healed_at_step"] = healed["step"] if healed else None
+            failures.append(entry)
+    for loss in unused:  # lost before it recorded anything (in its start-up): no step taken
+        moment = loss.killed or loss.detected
+        failures.append({"node": loss.node, "time": round(moment, 3), "step": None,
+                         "steps_lost": 0, "in_start_up": True,
+                         "detected_after_seconds": round(loss.detected - moment, 3)})
+    failures.sort(key=lambda failure: failure["time"])
+    attempted = sum(r["counters"].get("attempted", 0) for r in records)
+    committed = sum(r["counters"].get("committed", 0) for r in records)
+    return {
+        "recovery": "per-step",
+        "nodes_lost": len(failures),
+        "failures": failures,
+        # group-steps: a step committed by 3 groups counts 3
+        "steps_attempted": attempted,
+        "steps_committed": committed,
+        "committed_ratio": round(committed / attempted, 5) if attempted else None,
+        # at most one step in flight is lost per lost node: the best per-step recovery can do
+        "committed_bound": round(1 - len(failures) / attempted, 5) if attempted else None,
+        # steps that every group took again (a peer died in their all-reduce, or too few
+        # groups were alive), counted once per group that dropped it
+        "dropped_steps": sum(1 for r in records for e in r["events"] if e["event"] == "abort"),
+        "timeline": timeline(records),
+    }
+
+
+def timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Which node took part in which steps: one interval per process incarnation, from its first
+    committed step to its last (for the report's timeline)."""
+    spans = []
+    for record in sorted(records, key=lambda r: (r["node"], r["start"] or 0)):
+        first = _event(record, "first_commit")
+        last = record["counters"].get("last_step")
+        if first is not None and last:
+            spans.append({"node": record["node"], "from_step": first["step"],
+                          "to_step": last, "replacement": _event(record, "start") is not None
+                          and bool(_event(record, "start").get("replacement"))})
+    return spans
+
+
+def merge_into_summary(run_dir: Path, section: dict[str, Any]) -> None:
+    """Add ``section`` to the run's ``train-summary.json`` (written by the workers)."""
+    from sublimate.components.base.durable_files import write_json
+
+    path = run_dir / run_files.SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    summary["fault_tolerance"] = section
+    write_json(summary, path, sort_keys=False)
+
+
+def describe(section: dict[str, Any]) -> list[str]:
+    """The launcher's closing lines about per-step recovery."""
+    lines = []
+    for failure in section["failures"]:
+        parts = [f"lost node{failure['node']}"]
+        if failure.get("step") is not None:
+            parts.append(f"at step {failure['step']}")
+        if failure.get("steps_lost") is not None:
+            parts.append(f"{failure['steps_lost']} step(s) lost")
+        if failure.get("replacement_trained_after_seconds") is not None:
+            parts.append(f"its replacement trained again "
+                         f"{failure['replacement_trained_after_seconds']:.1f}s after starting"
+                         + (f" (healed at step {failure['healed_at_step']})"
+                            if failure.get("healed_at_step") is not None else ""))
+        lines.append(", ".join(parts))
+    if section.get("steps_attempted"):
+        lines.append(
+            f"per-step recovery: {section['nodes_lost']} node(s) lost, no job restart; "
+            f"{section['steps_committed']} of {section['steps_attempted']} group-steps "
+            f"committed ({100 * section['committed_ratio']:.2f}%, bound "
+            f"{100 * section['committed_bound']:.2f}%)")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Kubernetes: Volcano replaces a lost node
+
+
+def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> dict[str, Any]:
+    """Make TorchX's Volcano job of a per-step app replace a lost node alone.
+
+    TorchX restarts the whole job on a pod failure (``RestartJob``) and gangs every task; here
+    each task (a training node, or the Lighthouse) is restarted alone (``RestartTask``, up to
+    ``replacements`` times), the gang needs only ``min_groups`` nodes and the Lighthouse, a task
+    out of restarts ends the job, and the job is complete once every training node has
+    succeeded (the Lighthouse, which never ends by itself, is then stopped). Field names and
+    values from Volcano's ``batch.volcano.sh/v1alpha1`` Job (pkg/apis/batch/v1alpha1/job.go).
+    """
+    spec = job["spec"]
+    tasks = spec["tasks"]
+    workers = [task for task in tasks if task["name"].startswith(f"{WORKER_ROLE}-")]
+    for task in tasks:
+        task["maxRetry"] = replacements
+        task["policies"] = [{"event": event, "action": "RestartTask"}
+                            for event in ("PodFailed", "PodEvicted")]
+        task.pop("minAvailable", None)
+    spec["minAvailable"] = min_groups + (len(tasks) - len(workers))
+    spec["minSuccess"] = len(workers)
+    spec["maxRetry"] = 0  # a whole-job restart is the restart mode's answer, not this one's
+    spec["policies"] = [{"event": "TaskFailed", "action": "TerminateJob"}]
+    return job

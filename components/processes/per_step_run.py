@@ -1,0 +1,348 @@
+"""The built-in loop under per-step recovery (``recovery=per-step``): every node a replica group,
+every step (sync) or averaging round (bmuf, easgd) a transaction of the groups alive.
+
+The restart mode's :class:`~.run.Run` walks the steps of an epoch; this loop walks the job's
+*committed* steps instead. A step's batch follows from the committed step count, so a step that
+no group completed is simply taken again, and a replacement that copied a live peer's state
+(which carries that count) goes on from where the job is, not from where it started. Each node
+takes its own slice of every global batch (node x procs-per-node + local rank, of all the job's
+slots); the slices of a lost node are skipped while it is away, and the gradient is the mean over
+the groups that took part (torchft's semantics: the effective batch shrinks with the job).
+
+One group leads: the first of the current quorum (:meth:`FaultTolerance.is_leader`). Its first
+process evaluates, logs the job's epoch line, writes the model and the summary, and its processes
+checkpoint (the groups hold the same state under sync SGD; under bmuf and easgd the leader's local
+model and the shared global state). Every group's first process records its events and step
+counters for the launcher (``<run>/fault-tolerance/``). A replacement never reads a checkpoint;
+a job relaunched after losing every node does, as the restart mode does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sublimate.components import training
+from sublimate.components.base import run_files
+from sublimate.components.base.replica_groups import ReplicaGroups
+from sublimate.components.model import checkpoint
+from sublimate.components.monitoring import metrics as monitoring
+from sublimate.components.monitoring.watchdog import ATTEMPT_ENV
+from sublimate.components.processes.fault_injection import (
+    fault_injection_step,
+    freeze_self,
+    kill_self,
+)
+from sublimate.components.processes.learning import (
+    Learner,
+    TrainingData,
+    build_learner,
+    learning_rate,
+    load_data,
+)
+from sublimate.components.processes.run import Run, first_step_done
+from sublimate.components.training import ProcessGroup, log
+from sublimate.components.training.fault_tolerance import QUORUM_TIMEOUT_SECONDS, FaultTolerance
+
+# How often a group waiting for the others to start looks for them (start barrier).
+START_POLL_SECONDS = 0.02
+
+
+def train(args: argparse.Namespace, startup: monitoring.StartupClock,
+          group: ProcessGroup) -> dict[str, Any]:
+    """Train to the end under per-step recovery and return the summary (``group``: this node's
+    process group)."""
+    groups = ReplicaGroups.from_env()
+    if groups is None:
+        raise RuntimeError("recovery per-step: started without the launcher's replica groups")
+    group.replica_group, group.replica_groups = groups.group, groups.groups
+    data = load_data(args, group, startup)
+    learner = build_learner(args, group, data)
+    run = PerStepRun(args, startup, group, data, learner, groups)
+    run.loop()
+    return run.finish()
+
+
+@dataclass(slots=True)
+class _Epoch:
+    """The epoch a group is in: its data order, and what it took of it."""
+
+    index: int
+    order: torch.Tensor
+    device: torch.device
+    started: float
+    loss: torch.Tensor = field(init=False)
+    taken: int = 0
+
+    def __post_init__(self) -> None:
+        self.loss = torch.zeros((), device=self.device)
+
+
+class PerStepRun(Run):
+    """One process's way through the job's committed steps (see the module's docstring)."""
+
+    def __init__(self, args: argparse.Namespace, startup: monitoring.StartupClock,
+                 group: ProcessGroup, data: TrainingData, learner: Learner,
+                 groups: ReplicaGroups) -> None:
+        step, extra = (0, {}) if groups.replacement else learner.checkpointer.restore(
+            learner.model, learner.optimizer, learner.paradigm)
+        if step:
+            log(group.slot, f"resumed from checkpoint at step {step}/{data.total_steps}")
+        self.groups = groups
+        self.periodic = args.algorithm != "sync"
+        self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
+                                 args.collective_timeout, state=self.state,
+                                 load_state=self.load_state, async_quorum=not self.periodic)
+        # The Manager counts committed steps (rounds under bmuf/easgd) from the checkpoint on.
+        self.ft.manager.load_state_dict({
+            "step": step // args.sync_period if self.periodic else step,
+            "batches_committed": 0})
+        learner.paradigm.replicas = self.ft
+        training_model = learner.paradigm.training_model()
+        reporter = training.Reporter(args.run_dir, group, data.total_steps,
+                                     data.local_batch, training_model, args.metrics_addr,
+                                     args.metrics_port, args.progress_every, first_step=step)
+        learner.checkpointer.progress = reporter.progress
+        super().__init__(args, startup, group, data, learner, training_model, reporter, step,
+                         extra.get("train_seconds", 0.0))
+        slot = group.slot  # fault injection names the process by its slot in the job
+        self.fail_at = fault_injection_step(slot)
+        self.freeze_at = fault_injection_step(slot, "SUBLIMATE_FREEZE_AT_STEP")
+        self.fail_in_allreduce = fault_injection_step(slot, "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP")
+        self.fail_in_checkpoint = fault_injection_step(slot, "SUBLIMATE_FAIL_DURING_CHECKPOINT")
+        startup.mark("setup")
+        self._wait_for_the_other_groups()
+
+    # -- what a replacement copies from a live peer -------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        learner = self.learner
+        return {"model": learner.model.state_dict(), "optimizer": learner.optimizer.state_dict(),
+                "paradigm": learner.paradigm.state_dict(),
+                "run": {"step": self.step, "train_seconds": self.train_seconds}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        learner = self.learner
+        learner.model.load_state_dict(state["model"])
+        learner.optimizer.load_state_dict(state["optimizer"])
+        learner.paradigm.load_state_dict(state["paradigm"])
+        self.train_seconds = float(state["run"]["train_seconds"])
+        if self.periodic:  # the local step (sync: the Manager's count is the step)
+            self.step = int(state["run"]["step"])
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        """Take committed steps until the job has taken them all.
+
+        A step, once its quorum is asked for, is always carried through to its commit: every
+        group in that quorum does the same collectives (a group that asked again instead would
+        leave the others waiting in the all-reduce). What the step's number says (its epoch,
+        its batch) is read from the committed count, which a healed group finds ahead."""
+        data, args, learner, reporter = self.data, self.args, self.learner, self.reporter
+        optimizer, paradigm, model, ft = learner.optimizer, learner.paradigm, \
+            self.training_model, self.ft
+        times, progress, perf_counter = reporter.times, reporter.progress, time.perf_counter
+        if self.groups.replacement and self.periodic:
+            # Heal first: the peers reach a round within sync-period steps, and this group's
+            # local steps before that would be thrown away.
+            self._round()
+        epoch: _Epoch | None = None
+        while self.step < data.total_steps:
+            started = perf_counter()
+            step = self.step if self.periodic else ft.start_step()
+            if epoch is None or epoch.index != step // data.steps_per_epoch:
+                epoch = _Epoch(step // data.steps_per_epoch, self._order(step
+                                                                         // data.steps_per_epoch),
+                               self.group.device, started)
+            lr = learning_rate(args, step, data.steps_per_epoch, self.group.slots)
+            if lr != self.lr:
+                self.lr = lr
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr
+            x, y = self._batch(step, epoch.order)
+            loaded = perf_counter()
+            loss = self._forward_backward(model, x, y, args.accumulation_steps)
+            computed = perf_counter()
+            committed = self._commit(step, optimizer, paradigm)
+            optimizer.zero_grad(set_to_none=True)
+            synced = perf_counter()
+            if not committed:
+                continue  # nobody applied it: the same step again, with the next quorum
+            if self.periodic:
+                self.step = step + 1
+                if self.step % paradigm.period == 0 and self._round():  # type: ignore[attr-defined]
+                    epoch = None  # healed: this group's epoch so far is not the job's
+                    continue
+            else:
+                self.step = ft.step
+                if self.step != step + 1:  # healed: its epoch so far is not the job's
+                    self._healed(step)
+                    epoch = None
+                    continue
+            epoch.loss += loss
+            epoch.taken += 1
+            if self.pending_startup is not None:
+                self.launch_to_first_step = first_step_done(self.pending_startup,
+                                                            reporter.metrics)
+                self.pending_startup = None
+            times.data += loaded - started
+            times.compute += computed - loaded
+            times.comm += synced - computed
+            times.steps += 1
+            if times.steps == training.METRICS_FLUSH_STEPS:
+                reporter.flush(self.step)
+                if reporter.metrics is not None:
+                    reporter.metrics.observe_replica_groups(ft.participants, ft.committed,
+                                                            ft.aborted, ft.heals)
+            if synced >= progress.due:
+                progress.step(self.step)
+            if self.step == self.fail_at:
+                kill_self(self.group.slot, self.step)
+            if self.step == self.freeze_at:
+                freeze_self(self.group.slot, self.step)
+            every = args.checkpoint_every
+            if every and self.step % every == 0 and self.step < data.total_steps \
+                    and self.leads():
+                self.save_checkpoint(self.step,
+                                     self.train_seconds + perf_counter() - epoch.started)
+            if self.step % data.steps_per_epoch == 0:  # the epoch's last step
+                self.close_epoch(epoch.index, data.steps_per_epoch - epoch.taken, epoch.loss,
+                                 perf_counter() - epoch.started)
+                epoch = None
+
+    def _batch(self, step: int, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        data, args = self.data, self.args
+        start = (step % data.steps_per_epoch) * args.global_batch_size \
+            + self.group.slot * data.local_batch
+        rows = order[start:start + data.local_batch]
+        return data.features[rows], data.labels[rows]  # type: ignore[index]
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if self.data.reader is not None:
+            raise NotImplementedError("recovery per-step reads the training split into memory "
+                                      "(data-loading memory or auto below 1 GiB)")
+        return torch.randperm(len(self.data.labels), generator=torch.Generator().manual_seed(
+            self.args.seed * 100_003 + epoch)).to(self.group.device)
+
+    def _forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                          accumulation: int) -> torch.Tensor:
+        """This step's loss (detached), its gradient accumulated in the parameters."""
+        if accumulation == 1:
+            loss = self.loss_fn(model(x), y)
+            loss.backward()
+            return loss.detach()
+        micro = len(y) // accumulation
+        total = torch.zeros((), device=x.device)
+        for index in range(accumulation):
+            part = slice(index * micro, (index + 1) * micro)
+            loss = self.loss_fn(model(x[part]), y[part])
+            (loss / accumulation).backward()
+            total += loss.detach() / accumulation
+        return total
+
+    def _commit(self, step: int, optimizer: torch.optim.Optimizer, paradigm: Any) -> bool:
+        """Sync SGD: average the gradients between the groups and step only if every group
+        alive completed the step. bmuf/easgd: a local step always commits (rounds are the
+        transactions)."""
+        if self.periodic:
+            optimizer.step()
+            return True
+        if step + 1 == self.fail_in_allreduce:
+            from sublimate.components.processes.fault_injection import kill_in_allreduce
+
+            kill_in_allreduce(self.ft.manager, self.group.slot, step + 1)
+        paradigm.average_gradients()
+        if not self.ft.commit():
+            return False
+        optimizer.step()
+        paradigm.communication_ops += 1
+        self._check_not_alone(step)
+        return True
+
+    def _round(self) -> bool:
+        """A bmuf/easgd round as a transaction; True when this group healed in its quorum
+        (its state, step included, is now a peer's)."""
+        before = self.step
+        self.ft.start_step()  # the quorum; a group that must catch up gets a peer's state here
+        healed = self.step != before
+        self.learner.paradigm.round_in_quorum(self.step)  # type: ignore[attr-defined]
+        if healed:
+            self._healed(before)
+        return healed
+
+    def _healed(self, from_step: int) -> None:
+        log(self.group.rank, f"node{self.groups.group}: took a live peer's state at step "
+                             f"{self.step} (was at {from_step}); training on")
+
+    def _check_not_alone(self, step: int) -> None:
+        """A replacement that finds no peer to copy from must not train on from step 0 while
+        a checkpoint holds the job's progress: every other node is gone too, and the launcher
+        relaunches the job from that checkpoint."""
+        if not self.groups.replacement or step != 0 or self.ft.heals:
+            return
+        committed = checkpoint.latest(self.args.run_dir)
+        if committed and committed.get("step", 0) > 0:
+            self.ft.record("no_peer", step=0)
+            print(f"train: node{self.groups.group}: no live peer to copy the state from (every "
+                  "other node is gone); stopping so that the job resumes from checkpoint step "
+                  f"{committed['step']}", file=sys.stderr, flush=True)
+            os._exit(3)
+
+    def _wait_for_the_other_groups(self) -> None:
+        """Start together: a group that took its first step alone would have the others copy
+        its state instead of computing the same first steps, and a failure-free per-step run
+        would no longer be exactly the restart mode's."""
+        folder = Path(self.args.run_dir) / run_files.FAULT_TOLERANCE
+        attempt = os.environ.get(ATTEMPT_ENV, "run").replace("/", "-")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"ready-{attempt}-node{self.groups.group}").touch()
+        if self.groups.replacement:  # the others are training: it joins them at once
+            return
+        deadline = time.monotonic() + QUORUM_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            ready = sum((folder / f"ready-{attempt}-node{g}").exists()
+                        for g in range(self.groups.groups))
+            if ready >= self.groups.groups:
+                return
+            time.sleep(START_POLL_SECONDS)
+
+    # -- what the leader does ---------------------------------------------------------------------
+
+    def leads(self) -> bool:
+        return self.ft.is_leader()
+
+    def evaluate(self) -> float | None:
+        return super().evaluate() if self.leads() else None
+
+    def close_epoch(self, epoch: int, position: int, epoch_loss: torch.Tensor,
+                    epoch_seconds: float) -> None:
+        data = self.data
+        self.train_seconds += epoch_seconds
+        epoch_steps = data.steps_per_epoch - position
+        leader = self.leads()
+        accuracy = self.evaluate() if leader else None
+        self.reporter.end_epoch(
+            epoch, self.step, epoch_loss / max(epoch_steps, 1), epoch_seconds, epoch_steps,
+            total_epochs=self.args.epochs, accuracy=accuracy, learning_rate=self.lr,
+            extra={"leader": leader, "participants": self.ft.participants},
+            leader=leader and self.group.rank == 0)
+
+    def summary(self) -> dict[str, Any]:
+        summary = super().summary()
+        summary.update(recovery="per-step", replica_groups=self.groups.groups,
+                       steps_taken_here=self.ft.summary())
+        return summary
+
+    def finish(self) -> dict[str, Any]:
+        summary = super().finish()
+        self.ft.close()
+        return summary

@@ -1,0 +1,230 @@
+"""Per-step fault tolerance for a training process: each node is a replica group, and every step
+(or averaging round) is a transaction that the groups alive at that moment commit together.
+
+This is torchft (PyTorch's fault-tolerance library) wired into sublimate's job. The Lighthouse, a
+role of the job that runs on no training node (:mod:`sublimate.components.launch.lighthouse`),
+forms a quorum of the groups before every step; the survivors of a failure go on at the next step
+without the lost group, and a replacement group copies the weights from a live peer (no
+checkpoint read) and rejoins. Within a group, the processes of one node talk over the node's own
+process group (torchrun's); between groups only through the torchft Manager, whose collectives
+fail softly: an error marks the step as not to be committed instead of raising.
+
+Choices made against torchft's defaults, each checked on this machine with torch 2.13 and gloo:
+
+* a flat all-reduce through :meth:`Manager.allreduce` rather than torchft's
+  ``DistributedDataParallel``: in torchft 0.2.0 the latter's comm hook asserts
+  (``assert fut._fut``) in the survivors when a peer dies mid-step, ending the very processes
+  that should go on;
+* the checkpoint transport over the process group (``PGTransport``) rather than HTTP, whose
+  server binds every address of the host and advertises the host name, which resolves to
+  127.0.0.1 inside a ``local_netns`` node;
+* the Manager's server bound to this node's address rather than ``[::]`` (torchft hard-codes
+  the wildcard; :func:`_bind_manager_server_to` narrows it);
+* ``init_sync=False``: every group seeds its model identically (``seed``), so step 0 needs no
+  broadcast, and a failure-free per-step run computes exactly what the restart mode does.
+
+``docs/fault-tolerance.md`` says when to use it and what it costs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sublimate.components.base import run_files
+from sublimate.components.base.replica_groups import (
+    ReplicaGroups,
+    StepCounters,
+    incarnation_name,
+    node_address,
+)
+
+# The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
+QUORUM_TIMEOUT_SECONDS = 300
+
+
+def _short(error: str) -> str:
+    """gloo's error without its source location and advice (``Connection closed by peer
+    [10.213.7.2]:4312``)."""
+    return error.split("] ", 1)[-1].split(". This is", 1)[0]
+
+
+def _quiet_torchft() -> None:
+    """torchft logs a traceback for every collective that a lost peer broke, on every survivor;
+    :meth:`FaultTolerance.commit` says the same in one line."""
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)
+
+
+def _bind_manager_server_to(address: str) -> None:
+    """Make torchft's Manager bind its server to ``address`` instead of every address.
+
+    torchft 0.2.0 builds ``ManagerServer(bind="[::]:<port>")`` inside ``Manager.__init__``; a
+    server on every address of the host is more than a training node should open (and on one
+    machine, every simulated node would share the host's addresses). The module attribute is
+    replaced by a constructor that keeps the port and narrows the address.
+    """
+    import torchft.manager as manager_module
+
+    original = getattr(manager_module.ManagerServer, "__wrapped__", manager_module.ManagerServer)
+
+    def bound_server(*args: Any, bind: str, **kwargs: Any) -> Any:
+        port = bind.rsplit(":", 1)[1]
+        return original(*args, bind=f"{address}:{port}", **kwargs)
+
+    bound_server.__wrapped__ = original  # type: ignore[attr-defined]
+    manager_module.ManagerServer = bound_server
+
+
+class FaultTolerance:
+    """This process's share of per-step recovery: a torchft Manager for its replica group.
+
+    ``state`` returns everything a replacement needs to continue from this process's point (model,
+    optimizer, paradigm, the run's clocks); ``load_state`` applies what a live peer sent. Per
+    step: :meth:`start_step` (the quorum; returns the committed step count, which a healed
+    replacement finds ahead of where it started), :meth:`average` on what the step averages, then
+    :meth:`commit` (True: apply the step; False: it is discarded, and every group retries it).
+    ``async_quorum``: form the quorum while the step computes (sync SGD, where a quorum per step
+    must cost little; a healing group's step then contributes nothing and takes the peer's state
+    at the commit) or before it (bmuf/easgd rounds: the peer's state comes first).
+    """
+
+    def __init__(self, groups: ReplicaGroups, group_rank: int, group_world: int,
+                 device: torch.device, run_dir: Path, timeout_seconds: float,
+                 state: Callable[[], dict[str, Any]],
+                 load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True) -> None:
+        os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at INFO
+        _quiet_torchft()
+        from torchft.checkpointing.pg_transport import PGTransport
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        self.groups, self.group_rank, self.group_world = groups, group_rank, group_world
+        self.workers = groups.groups * group_world  # every worker of the job, alive or not
+        self.started = time.time()
+        address = node_address()
+        _bind_manager_server_to(address)
+        timeout = timedelta(seconds=timeout_seconds)
+        # A quorum that waits for replacements (fewer groups alive than min_groups) may wait as
+        # long as a start does.
+        quorum_timeout = max(timeout, timedelta(seconds=QUORUM_TIMEOUT_SECONDS))
+        # gloo between groups on every device: torchft's NCCL groups need a GPU build to test,
+        # and the tensors a step averages are copied to the CPU anyway when they are small.
+        process_group = ProcessGroupGloo(timeout=timeout)
+        self.manager = Manager(
+            pg=process_group, load_state_dict=load_state, state_dict=state,
+            min_replica_size=groups.min_groups, use_async_quorum=async_quorum,
+            timeout=timeout, quorum_timeout=quorum_timeout,
+            connect_timeout=timedelta(seconds=60), rank=group_rank, world_size=group_world,
+            store_addr=address, store_port=int(os.environ["MASTER_PORT"]),
+            lighthouse_addr=groups.lighthouse, replica_id=f"node{groups.group}",
+            hostname=address, init_sync=False,
+            checkpoint_transport=PGTransport(process_group, timeout, torch.device("cpu")))
+        self.recording = group_rank == 0  # one record per group
+        self.participants = 0
+        self.committed = self.attempted = self.aborted = self.heals = 0
+        self._expected = 0  # the step count this step commits to, from start_step
+        self._first_commit = True
+        folder = Path(run_dir) / run_files.FAULT_TOLERANCE
+        stem = incarnation_name(groups.group, self.started)
+        self._events = (folder / f"{stem}.jsonl") if self.recording else None
+        self._counters = StepCounters(folder / f"{stem}.counters") if self.recording else None
+        self.record("start", step=0, pid=os.getpid(), replacement=groups.replacement)
+
+    # -- the step transaction -----------------------------------------------------------------
+
+    def start_step(self) -> int:
+        """Ask for this step's quorum (answered while the step computes) and return the
+        committed step count the step will have if it commits."""
+        # Read before the quorum: with the quorum answered in the background, a group that
+        # heals may have its peer's step count by the time start_quorum returns.
+        self._expected = self.manager.current_step()
+        self.manager.start_quorum()
+        self.attempted += 1
+        if self._counters is not None:
+            self._counters.values[0] = self.attempted
+        return self.manager.current_step()
+
+    def average(self, tensor: torch.Tensor) -> None:
+        """Replace ``tensor`` in place by its mean over every process of the participating
+        groups (within the node first, then between groups; a group that is healing
+        contributes nothing). An error between groups is not raised: :meth:`commit` says
+        False."""
+        if self.group_world > 1:
+            dist.all_reduce(tensor)
+            tensor /= self.group_world
+        self.manager.allreduce(tensor).wait()
+
+    def commit(self) -> bool:
+        """Whether every participating group completed the step: apply it only then. A healed
+        replacement has its peer's state applied here, before it steps."""
+        committed = self.manager.should_commit()
+        step = self.manager.current_step()
+        if step > self._expected + int(committed):  # healed: a peer's state, with its count
+            self.heals += 1
+            self.record("healed", step=step - committed)
+        participants = self.manager.num_participants()
+        if participants != self.participants:
+            self.participants = participants
+            self.record("quorum", step=step, participants=participants)
+        if committed:
+            self.committed += 1
+            if self._counters is not None:
+                values = self._counters.values
+                values[1], values[2] = self.committed, step
+            if self._first_commit:
+                self._first_commit = False
+                self.record("first_commit", step=step)
+        else:
+            self.aborted += 1
+            if self._counters is not None:
+                self._counters.values[3] = self.aborted
+            error = self.manager.errored()
+            why = str(error).splitlines()[0][:200] if error else \
+                f"fewer than {self.groups.min_groups} group(s) alive"
+            self.record("abort", step=step, error=why)
+            if self.recording:
+                print(f"node{self.groups.group}: step {step + 1} dropped, every group takes it "
+                      f"again ({_short(why)})", flush=True)
+        return committed
+
+    def participating_workers(self) -> int:
+        """The workers of the groups in this step's quorum (a group healing counts none)."""
+        return self.manager.num_participants() * self.group_world
+
+    @property
+    def step(self) -> int:
+        """Steps committed by the job so far (the Manager's count)."""
+        return self.manager.current_step()
+
+    def is_leader(self) -> bool:
+        """Whether this group is the quorum's first (it evaluates, logs the job's epoch line,
+        checkpoints and writes the model: one group does, whichever groups are alive)."""
+        return self.manager.participating_rank() == 0
+
+    # -- records ------------------------------------------------------------------------------
+
+    def record(self, event: str, **fields: Any) -> None:
+        if self._events is None:
+            return
+        with self._events.open("a") as log:
+            log.write(json.dumps({"event": event, "time": round(time.time(), 4), **fields})
+                      + "\n")
+
+    def summary(self) -> dict[str, int]:
+        return {"attempted": self.attempted, "committed": self.committed,
+                "aborted": self.aborted, "heals": self.heals}
+
+    def close(self) -> None:
+        self.record("end", step=self.step, **self.summary())
+        if self._counters is not None:
+            self._counters.close()
+        self.manager.shutdown(wait=False)

@@ -1,0 +1,180 @@
+"""Per-step recovery end to end (``recovery=per-step``, torchft): real `sublimate run`s whose
+nodes are lost on cue, shaped like torchft's own integration tests (an event injector that fails
+a replica at a step): node 0 (once the host of the job's rendezvous store), a node in the middle
+of the all-reduce between the groups, two nodes at once with a minimum of two groups, every node
+at once, and a chaos run on a cluster on one machine. Each run must finish with no job restart
+(but the last, which must fall back to its checkpoint), lose at most the step in flight, and
+leave no process, namespace or link behind.
+
+The faults come from the workers' fault injection (``SUBLIMATE_FAIL_AT_STEP`` and friends, by
+slot: node x procs-per-node + local rank) and from the launcher's chaos (``chaos-mtbf``); the
+figures asserted are the launcher's summary (``train-summary.json``'s ``fault_tolerance``), built
+from what each node's processes recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.components.launch.test_netns_scheduler import assert_no_leaks, snapshot
+from tests.conftest import require, results_folder, run_cli, run_outputs
+
+PER_STEP = ["-p", "recovery=per-step"]
+THREE = ["-p", "nodes=3", "-p", "global-batch-size=60"]
+
+
+def _run(home: Path, *params: str, faults: dict[str, str] | None = None,
+         timeout: float = 400) -> tuple[str, dict[str, Any]]:
+    done = run_cli("run", *params, home=home, timeout=timeout, env=faults or {})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    assert not _leftovers(home), f"left running: {_leftovers(home)}"
+    summary = json.loads((results_folder(home) / "train-summary.json").read_text())
+    return output, summary
+
+
+def _leftovers(home: Path) -> list[str]:
+    """Processes of this run (they carry its SUBLIMATE_HOME) still alive: workers, agents, the
+    lighthouse."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if f"SUBLIMATE_HOME={home}".encode() in environ.split(b"\0") and \
+                entry.name != str(os.getpid()):
+            found.append(cmdline.decode(errors="replace")[:120])
+    return found
+
+
+def _failures(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    return summary["fault_tolerance"]["failures"]
+
+
+def _model(home: Path) -> dict[str, torch.Tensor]:
+    return torch.load(results_folder(home) / "model.pt", weights_only=False)["state_dict"]
+
+
+def test_a_failure_free_per_step_run_trains_the_restart_modes_model_bit_for_bit(
+        tmp_path: Path) -> None:
+    # The same seed, data order and global batch: the flat all-reduce through torchft averages
+    # exactly what DDP does, and the groups start together (no one copies another's state).
+    settings = ["-p", "epochs=3"]
+    _, per_step = _run(tmp_path / "per-step", *settings, *PER_STEP)
+    _run(tmp_path / "restart", *settings)
+    restart, healed = _model(tmp_path / "restart"), _model(tmp_path / "per-step")
+    assert restart.keys() == healed.keys()
+    for name, tensor in restart.items():
+        assert torch.equal(tensor, healed[name]), name
+    section = per_step["fault_tolerance"]
+    assert section["nodes_lost"] == 0 and section["dropped_steps"] == 0
+    assert section["steps_committed"] == section["steps_attempted"] == 2 * 3 * 22
+    assert per_step["recovery"] == "per-step" and per_step["world_size"] == 2
+
+
+def test_losing_node_0_costs_its_step_in_flight_and_its_replacement_copies_a_peer(
+        tmp_path: Path) -> None:
+    # nodes=3:3: every step needs the three groups, so the others wait for node 0's replacement
+    # (node 0 hosts nothing the others need: the lighthouse is a role of its own, and every
+    # node has its own store), which copies their state and the job goes on from there.
+    output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=3:3", "-p", "global-batch-size=60",
+                           "-p", "epochs=10",
+                           faults={"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "0"})
+    assert "relaunching" not in output, output[-3000:]
+    assert "lost node0; the others go on without it" in output
+    (failure,) = _failures(summary)
+    assert failure["node"] == 0 and failure["step"] == 100
+    assert failure["steps_lost"] <= 1
+    assert failure["healed_at_step"] == 100  # no step was committed without it
+    assert failure["replacement_trained_after_seconds"] > 0
+    section = summary["fault_tolerance"]
+    assert section["committed_ratio"] >= section["committed_bound"] - 0.02
+    assert summary["steps"] == 10 * 23
+    assert float(run_outputs(output)["accuracy"]) >= 0.9
+
+
+def test_a_node_killed_in_the_all_reduce_between_groups_drops_that_step_only(
+        tmp_path: Path) -> None:
+    output, summary = _run(tmp_path, *PER_STEP, *THREE, "-p", "epochs=30", faults={
+        "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": "40", "SUBLIMATE_FAIL_RANK": "1"})
+    assert "fault injection: killing slot 1 during the all-reduce of step 40" in output
+    assert "relaunching" not in output
+    (failure,) = _failures(summary)
+    assert failure["node"] == 1 and failure["steps_lost"] == 1
+    # the survivors were in that all-reduce with it: each dropped step 40 (and took it again)
+    dropped = re.findall(r"node([02]): step (\d+) dropped, every group takes it again", output)
+    assert dropped and {step for _, step in dropped} == {"40"}, output[-3000:]
+    assert summary["steps"] == 30 * 23
+
+
+def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
+        tmp_path: Path) -> None:
+    # nodes=2:3: a step needs two groups. Losing two of three at once leaves one, which waits
+    # for a replacement instead of training alone; both replacements copy its state.
+    output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=2:3", "-p",
+                           "global-batch-size=60", "-p", "epochs=8",
+                           faults={"SUBLIMATE_FAIL_AT_STEP": "60", "SUBLIMATE_FAIL_RANK": "1,2"})
+    assert "relaunching" not in output
+    failures = _failures(summary)
+    assert sorted(failure["node"] for failure in failures) == [1, 2]
+    for failure in failures:
+        assert failure["step"] == 60 and failure["steps_lost"] <= 1
+        # no step was committed while node 0 was alone: the state they copied is step 60's
+        assert failure["healed_at_step"] == 60, failures
+        assert failure["replacement_trained_after_seconds"] > 0
+    assert summary["steps"] == 8 * 23
+
+
+def test_losing_every_node_at_once_falls_back_to_the_last_checkpoint(tmp_path: Path) -> None:
+    output, summary = _run(tmp_path, *PER_STEP, "-p", "epochs=4", "-p", "checkpoint-every=20",
+                           faults={"SUBLIMATE_FAIL_AT_STEP": "50", "SUBLIMATE_FAIL_RANK": "0,1"})
+    # No live peer is left to copy from: the job restarts as a whole, from its checkpoint.
+    assert "relaunching from the last checkpoint" in output, output[-3000:]
+    assert summary["resumed_from_step"] == 40
+    assert summary["steps"] == 4 * 22
+    assert float(run_outputs(output)["accuracy"]) >= 0.85
+
+
+@pytest.fixture
+def root_and_tools() -> None:
+    from tests.components.launch.test_netns_scheduler import missing_prerequisite
+
+    reason = missing_prerequisite()
+    require(reason is None, f"{reason} (CI runs these tests as root)")
+
+
+@pytest.mark.usefixtures("root_and_tools")
+def test_five_chaos_kills_node_0_among_them_cost_no_restart_and_not_one_bit_of_the_model(
+        tmp_path: Path) -> None:
+    before = snapshot()
+    # nodes=4:4: a step commits only with all four groups, so every committed step is the
+    # failure-free run's step, computed on the same batch from the same state: a replacement
+    # copies a live peer's model and optimizer, and a dropped step is taken again. Whatever chaos
+    # does, the model must come out bit for bit the failure-free one.
+    settings = ["-p", "nodes=4:4", "-p", "epochs=15", *PER_STEP]
+    # seed 3 draws nodes 1, 3, 0, 3, 1 (tests/components/launch/test_per_step_launcher.py
+    # checks that a seed always draws the same schedule)
+    output, summary = _run(tmp_path / "chaos", *settings, "-p", "scheduler=local_netns",
+                           "-p", "chaos-mtbf=2", "-p", "chaos-kills=5", "-p", "chaos-seed=3")
+    assert "chaos killed 5 node(s): node1, node3, node0, node3, node1" in output
+    assert "relaunching" not in output, output[-3000:]
+    section = summary["fault_tolerance"]
+    assert section["nodes_lost"] == 5
+    for failure in section["failures"]:
+        assert failure["steps_lost"] <= 1, failure
+    assert section["committed_ratio"] >= section["committed_bound"] - 0.02
+    _run(tmp_path / "calm", *settings)  # local_cwd, no chaos
+    calm, chaos = _model(tmp_path / "calm"), _model(tmp_path / "chaos")
+    for name, tensor in calm.items():
+        assert torch.equal(tensor, chaos[name]), name
+    assert_no_leaks(before)
