@@ -138,8 +138,8 @@ def trainer(
             worker_args, nodes=nodes, procs_per_node=procs_per_node, image=image, cpu=cpu,
             gpu=gpu, memMB=memMB, python=python, mounts=mounts, env=env, name=name,
             fork_workers=fork_workers, min_nodes=nodes if min_nodes is None else min_nodes,
-            rendezvous_timeout=rendezvous_timeout, lighthouse_port=lighthouse_port,
-            lighthouse_bind=lighthouse_bind, replacements=max_restarts)
+            lighthouse_port=lighthouse_port, lighthouse_bind=lighthouse_bind,
+            replacements=max_restarts)
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
@@ -190,9 +190,8 @@ def _worker_command(python: str, torchrun_flags: list[str], worker_args: tuple[s
 def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_node: int,
                       image: str, cpu: int, gpu: int, memMB: int, python: str,
                       mounts: list[str] | None, env: dict[str, str] | None, name: str,
-                      fork_workers: bool | None, min_nodes: int, rendezvous_timeout: int,
-                      lighthouse_port: int, lighthouse_bind: str,
-                      replacements: int) -> specs.AppDef:
+                      fork_workers: bool | None, min_nodes: int, lighthouse_port: int,
+                      lighthouse_bind: str, replacements: int) -> specs.AppDef:
     """:func:`trainer` with ``recovery=per-step``: a ``worker`` role whose every replica is a
     replica group (a torchrun of one node, with its own store: no node hosts anything the others
     need), and a ``lighthouse`` role after it (so that the workers keep replica ids, and node
@@ -204,17 +203,20 @@ def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_nod
         raise ValueError(f"min_nodes must be between 1 and nodes ({nodes})")
     torchrun_flags = [
         "--nnodes", "1", "--nproc-per-node", str(procs_per_node),
-        # The node's own store on a free port (torchrun --standalone's endpoint); is_host
-        # overrides a scheduler's rendezvous options, which name node 0 as the only host.
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
-        "--rdzv-conf", f"is_host=1,join_timeout={int(rendezvous_timeout)}",
+        # The node's own store, on a port the agent picks (worker._static_port): torchrun's
+        # static rendezvous, since one node has no one to wait for (c10d's dynamic one takes
+        # about a second even alone: a replacement's start is time the job trains without it).
+        "--rdzv-backend", "static", "--rdzv-endpoint", "localhost:0", "--node-rank", "0",
         "--rdzv-id", f"{specs.macros.app_id}-{specs.macros.replica_id}",
         "--max-restarts", "0",
         "--monitor-interval", str(MONITOR_INTERVAL),
     ]
     command = _worker_command(python, torchrun_flags, worker_args, gpu, fork_workers)
     worker_env = {**_worker_env(gpu, env), **replica_groups.replica_group_env(
-        nodes, min_nodes, lighthouse_port, specs.macros.replica_id)}
+        nodes, min_nodes, lighthouse_port, specs.macros.replica_id),
+        # torchft's Rust side logs every quorum and commit at INFO (lines per step): warnings
+        # and errors only (its logger reads this once, when torchft is first imported)
+        "RUST_LOG": lighthouse.RUST_LOG}
     return specs.AppDef(name=name, roles=[
         specs.Role(
             name="worker", image=image, entrypoint="bash", args=_shell(command),
@@ -229,7 +231,8 @@ def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_nod
             args=_shell(lighthouse.command(python, lighthouse_port, min_nodes,
                                            lighthouse_bind)),
             num_replicas=1, resource=specs.Resource(**lighthouse.RESOURCES),
-            env={"PYTHONUNBUFFERED": "1"}, port_map={"lighthouse": lighthouse_port}),
+            env={"PYTHONUNBUFFERED": "1", "RUST_LOG": lighthouse.RUST_LOG},
+            port_map={"lighthouse": lighthouse_port}),
     ])
 
 

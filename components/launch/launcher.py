@@ -363,7 +363,7 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
                   f"procs, {what}{how})", flush=True)
         streams = follow_logs(runner, handle, app, scheduler)
         if per_step(args) and scheduler in LOCAL_SCHEDULERS:
-            replacer = recovery.Replacer(runner, handle, args.max_restarts)
+            replacer = recovery.Replacer(runner, handle, args.max_restarts, run_dir=args.run_dir)
         poll = POLL_SECONDS.get(scheduler, 0.25)
         next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
         while not stop.is_set():

@@ -30,6 +30,7 @@ from sublimate.components.base.replica_groups import (
     REPLACEMENT_ENV,
     read_counters,
 )
+from sublimate.components.monitoring import metrics
 
 WORKER_ROLE = "worker"
 # What a replica's state is called (TorchX's AppState names), read without importing TorchX.
@@ -61,6 +62,25 @@ class Replacer:
     losses: list[Loss] = field(default_factory=list)
     replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
     message: str = ""  # why the job ended, for ``failed`` and ``lost``
+    run_dir: Path | None = None  # where the leader writes the summary, once training is done
+    started: float = field(default_factory=time.time)
+
+    def found_no_peer(self, node: int) -> bool:
+        """Whether ``node``'s last process stopped on finding no peer to copy from."""
+        if self.run_dir is None:
+            return False
+        newest = max((self.run_dir / run_files.FAULT_TOLERANCE).glob(f"node{node}-*.jsonl"),
+                     default=None, key=lambda path: path.stem)
+        return newest is not None and '"no_peer"' in newest.read_text()
+
+    def summary_written(self) -> bool:
+        """Whether this attempt's leader wrote the run's summary (its last act)."""
+        if self.run_dir is None:
+            return False
+        try:
+            return (self.run_dir / run_files.SUMMARY).stat().st_mtime >= self.started
+        except OSError:
+            return False
 
     def check(self) -> str | None:
         states = {key: state.name for key, state in
@@ -69,11 +89,19 @@ class Replacer:
                    if role == WORKER_ROLE}
         failed = sorted(replica for replica, state in workers.items() if state == FAILED)
         if SUCCEEDED in workers.values():
-            # A node finished: the job committed its last step. The others finish too (the
-            # leader may still be writing the model): nothing is replaced any more.
-            return None if RUNNING in workers.values() else "succeeded"
+            # A node finished: the job committed its last step. The others in that step finish
+            # too (the leader may still be writing the model); a replacement that started too
+            # late to take part waits for peers that are gone, so once the summary is written
+            # (the leader's last act) the job is done.
+            done = RUNNING not in workers.values() or self.summary_written()
+            return "succeeded" if done else None
         if failed and RUNNING not in workers.values():
             self.message = f"lost every node ({', '.join(f'node{n}' for n in failed)})"
+            return "lost"
+        if any(self.found_no_peer(node) for node in failed):
+            # a replacement found no group alive to copy from: the job's state is gone with
+            # its nodes, whatever still runs (other replacements, as stateless as it was)
+            self.message = "lost every node (a replacement found no live peer to copy from)"
             return "lost"
         for node in failed:
             if self.replaced.get(node, 0) >= self.budget:
@@ -91,8 +119,10 @@ class Replacer:
         loss = Loss(node, detected=time.time(), replacement=count)
         print(f"train: lost node{node}; the others go on without it, and a replacement starts "
               f"(replacement {count} of {self.budget} for node{node})", flush=True)
+        # The replacement's start-up is timed from now (its workers report it: LAUNCH_TIME_ENV).
         self.runner.restart_replica(self.handle, WORKER_ROLE, node,
-                                    {REPLACEMENT_ENV: str(count)})
+                                    {REPLACEMENT_ENV: str(count),
+                                     metrics.LAUNCH_TIME_ENV: f"{time.time():.3f}"})
         loss.replaced = time.time()
         self.losses.append(loss)
 
@@ -144,6 +174,13 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     for record in sorted(records, key=lambda r: r["start"] or 0):
         by_node.setdefault(record["node"], []).append(record)
     unused = sorted(losses, key=lambda loss: loss.detected)
+    # A replacement that started after the job's last step was committed never had a part:
+    # stopped with the job, it is no loss.
+    ended = min((e["time"] for r in records for e in r["events"] if e["event"] == "end"),
+                default=None)
+    records = [r for r in records if ended is None or (r["start"] or 0) < ended]
+    by_node = {node: [r for r in incarnations if r in records]
+               for node, incarnations in by_node.items()}
     failures = []
     for node, incarnations in sorted(by_node.items()):
         for index, record in enumerate(incarnations):

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from .base import Paradigm
 
@@ -27,6 +26,10 @@ class SyncSGD(Paradigm):
         if self.replicas is not None:  # per-step recovery: average_gradients() does DDP's part
             return self.model
         if not hasattr(self, "_ddp"):
+            # Imported here: DDP's module pulls in torch._dynamo (a second or more of CPU),
+            # which per-step recovery, averaging without DDP, never needs.
+            from torch.nn.parallel import DistributedDataParallel
+
             on_gpu = next(self.model.parameters()).is_cuda
             self._ddp = DistributedDataParallel(
                 self.model, device_ids=[torch.cuda.current_device()] if on_gpu else None)

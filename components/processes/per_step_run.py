@@ -193,6 +193,10 @@ class PerStepRun(Run):
             if self.pending_startup is not None:
                 self.launch_to_first_step = first_step_done(self.pending_startup,
                                                             reporter.metrics)
+                if self.groups.replacement:
+                    log(self.group.rank, f"node{self.groups.group}: training again, step "
+                        f"{self.step}: " + monitoring.format_startup(
+                            self.launch_to_first_step, self.pending_startup.phases()))
                 self.pending_startup = None
             times.data += loaded - started
             times.compute += computed - loaded

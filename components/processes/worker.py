@@ -34,6 +34,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from sublimate.components import training
 from sublimate.components.base import run_files
+from sublimate.components.base.replica_groups import RECOVERY_ENV
 from sublimate.components.base.settings import (
     COLLECTIVE_PARADIGMS,
     PER_STEP,
@@ -66,6 +67,14 @@ PRELOAD = (
     "sublimate.components.paradigms.sync_sgd", "sublimate.components.paradigms.bmuf",
     "sublimate.components.paradigms.easgd",
     "prometheus_client", "prometheus_client.exposition", "prometheus_client.process_collector",
+)
+# Under per-step recovery DDP is not used (gradients are averaged through torchft), but torchft
+# is: its modules load while the node waits instead (a replacement's start is the time the job
+# trains without it).
+PER_STEP_PRELOAD = (
+    "torchft.manager", "torchft.process_group", "torchft.checkpointing.pg_transport",
+    *(name for name in PRELOAD if not name.startswith(("torch._dynamo", "torch.nn.parallel",
+                                                        "torch.distributed.algorithms"))),
 )
 # What torchrun's agent imports on its way to forking the workers (rendezvous backend, agent,
 # multiprocessing's fork support), imported before the preload starts so that only one thread
@@ -158,11 +167,12 @@ def _preload() -> threading.Thread | None:
     anything itself until it joins the thread: two threads importing overlapping modules can
     deadlock on Python's module locks.
     """
-    if all(name in sys.modules for name in PRELOAD):
+    modules = PER_STEP_PRELOAD if os.environ.get(RECOVERY_ENV) == PER_STEP else PRELOAD
+    if all(name in sys.modules for name in modules):
         return None
 
     def load() -> None:
-        for name in PRELOAD:
+        for name in modules:
             # e.g. no tensorboard: the worker meets (and handles) that itself
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
@@ -236,10 +246,25 @@ def agent(argv: list[str]) -> None:
             [*marks, ("agent_rendezvous", rendezvous), ("preload", time.time())])
 
     os.register_at_fork(before=before_fork)
+    argv = _static_port(argv)
     split = argv.index("--")
     torchrun.main([*argv[:split], "--start-method", "fork", "--run-path",
                    str(Path(__file__).resolve()), *argv[split + 1:]])
     exit_now(0)  # a failure raised above, with torchrun's report
+
+
+def _static_port(argv: list[str]) -> list[str]:
+    """A node of its own (per-step recovery) meets no other: torchrun's ``static`` rendezvous,
+    with no rendezvous rounds to wait for, on a free port of this node (``localhost:0`` would
+    give the workers port 0 for their store)."""
+    if "static" not in argv or "localhost:0" not in argv:
+        return argv
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [f"localhost:{port}" if arg == "localhost:0" else arg for arg in argv]
 
 
 if __name__ == "__main__":

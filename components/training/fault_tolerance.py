@@ -101,7 +101,9 @@ class FaultTolerance:
                  device: torch.device, run_dir: Path, timeout_seconds: float,
                  state: Callable[[], dict[str, Any]],
                  load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True) -> None:
-        os.environ.setdefault("RUST_LOG", "warn")  # torchft logs every quorum at INFO
+        # torchft's Rust logger reads RUST_LOG when torchft is first imported: the launcher sets
+        # it on every node; this covers a process started otherwise, if it comes first.
+        os.environ.setdefault("RUST_LOG", "warn")
         _quiet_torchft()
         from torchft.checkpointing.pg_transport import PGTransport
         from torchft.manager import Manager

@@ -4,6 +4,7 @@ the watchdog's heartbeat, and the split of step time into data wait, compute and
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -64,10 +65,9 @@ def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
     before ``backward()`` returns, so the clock is complete at the end of every step. The
     all-reduce overlaps the rest of the backward pass; that overlap counts as comm.
     """
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        return False
+    parallel = sys.modules.get("torch.nn.parallel")
+    if parallel is None or not isinstance(model, parallel.DistributedDataParallel):
+        return False  # (a model that is not DDP's: no need to import DDP to tell)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     # No annotations: DDP checks them against the real classes, and this module's are strings.

@@ -75,8 +75,8 @@ def test_a_per_step_app_is_a_torchrun_per_node_and_a_lighthouse_after_them() -> 
         ("worker", 3, "lighthouse", 1)
     command = worker.args[1]
     # every node its own single-node torchrun and store, never restarted in place
-    assert "--nnodes 1 " in command and "--rdzv-endpoint localhost:0" in command
-    assert "--rdzv-conf is_host=1," in command and "--max-restarts 0" in command
+    assert "--nnodes 1 " in command and "--rdzv-backend static" in command
+    assert "--rdzv-endpoint localhost:0" in command and "--max-restarts 0" in command
     assert worker.env[replica_groups.GROUP_ENV] == "${replica_id}"
     assert worker.env[replica_groups.GROUPS_ENV] == "3"
     assert worker.env[replica_groups.MIN_GROUPS_ENV] == "1"  # a plain count: any survivor
@@ -154,8 +154,10 @@ def test_the_replacer_replaces_a_lost_node_alone_and_ends_as_the_nodes_end() -> 
     replacer = per_step.Replacer(runner, "h", budget=2)
     outcomes = [replacer.check() for _ in range(6)]
     assert outcomes == [None, None, None, None, None, "succeeded"]
-    assert runner.restarts == [("worker", 0, {replica_groups.REPLACEMENT_ENV: "1"}),
-                               ("lighthouse", 0, {})]
+    (role, node, env), lighthouse = runner.restarts
+    assert (role, node, env[replica_groups.REPLACEMENT_ENV]) == ("worker", 0, "1")
+    assert float(env["SUBLIMATE_LAUNCH_TIME"]) > 0  # the replacement's start-up clock
+    assert lighthouse == ("lighthouse", 0, {})
     assert [(loss.node, loss.replacement) for loss in replacer.losses] == [(0, 1)]
 
 

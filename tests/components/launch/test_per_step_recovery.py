@@ -129,9 +129,11 @@ def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
     assert sorted(failure["node"] for failure in failures) == [1, 2]
     for failure in failures:
         assert failure["step"] == 60 and failure["steps_lost"] <= 1
-        # no step was committed while node 0 was alone: the state they copied is step 60's
-        assert failure["healed_at_step"] == 60, failures
         assert failure["replacement_trained_after_seconds"] > 0
+    # No step was committed while node 0 was alone: the first replacement copied step 60's
+    # state; the second joined the two whenever it was ready.
+    healed = sorted(failure["healed_at_step"] for failure in failures)
+    assert healed[0] == 60 and healed[1] >= 60, failures
     assert summary["steps"] == 8 * 23
 
 
