@@ -444,7 +444,7 @@ def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
         print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
         return LOST if ended == "lost" else FAILED
     section = recovery.summarize(args.run_dir, replacer.losses, attempt_started,
-                                 chaos.kills if chaos is not None else [])
+                                 chaos.kills if chaos is not None else [], replacer.stopped)
     recovery.merge_into_summary(args.run_dir, section)
     for line in recovery.describe(section):
         print(f"train: {line}", flush=True)

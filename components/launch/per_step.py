@@ -63,6 +63,7 @@ class Replacer:
     replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
     message: str = ""  # why the job ended, for ``failed`` and ``lost``
     run_dir: Path | None = None  # where the leader writes the summary, once training is done
+    stopped: set[int] = field(default_factory=set)  # nodes still running at the end
     started: float = field(default_factory=time.time)
 
     def found_no_peer(self, node: int) -> bool:
@@ -94,6 +95,8 @@ class Replacer:
             # late to take part waits for peers that are gone, so once the summary is written
             # (the leader's last act) the job is done.
             done = RUNNING not in workers.values() or self.summary_written()
+            if done:  # what still runs is stopped with the job: it is no loss
+                self.stopped = {node for node, state in workers.items() if state == RUNNING}
             return "succeeded" if done else None
         if failed and RUNNING not in workers.values():
             self.message = f"lost every node ({', '.join(f'node{n}' for n in failed)})"
@@ -156,14 +159,15 @@ def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 def summarize(run_dir: Path, losses: list[Loss], since: float,
-              kills: Sequence[Any] = ()) -> dict[str, Any]:
+              kills: Sequence[Any] = (), stopped: Sequence[int] = ()) -> dict[str, Any]:
     """The ``fault_tolerance`` section of ``train-summary.json`` for the attempt that started at
     ``since`` (epoch seconds): per lost node, and in total.
 
     A loss is a node's process that ended without its ``end`` record (whatever the launcher saw:
     a node may die after the last step it took part in, or on a cluster where Volcano replaced
     it). The launcher's own record of the loss (``losses``) and chaos's ``kills`` date it and
-    time its replacement when they have it."""
+    time its replacement when they have it. ``stopped``: the nodes whose process the launcher
+    stopped at the job's end (a replacement that never caught up), which are no loss."""
     for loss in losses:
         killed = [kill.time for kill in kills if kill.node == loss.node
                   and kill.time <= loss.detected]
@@ -174,6 +178,10 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     for record in sorted(records, key=lambda r: r["start"] or 0):
         by_node.setdefault(record["node"], []).append(record)
     unused = sorted(losses, key=lambda loss: loss.detected)
+    # the replacement the launcher stopped with the job started when the node was last replaced
+    stopped_since = {loss.node: (loss.replaced or loss.detected) - 1
+                     for loss in sorted(losses, key=lambda loss: loss.detected)
+                     if loss.node in stopped}
     # A replacement that started after the job's last step was committed never had a part:
     # stopped with the job, it is no loss.
     ended = min((e["time"] for r in records for e in r["events"] if e["event"] == "end"),
@@ -184,8 +192,10 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     failures = []
     for node, incarnations in sorted(by_node.items()):
         for index, record in enumerate(incarnations):
-            # ended well, or stopped on finding no peer to copy (the job was over, or gone)
-            if _event(record, "end") is not None or _event(record, "no_peer") is not None:
+            # ended well, stopped on finding no peer to copy (the job was over, or gone), or
+            # stopped by the launcher with the job
+            if _event(record, "end") is not None or _event(record, "no_peer") is not None \
+                    or (record["start"] or 0) >= stopped_since.get(node, float("inf")):
                 continue
             loss = next((loss for loss in unused if loss.node == node
                          and loss.detected >= (record["start"] or 0)), None)
