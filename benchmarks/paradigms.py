@@ -32,10 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from sublimate.components.base.settings import PARADIGM_NAMES as PARADIGMS
 from sublimate.components.data.datasets import build_builtin
 
 HERE = Path(__file__).resolve().parent
-PARADIGMS = ("sync", "async", "bmuf", "easgd")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
 
 

@@ -27,8 +27,9 @@ from experiments.sweep_study import (
     seconds_text,
     table,
 )
+from sublimate.components.base.settings import PARADIGM_NAMES
 
-ALGORITHMS = ["sync", "async", "bmuf", "easgd"]
+ALGORITHMS = list(PARADIGM_NAMES)
 STYLES = {"sync": "tab:blue", "async": "tab:red", "bmuf": "tab:green", "easgd": "tab:purple"}
 
 

@@ -193,8 +193,9 @@ def _number(value: float) -> str:
 
 
 _PERIODIC = frozenset({"bmuf", "easgd"})
-# The paradigms whose workers run one shared step loop under torchrun (processes.worker).
-COLLECTIVE_PARADIGMS = ("sync", "bmuf", "easgd")
+# The paradigms whose workers run one shared step loop under torchrun (processes.worker): all
+# but the parameter server, whose processes TorchX starts as an app of their own.
+COLLECTIVE_PARADIGMS = tuple(name for name in PARADIGM_NAMES if name != "async")
 _COLLECTIVE = frozenset(COLLECTIVE_PARADIGMS)
 RESTART, PER_STEP = "restart", "per-step"
 RECOVERY_MODES = (RESTART, PER_STEP)
