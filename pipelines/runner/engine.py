@@ -262,7 +262,9 @@ class Run:
         comes once the run is over changes nothing)."""
         stopped_by = None
         while not done.is_set():
-            signals.wake.wait()
+            # A timeout, not a plain wait: the kernel may hand the signal to any other thread
+            # (a step's, a daemon's); its Python handler then runs only once this thread wakes.
+            signals.wake.wait(SIGNAL_CHECK_S)
             signals.wake.clear()
             if signals.received and stopped_by is None:
                 stopped_by = signals.received[0]
@@ -426,6 +428,7 @@ class Run:
 
 STOPPED = "stopped"
 TERMINATED = "terminated"
+SIGNAL_CHECK_S = 0.25  # how late a stop signal caught by another thread may be acted on
 # Ctrl-C, `kill`, and the terminal closing: each stops a run as `argo stop` would.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
