@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .executor import PodOutcome
-from .probes import POD_IP, Probe
 from .run_types import NodeResult
 from .scope import CancelScope, Stoppable
 
 if TYPE_CHECKING:
     from .executor import Executor, PodHooks
     from .plan import PodRequest
+    from .probes import Probe
     from .run_folder import RunRecord
 
 # How a daemon's pod ended becomes its node's phase: (outcome, retired by its boundary).
@@ -162,6 +162,8 @@ def start_daemon(record: RunRecord, executor: Executor, registry: Daemons,
     finally:
         if slots is not None:
             slots.release()
+    from .probes import POD_IP  # only a run with a daemon loads it
+
     with lock:
         if ready and not ended.is_set():
             daemon.handle = daemon_hooks.handle
