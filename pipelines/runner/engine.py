@@ -1,7 +1,8 @@
 """The engine: drives a workflow from its entrypoint, dispatching each template to its kind.
 
 Split along Argo's controller's own seams: ``dag``, ``steps``, ``loops`` (withItems, withParam,
-withSequence), ``retry``, ``exit_handler`` and ``pod`` hold one template kind each, ``calls``
+withSequence), ``retry``, ``exit_handler``, ``pod``, ``suspend``, ``daemons``, ``data_template``
+and ``http_template`` hold one template kind each, ``calls``
 a task or step invoked once, ``outputs`` what a node passes on, and ``run_folder`` the run's
 nodes, phases and ``status.json``. A pod is planned as plain data (``plan.PodRequest``) and
 run by the executor the options name (``executor`` is the interface; ``local_executor``, a local

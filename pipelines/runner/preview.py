@@ -113,6 +113,8 @@ class _Planner:
         if runs:
             self.preview.first.append(PlannedNode(label, template_name, notes=notes, runs=runs))
             return
+        if template.get("daemon") in (True, "true"):
+            notes = [*notes, "daemon: serves until its steps or DAG end"]
         if kind == NodeType.POD:
             try:
                 request = plan_pod(template, local, node_id=node_id(wf, name), node_name=name,
@@ -195,7 +197,8 @@ def _runs_no_pod(template: dict) -> str:
     """What a suspend, http or data template does, in words ("" for any other)."""
     if "suspend" in template:
         duration = (template["suspend"] or {}).get("duration")
-        return f"suspend: waits {as_text(duration)}" if duration else \
+        seconds = "s" if as_text(duration).strip().isdigit() else ""  # a number: seconds
+        return f"suspend: waits {as_text(duration)}{seconds}" if duration else \
             "suspend: waits for `sublimate resume` (or `sublimate stop`)"
     if "http" in template:
         http = template["http"] or {}
