@@ -90,34 +90,18 @@ class ObjectLibrary:
                  own_file: Path | None = None) -> None:
         self.folders = list(dict.fromkeys(Path(f) for f in folders))
         self._documents = [(d, s) for d, s in documents if d.get("kind") in KINDS]
-        self._own_file = own_file.resolve() if own_file is not None else None
+        self._own_file = own_file
         self._index: dict[tuple[str, str], list[tuple[dict, str]]] | None = None
 
     def _load(self) -> dict[tuple[str, str], list[tuple[dict, str]]]:
         if self._index is not None:
             return self._index
-        import yaml  # loaded already by whoever read the manifest
+        from .library import folder_documents
 
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         found = list(self._documents)
-        seen = {self._own_file} if self._own_file else set()
-        for folder in self.folders:
-            if not folder.is_dir():
-                continue
-            for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
-                resolved = path.resolve()
-                if resolved in seen or not path.is_file():
-                    continue
-                seen.add(resolved)
-                try:
-                    text = path.read_text()
-                    if SECRET not in text and CONFIG_MAP not in text:  # cheap: most files
-                        continue
-                    docs = list(yaml.load_all(text, Loader=loader))
-                except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                    continue  # not a manifest of ours: the template library says so if it is
-                found += [(d, str(path)) for d in docs
-                          if isinstance(d, dict) and d.get("kind") in KINDS]
+        found += [(d, source) for d, source in folder_documents(self.folders, KINDS,
+                                                                self._own_file)
+                  if d.get("kind") in KINDS]
         index: dict[tuple[str, str], list[tuple[dict, str]]] = {}
         for doc, source in found:
             name = str((doc.get("metadata") or {}).get("name") or "")
