@@ -42,6 +42,7 @@ class NodeType(StrEnum):
     RETRY = "Retry"
     SKIPPED = "Skipped"
     SUSPEND = "Suspend"
+    HTTP = "HTTP"  # an http template's node (it runs in Argo's agent, not in a pod of its own)
     CONTAINER = "Container"  # a containerSet's container, a child of its pod's node
 
 

@@ -12,7 +12,8 @@ pyproject.toml), so any test can take ``argo_run``; ``pytest -p no:sublimate`` t
 ``argo_run(workflow, parameters=None, **options)`` is
 :func:`sublimate.pipelines.runner.harness.run` with ``home`` set to a folder under the test's
 ``tmp_path`` (``argo_run.home``, shared by the test's runs); the keyword options (``timeout``,
-``templates``, ``parallelism``, ``echo``, ``reporter``, ``home``) pass through. It returns a
+``templates``, ``parallelism``, ``echo``, ``reporter``, ``home``, ``objects``: Secret and
+ConfigMap manifests, ``answers``: suspend nodes answered up front) pass through. It returns a
 ``WorkflowRun``.
 
 This module is imported at the start of every pytest session wherever sublimate is installed:

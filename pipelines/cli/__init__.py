@@ -1,8 +1,9 @@
 """The ``sublimate`` command line, shaped like the ``argo`` CLI.
 
-One module per group of commands: :mod:`.local` (run, render, lint), :mod:`.server` (submit,
-install, get, list, logs against an Argo Server), :mod:`.data` (data push/ls), :mod:`.report`
-(report); :mod:`.common` is what they share. Each command imports only what it needs:
+One module per group of commands: :mod:`.local` (run, render, lint), :mod:`.control` (resume,
+stop: a local run from another terminal), :mod:`.server` (submit, install, get, list, logs
+against an Argo Server), :mod:`.data` (data push/ls), :mod:`.report` (report); :mod:`.common`
+is what they share. Each command imports only what it needs:
 ``sublimate run FILE.yaml`` must start in tens of milliseconds, so Hera, torch and jsonschema
 are loaded only by the commands that use them.
 """
@@ -38,6 +39,7 @@ __all__ = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .control import add_control_commands
     from .data import add_data_commands
     from .fault import add_fault_commands
     from .local import add_local_commands
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Distributed training pipelines on Argo Workflows, runnable on one machine.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_local_commands(commands)
+    add_control_commands(commands)
     add_server_commands(commands)
     add_data_commands(commands)
     add_report_command(commands)

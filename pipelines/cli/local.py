@@ -42,7 +42,11 @@ def add_local_commands(commands: Any) -> None:
     run.add_argument("--parallelism", type=int, help="most nodes running at once")
     run.add_argument("--semaphore", action="append", default=[], metavar="CONFIGMAP/KEY=N",
                      help="limit of a synchronization semaphore (default: a ConfigMap of that "
-                          "name in the manifest's folder); repeatable")
+                          "name in the manifest's folder or an --objects folder); repeatable")
+    run.add_argument("--objects", action="append", default=[], type=Path, metavar="DIR",
+                     help="a folder of Secret and ConfigMap manifests the steps read (env, "
+                          "envFrom, volumes) and semaphores' ConfigMaps (repeatable; the "
+                          "manifest's own folder and --templates folders are always searched)")
     run.add_argument("--quiet", "-q", action="store_true",
                      help="show node phases only, not the steps' logs")
     run.add_argument("--templates", action="append", default=[], type=Path, metavar="DIR",
@@ -108,20 +112,12 @@ def load_workflow(target: str, template_dirs: list[Path] | None = None,
     return workflow
 
 
-def semaphore_limits(workflow: dict[str, Any], args: argparse.Namespace) -> dict[str, int]:
-    """Synchronization semaphores' limits: ``--semaphore`` first, then ConfigMap documents in
-    the manifest's folder and ``--templates`` folders (read only when a semaphore is used)."""
-    semaphores = getattr(args, "semaphore", None) or []
-    limits: dict[str, int] = {}
-    from sublimate.pipelines.runner.synchronization import (
-        configmap_limits,
-        parse_semaphore_option,
-        uses_semaphores,
-    )
+def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
+    """``--semaphore`` limits (the runner falls back on the ConfigMap manifests it finds)."""
+    from sublimate.pipelines.runner.synchronization import parse_semaphore_option
 
-    if uses_semaphores(workflow) and Path(args.target).is_file():
-        limits = configmap_limits(Path(args.target), args.templates)
-    for text in semaphores:
+    limits: dict[str, int] = {}
+    for text in getattr(args, "semaphore", None) or []:
         try:
             name, limit = parse_semaphore_option(text)
         except ValueError as error:
@@ -162,11 +158,20 @@ def command_run(args: argparse.Namespace) -> int:
         if containers is not None:
             print("note: --dry-run shows the steps as local processes; --containers runs the "
                   "same commands in their images", file=sys.stderr)
-        return dry_run(workflow, parameters, args.home)
+        return dry_run(workflow, parameters, args)
+    for folder in args.objects:
+        if not folder.is_dir():
+            raise UsageError(f"--objects {folder}: not a folder")
+    from sublimate.pipelines.runner.k8s_objects import manifest_objects
+
+    target = Path(args.target)
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
-        semaphores=semaphore_limits(workflow, args),
+        semaphores=semaphore_limits(args),
+        # Secrets and ConfigMaps: beside the manifest, in --templates and --objects folders
+        objects=manifest_objects(target if target.is_file() else None,
+                                 [*args.templates, *args.objects]),
         # progress goes to stderr, so `-o json` keeps stdout machine-readable
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
@@ -216,14 +221,19 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def dry_run(workflow: dict[str, Any], parameters: dict[str, str], home: Path) -> int:
+def dry_run(workflow: dict[str, Any], parameters: dict[str, str],
+            args: argparse.Namespace) -> int:
     """``run --dry-run``: what would start first and what decides the rest; runs nothing and
     creates no run folder."""
     from sublimate.pipelines.runner import ManifestError, ParameterError
+    from sublimate.pipelines.runner.k8s_objects import manifest_objects
     from sublimate.pipelines.runner.preview import format_preview, preview_workflow
 
+    target = Path(args.target)
+    objects = manifest_objects(target if target.is_file() else None,
+                               [*args.templates, *args.objects])
     try:
-        preview = preview_workflow(workflow, parameters, home)
+        preview = preview_workflow(workflow, parameters, args.home, objects)
     except (ManifestError, ParameterError) as error:
         raise UsageError(str(error)) from error
     print(format_preview(preview))

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from sublimate.pipelines.argo_terms import NodeType
 
+    from .control import Suspensions
+    from .daemons import Daemons
     from .executor import Executor
     from .plan import Layout
     from .run_folder import RunRecord
@@ -38,6 +40,8 @@ class RunContext(Protocol):
     root_scope: CancelScope  # the workflow's: a deadline or a stop signal stops it
     exit_scope: CancelScope  # the exit handler's, outside the workflow's scope
     pod_slots: threading.Semaphore | None  # the workflow's parallelism, if limited
+    daemons: Daemons  # the daemoned nodes, ended with their steps or DAG
+    suspensions: Suspensions | None  # the suspend nodes waiting (a workflow with suspend)
 
     def execute(self, template_name: str, arguments: dict, name: str, display: str,
                 parent: NodeResult | None, scope: CancelScope, extra: Vars | None = None

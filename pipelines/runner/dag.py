@@ -47,6 +47,7 @@ class TaskEnd(NamedTuple):
 
     phase: NodePhase
     members: tuple[NodePhase, ...] | None
+    daemoned: bool = False  # a daemon, ready and serving: its dependants may start
 
 
 class DagPlan:
@@ -130,10 +131,11 @@ class DagPlan:
         return decisions
 
     def finished(self, name: str, phase: NodePhase,
-                 members: tuple[NodePhase, ...] | None = None) -> None:
-        """A running task ended; ``members`` are a loop's children's phases (None: no loop)."""
+                 members: tuple[NodePhase, ...] | None = None, daemoned: bool = False) -> None:
+        """A running task ended (or, ``daemoned``, is a daemon now serving); ``members`` are a
+        loop's children's phases (None: no loop)."""
         self.running.discard(name)
-        self.ended[name] = TaskEnd(phase, members)
+        self.ended[name] = TaskEnd(phase, members, daemoned)
         if phase.failed and not continues(self.tasks[name], phase) and name not in self.handled:
             self.unhandled.append(name)
             if self.fail_fast and not self.halted:
@@ -146,8 +148,8 @@ class DagPlan:
     def _holds(self, dep: str, result: str | None) -> bool:
         end = self.ended[dep]
         phase = end.phase
-        if result is None:
-            return phase in (NodePhase.SUCCEEDED, NodePhase.SKIPPED) or (
+        if result is None:  # dag.go: Succeeded || Skipped || Daemoned, or continueOn
+            return phase in (NodePhase.SUCCEEDED, NodePhase.SKIPPED) or end.daemoned or (
                 phase.failed and continues(self.tasks[dep], phase))
         if result == "Errored":
             return phase == NodePhase.ERROR
@@ -158,7 +160,7 @@ class DagPlan:
         if result == "AllFailed":
             return bool(end.members) and all(p == NodePhase.FAILED for p in end.members or ())
         if result == "Daemoned":
-            return False
+            return end.daemoned
         return phase == result
 
 
@@ -248,7 +250,7 @@ def run_dag(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
         name, result = done.get()
         results[name] = result
         task_vars.update(result_vars("tasks", name, result, record.nodes))
-        plan.finished(name, result.phase, members(result, record.nodes))
+        plan.finished(name, result.phase, members(result, record.nodes), result.daemoned)
     stop = scope.stop_reason()
     problem = template_outputs(run, template, {**local, **task_vars}, node)
     if stop:

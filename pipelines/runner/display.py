@@ -31,7 +31,9 @@ def console_reporter(
         if not start:
             start.append(event.time.timestamp())
         elapsed = event.time.timestamp() - start[0]
-        if event.kind == "log":
+        if event.kind == "note":  # said once by the runner (a variable from the environment)
+            text = f"note: {event.message}"
+        elif event.kind == "log":
             if not follow_logs or event.node is None:
                 return
             text = f"{shown_name(event.node.display_name)} | {event.line}"

@@ -1,7 +1,8 @@
 """The engine: drives a workflow from its entrypoint, dispatching each template to its kind.
 
 Split along Argo's controller's own seams: ``dag``, ``steps``, ``loops`` (withItems, withParam,
-withSequence), ``retry``, ``exit_handler`` and ``pod`` hold one template kind each, ``calls``
+withSequence), ``retry``, ``exit_handler``, ``pod``, ``suspend``, ``daemons``, ``data_template``
+and ``http_template`` hold one template kind each, ``calls``
 a task or step invoked once, ``outputs`` what a node passes on, and ``run_folder`` the run's
 nodes, phases and ``status.json``. A pod is planned as plain data (``plan.PodRequest``) and
 run by the executor the options name (``executor`` is the interface; ``local_executor``, a local
@@ -37,6 +38,7 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .artifacts import workflow_artifacts
 from .calls import call_one
+from .daemons import Daemons
 from .dag import run_dag
 from .errors import ManifestError, NodeError, RunInterrupted
 from .executor import Executor
@@ -50,7 +52,7 @@ from .mounts import resolve as resolve_mounts
 from .parameter_resolution import resolve_parameters
 from .plan import Layout, template_deadline, template_kind
 from .pod import run_pod
-from .retry import run_with_retries
+from .retry import retry_strategy, run_with_retries
 from .run_folder import RunRecord, make_run_dir
 from .run_types import NodeResult, RunEvent, RunOptions, RunResult, iso, now
 from .scope import CancelScope
@@ -58,6 +60,7 @@ from .steps import run_steps
 from .substitution import Vars
 
 if TYPE_CHECKING:
+    from .control import ControlChannel, Suspensions
     from .hooks import Hook, WorkflowHooks
     from .synchronization import Synchronizer
 
@@ -125,9 +128,12 @@ class Run:
         self.sync: Synchronizer | None = None  # before anything exists: it may refuse the run
         if self.spec.get("synchronization") or any(t.get("synchronization")
                                                    for t in self.spec["templates"]):
-            from .synchronization import Synchronizer  # only a workflow with locks imports it
+            from .synchronization import Synchronizer, configmap_limits  # only such a workflow
 
-            self.sync = Synchronizer(workflow, options.semaphores)
+            limits = options.semaphores  # --semaphore first, then the ConfigMap manifests
+            if options.objects is not None:
+                limits = {**configmap_limits(options.objects), **limits}
+            self.sync = Synchronizer(workflow, limits)
         self.executor: Executor = (LocalExecutor() if options.executor is None
                                    else options.executor)
         mounts = None
@@ -154,7 +160,23 @@ class Run:
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
         self.layout = Layout.of(home, self.run_dir, self.spec, mounts or resolve_mounts(
-            options.mounts, options.executor is None))
+            options.mounts, options.executor is None), options.objects)
+        if options.objects is not None:  # every value of a Secret it names is masked from now
+            from .k8s_objects import referenced_secrets, secret_values
+
+            names = referenced_secrets(self.spec)
+            if names:
+                self.record.remember_secrets(secret_values(options.objects, names))
+        # Daemons by the steps or DAG whose end ends them (``daemons``); the suspend nodes
+        # waiting for `sublimate resume` and the channel it reaches them by (``control``).
+        self.daemons = Daemons()
+        self.suspensions: Suspensions | None = None
+        self._control: ControlChannel | None = None
+        if any("suspend" in t for t in self.spec["templates"]):
+            from .control import ControlChannel, Suspensions
+
+            self.suspensions = Suspensions(options.answers)
+            self._control = ControlChannel(self.run_dir, self.suspensions)
         # Lifecycle hooks watch nodes' phase changes (``hooks``): the reporter is wrapped only
         # once something watches, so a workflow without hooks pays nothing for them.
         self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
@@ -200,6 +222,8 @@ class Run:
 
     def run(self) -> RunResult:
         self.record.dump_manifest(self.workflow)
+        if self._control is not None:
+            self._control.start()
         self.record.started()
         deadline = self.spec.get("activeDeadlineSeconds")
         if deadline is not None:
@@ -218,9 +242,16 @@ class Run:
                 stopped_by = self._follow(done, signals)
         finally:
             self.root_scope.close()
+            self.daemons.end_all()  # a terminated run's, killed already: their threads end
+            if self._control is not None:
+                self._control.close()
             close = getattr(self.executor, "close", None)  # container mode: the run's keeper
             if close is not None:
                 close()
+            if self.layout.objects is not None:
+                from .k8s_objects import remove_secret_root
+
+                remove_secret_root(self.run_dir)
         if stopped_by is not None:
             raise RunInterrupted(stopped_by, self.exit_scope.reason == TERMINATED,
                                  self.record.result())
@@ -232,7 +263,9 @@ class Run:
         comes once the run is over changes nothing)."""
         stopped_by = None
         while not done.is_set():
-            signals.wake.wait()
+            # A timeout, not a plain wait: the kernel may hand the signal to any other thread
+            # (a step's, a daemon's); its Python handler then runs only once this thread wakes.
+            signals.wake.wait(SIGNAL_CHECK_S)
             signals.wake.clear()
             if signals.received and stopped_by is None:
                 stopped_by = signals.received[0]
@@ -264,6 +297,7 @@ class Run:
                           "artifacts": workflow_artifacts(self.spec, self.globals)}
             root = self.execute(self.spec["entrypoint"], entry_args,
                                 self.name, self.name, None, self.root_scope)
+            self.daemons.end_all()  # killDaemonedChildren(""): the workflow's own ones
             phase, message = root.phase, root.message
             stop = self.root_scope.reason
             if stop is not None:  # a deadline or a stop signal
@@ -292,9 +326,9 @@ class Run:
         """Run a template invocation (with retries); ``arguments`` are already substituted."""
         template = self.templates[template_name]
         kind = template_kind(template)
-        retried = bool(template.get("retryStrategy"))  # an empty one adds no Retry node
+        strategy = retry_strategy(template, self.spec)
         node = self.record.add_node(name, display, template_name,
-                                    NodeType.RETRY if retried else kind, parent)
+                                    NodeType.RETRY if strategy else kind, parent)
         try:
             inputs = resolve_inputs(template, arguments, node.id)
         except NodeError as exc:
@@ -312,8 +346,9 @@ class Run:
             if locks and node.message.startswith("Waiting for "):
                 node.message = ""  # acquired: Argo clears the waiting status
         try:
-            if retried:
-                return run_with_retries(self, template, kind, inputs, node, scope, art_args)
+            if strategy:
+                return run_with_retries(self, template, kind, inputs, node, scope, art_args,
+                                        strategy)
             return self.attempt(template, kind, inputs, node, scope, 0, art_args)
         finally:
             if self.sync is not None:
@@ -330,8 +365,20 @@ class Run:
             if limit is not None:
                 scope.deadline(limit, f"{node.display_name!r} exceeded its deadline of "
                                       f"{seconds(limit)}")
+            if kind == NodeType.POD and "data" in template:
+                from .data_template import run_data  # only a workflow with one loads it
+
+                return run_data(self, template, local, node, scope)
             if kind == NodeType.POD:
                 return run_pod(self, template, local, node, scope, art_args)
+            if kind == NodeType.SUSPEND:
+                from .suspend import run_suspend
+
+                return run_suspend(self, template, local, node, scope)
+            if kind == NodeType.HTTP:
+                from .http_template import run_http
+
+                return run_http(self, template, local, node, scope)
             if kind == NodeType.DAG:
                 return run_dag(self, template, local, node, scope)
             return run_steps(self, template, local, node, scope)
@@ -339,6 +386,8 @@ class Run:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         finally:
             scope.close()
+            if kind in (NodeType.DAG, NodeType.STEPS):
+                self.daemons.end(node.id)  # its daemons end with it (killDaemonedChildren)
 
     def live_globals(self) -> Vars:
         """The ``workflow.*`` variables as of now: global outputs set so far (operator.go
@@ -380,6 +429,7 @@ class Run:
 
 STOPPED = "stopped"
 TERMINATED = "terminated"
+SIGNAL_CHECK_S = 0.25  # how late a stop signal caught by another thread may be acted on
 # Ctrl-C, `kill`, and the terminal closing: each stops a run as `argo stop` would.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -81,17 +81,15 @@ def _under(prefix: str, table: dict[str, Field]) -> dict[str, Field]:
     return {f"{prefix}.{key}": field for key, field in table.items()}
 
 
+# Secrets and ConfigMaps are read from manifests (pipelines/runner/k8s_objects.py).
+_KEY_REF = {"": _YES, ".name": _YES, ".key": _YES, ".optional": _YES}
 _ENV = {
     "": _YES,
     "[].name": _YES,
     "[].value": _YES,
     "[].valueFrom": _YES,
-    # an optional secret comes from the local environment; a required one is refused
-    "[].valueFrom.secretKeyRef": _YES,
-    "[].valueFrom.secretKeyRef.name": _YES,
-    "[].valueFrom.secretKeyRef.key": _YES,
-    "[].valueFrom.secretKeyRef.optional": _YES,
-    "[].valueFrom.configMapKeyRef": _refused("config maps"),
+    **{f"[].valueFrom.secretKeyRef{key}": field for key, field in _KEY_REF.items()},
+    **{f"[].valueFrom.configMapKeyRef{key}": field for key, field in _KEY_REF.items()},
     "[].valueFrom.fieldRef": _refused("pod field references"),
     "[].valueFrom.fileKeyRef": _refused("file key references"),
     "[].valueFrom.resourceFieldRef": _refused("resource field references"),
@@ -123,7 +121,10 @@ _CONTAINER = {
     "startupProbe": _cluster(_PROBES),
     "terminationMessagePath": _cluster(_PROBES),
     "terminationMessagePolicy": _cluster(_PROBES),
-    "envFrom": _refused("envFrom"),
+    "envFrom": _YES,
+    **{f"envFrom[].{key}": _YES for key in (
+        "prefix", "secretRef", "secretRef.name", "secretRef.optional", "configMapRef",
+        "configMapRef.name", "configMapRef.optional")},
     "lifecycle": _refused("container lifecycle handlers"),
     "resizePolicy": _refused("resize policies"),
     "restartPolicy": _refused("container restart policies"),
@@ -132,6 +133,23 @@ _CONTAINER = {
     "stdinOnce": _refused("interactive containers"),
     "tty": _refused("interactive containers"),
     "volumeDevices": _refused("block volume devices"),
+}
+
+
+# A daemon's readiness probe (pipelines/runner/probes.py): in a container or script template;
+# the other containers' probes change nothing on Argo either (nothing waits for them).
+_MAIN_CONTAINER = {
+    **_CONTAINER,
+    "readinessProbe": _YES,
+    **{f"readinessProbe.{key}": _YES for key in (
+        "exec", "exec.command", "httpGet", "httpGet.host", "httpGet.path", "httpGet.port",
+        "httpGet.scheme", "httpGet.httpHeaders", "httpGet.httpHeaders[].name",
+        "httpGet.httpHeaders[].value", "tcpSocket", "tcpSocket.host", "tcpSocket.port",
+        "initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold",
+        # a readiness failure only means "not ready yet": the threshold changes nothing
+        "failureThreshold")},
+    "readinessProbe.grpc": _refused("gRPC readiness probes"),
+    "readinessProbe.terminationGracePeriodSeconds": _cluster(_PROBES),
 }
 
 
@@ -245,11 +263,17 @@ _VOLUME = {
     "emptyDir": _YES,
     "emptyDir.medium": _cluster("emptyDir medium and size (a local folder)"),
     "emptyDir.sizeLimit": _cluster("emptyDir medium and size (a local folder)"),
+    # from Secret and ConfigMap manifests (pipelines/runner/k8s_objects.py)
+    **{f"{kind}.{key}": _YES for kind, name in (("secret", "secretName"), ("configMap", "name"))
+       for key in (name, "items", "items[].key", "items[].path", "items[].mode", "defaultMode",
+                   "optional")},
+    "secret": _YES,
+    "configMap": _YES,
     **{kind: _refused(_VOLUME_KIND) for kind in (
-        "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi",
+        "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "csi",
         "downwardAPI", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk",
         "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "photonPersistentDisk",
-        "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret", "storageos",
+        "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "storageos",
         "vsphereVolume")},
 }
 _VALUE_FROM = {
@@ -257,8 +281,21 @@ _VALUE_FROM = {
     "default": _YES,
     "parameter": _YES,
     "expression": _YES,  # a DAG/steps template's output (pipelines/runner/expr_lang.py)
+    "supplied": _YES,  # a suspend node's, given by `sublimate resume` (runner/control.py)
     **{key: _refused(f"valueFrom.{key}") for key in (
-        "configMapKeyRef", "event", "jqFilter", "jsonPath", "supplied")},
+        "configMapKeyRef", "event", "jqFilter", "jsonPath")},
+}
+
+_RETRY = {
+    "limit": _YES,
+    "retryPolicy": _YES,
+    "backoff": _YES,
+    "backoff.duration": _YES,
+    "backoff.factor": _YES,
+    "backoff.maxDuration": _YES,
+    "backoff.cap": _YES,
+    "expression": _refused("retryStrategy.expression"),
+    "affinity": _cluster(_SCHEDULING),
 }
 
 _TEMPLATE = {
@@ -274,7 +311,8 @@ _TEMPLATE = {
     "outputs": _YES,
     "outputs.parameters": _YES,
     **_under("outputs.parameters[]", {
-        **_parameter("name", "description", "globalName", "valueFrom"),
+        # value: a pod's static output; enum: what a suspend node's supplied value may be
+        **_parameter("name", "description", "globalName", "valueFrom", "value", "enum"),
         **_under("valueFrom", _VALUE_FROM),
     }),
     "outputs.artifacts": _YES,
@@ -284,9 +322,9 @@ _TEMPLATE = {
     "outputs.exitCode": _refused("outputs.exitCode"),
     "outputs.result": _refused("outputs.result"),
     "container": _YES,
-    **_under("container", _CONTAINER),
+    **_under("container", _MAIN_CONTAINER),
     "script": _YES,
-    **_under("script", {**_CONTAINER, "source": _YES}),
+    **_under("script", {**_MAIN_CONTAINER, "source": _YES}),
     "dag": _YES,
     "dag.failFast": _YES,
     "dag.tasks": _YES,
@@ -295,25 +333,31 @@ _TEMPLATE = {
     "steps": _YES,
     **_under("steps[][]", _CALL),
     "retryStrategy": _YES,
-    "retryStrategy.limit": _YES,
-    "retryStrategy.retryPolicy": _YES,
-    "retryStrategy.backoff": _YES,
-    "retryStrategy.backoff.duration": _YES,
-    "retryStrategy.backoff.factor": _YES,
-    "retryStrategy.backoff.maxDuration": _YES,
-    "retryStrategy.backoff.cap": _YES,
-    "retryStrategy.expression": _refused("retryStrategy.expression"),
-    "retryStrategy.affinity": _cluster(_SCHEDULING),
+    **_under("retryStrategy", _RETRY),
     "activeDeadlineSeconds": _YES,
     "timeout": _YES,
     "parallelism": _YES,
     "failFast": _YES,
     "volumes": _YES,
     **_under("volumes[]", _VOLUME),
-    # other template kinds and pod additions
-    **{key: _refused(f"{key} templates") for key in (
-        "resource", "suspend", "http", "plugin", "data")},
-    "daemon": _refused("daemon templates"),
+    # other template kinds and pod additions: suspend.py, http_template.py, data_template.py,
+    # daemons.py; resources need a cluster's API, plugins Argo's agent
+    **{key: _refused(f"{key} templates") for key in ("resource", "plugin")},
+    "suspend": _YES,
+    "suspend.duration": _YES,
+    "daemon": _YES,
+    "http": _YES,
+    **{f"http.{key}": _YES for key in (
+        "method", "url", "body", "bodyFrom", "bodyFrom.bytes", "headers", "headers[].name",
+        "headers[].value", "headers[].valueFrom", "timeoutSeconds", "insecureSkipVerify",
+        "successCondition")},
+    **{f"http.headers[].valueFrom.secretKeyRef{key}": field for key, field in _KEY_REF.items()},
+    "data": _YES,
+    "data.source": _YES,
+    "data.source.artifactPaths": _YES,
+    **_under("data.source.artifactPaths", _artifact(supported=("name", *_BUCKETS))),
+    "data.transformation": _YES,
+    "data.transformation[].expression": _YES,
     # pods of several containers: pipelines/runner/container_set.py
     "containerSet": _YES,
     "containerSet.containers": _YES,
@@ -389,7 +433,8 @@ _SPEC = {
     "podResources": _refused("pod-level resources"),
     "podSpecPatch": _refused("podSpecPatch"),
     "resourceClaims": _refused("dynamic resource claims"),
-    "retryStrategy": _refused("workflow-level retryStrategy"),
+    "retryStrategy": _YES,  # the default of every template (pipelines/runner/retry.py)
+    **_under("retryStrategy", _RETRY),
     "shutdown": _refused("spec.shutdown"),
     "suspend": _refused("suspending a workflow"),
     "templateDefaults": _refused("templateDefaults"),

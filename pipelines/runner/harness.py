@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from . import engine
 from .manifest import load_manifest, normalise_workflow
-from .run_types import NodeResult, RunEvent, RunOptions, RunResult
+from .run_types import NodeResult, RunEvent, RunOptions, RunResult, SuspendAnswer
+
+if TYPE_CHECKING:
+    from .k8s_objects import ObjectLibrary
 
 # Nodes that never ran: a false `when` (Skipped), an unmet `depends` (Omitted).
 _NOT_RUN = frozenset({NodePhase.SKIPPED, NodePhase.OMITTED})
@@ -180,7 +183,8 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
         home: str | Path | None = None, timeout: float | None = None,
         templates: Iterable[object] = (), parallelism: int | None = None,
         echo: bool = True, reporter: Callable[[RunEvent], None] | None = None,
-        options: RunOptions | None = None) -> WorkflowRun:
+        options: RunOptions | None = None, objects: Iterable[object] = (),
+        answers: Mapping[str, object] | None = None) -> WorkflowRun:
     """Run ``workflow`` locally to its end and return the :class:`WorkflowRun`.
 
     ``workflow``: a Hera ``Workflow``/``WorkflowTemplate`` (or ``CronWorkflow``), a manifest dict,
@@ -192,7 +196,13 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
     ``workflowTemplateRef``/``templateRef`` refer to (see :func:`as_manifest`). ``echo``: print
     progress and logs to stderr (pytest shows them for a failed test); ``reporter`` replaces it.
     ``options``: the runner's own ``RunOptions``, replacing ``home``, ``parallelism``, ``echo``
-    and ``reporter``.
+    and ``reporter``. ``objects``: Secret and ConfigMap manifests (dicts) and folders of them,
+    for the pods' env, envFrom and volumes and the semaphores (a YAML file's own folder is
+    searched too, as ``sublimate run`` searches it). ``answers``: the suspend nodes' answers,
+    given up front: a display name or a node field selector (``templateName=approve``) to the
+    supplied output parameters to resume with (a mapping; None: their defaults) or a
+    ``SuspendAnswer`` (``stop=True`` fails it); a suspend node no answer matches waits for
+    ``sublimate resume`` from another process, or for ``timeout``.
 
     A manifest the runner cannot run raises ``ManifestError``, bad parameters ``ParameterError``;
     a failed run does not raise (see :meth:`WorkflowRun.assert_succeeded`).
@@ -210,9 +220,45 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
         folder = Path(home) if home is not None else temporary_home()
         options = RunOptions(home=folder, parallelism=parallelism, reporter=reporter,
                              follow_logs=echo)
+    objects = list(objects)
+    if objects or _is_file(workflow):
+        options = replace(options, objects=object_library(workflow, objects))
+    if answers:
+        options = replace(options, answers={key: suspend_answer(value)
+                                            for key, value in answers.items()})
     params = {name: parameter_text(value) for name, value in (parameters or {}).items()}
     # engine.run_workflow looked up when called, so that a test's monkeypatch of it applies
     return WorkflowRun.of(engine.run_workflow(manifest, params, options))
+
+
+def object_library(workflow: object, objects: list[object]) -> ObjectLibrary:
+    """The Secrets and ConfigMaps of a run: ``objects`` (dicts and folders) and, for a YAML
+    file, those of its folder (the file itself among them)."""
+    from .k8s_objects import ObjectLibrary
+
+    folders = [Path(o) for o in objects if isinstance(o, str | Path)]
+    if _is_file(workflow):
+        folders.insert(0, Path(str(workflow)).parent)
+    documents = [(_as_dict(o), "the objects given") for o in objects
+                 if not isinstance(o, str | Path)]
+    return ObjectLibrary(folders, documents)
+
+
+def _is_file(workflow: object) -> bool:
+    """A YAML file's path (YAML text holds a newline), as ``load_manifest`` tells them apart."""
+    return isinstance(workflow, Path) or (isinstance(workflow, str) and "\n" not in workflow)
+
+
+def suspend_answer(value: object) -> SuspendAnswer:
+    """An answer as a test writes it: a ``SuspendAnswer``, the supplied outputs, or None."""
+    if isinstance(value, SuspendAnswer):
+        return value
+    if value is None:
+        return SuspendAnswer()
+    if isinstance(value, Mapping):
+        return SuspendAnswer(outputs={str(k): parameter_text(v) for k, v in value.items()})
+    raise TypeError(f"a suspend answer is a mapping of output parameters, None or a "
+                    f"SuspendAnswer; got {type(value).__name__}")
 
 
 def temporary_home() -> Path:
@@ -252,4 +298,5 @@ def run_workflow(workflow: Any, parameters: Mapping[str, object] | None = None,
     return engine.run_workflow(workflow, params, options)
 
 
-__all__ = ["NodeView", "WorkflowRun", "as_manifest", "is_hera", "run", "run_workflow"]
+__all__ = ["NodeView", "SuspendAnswer", "WorkflowRun", "as_manifest", "is_hera", "run",
+           "run_workflow"]

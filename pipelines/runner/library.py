@@ -52,6 +52,38 @@ def doc_name(doc: dict) -> str:
     return str(meta.get("name") or meta.get("generateName") or "")
 
 
+def folder_documents(folders: Iterable[Path], words: tuple[str, ...], skip: Path | None = None,
+                     unreadable: list[str] | None = None) -> list[tuple[dict, str]]:
+    """The YAML documents, with their files, of every ``*.yaml``/``*.yml`` file of ``folders``
+    (not recursively; each file once; ``skip``: one already read) that mentions one of
+    ``words`` (cheap: most files hold none). Files that cannot be read are listed in
+    ``unreadable``."""
+    import yaml  # loaded already by whoever read the manifest
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    found: list[tuple[dict, str]] = []
+    seen = {skip.resolve()} if skip is not None else set()
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
+            resolved = path.resolve()
+            if resolved in seen or not path.is_file():
+                continue
+            seen.add(resolved)
+            try:
+                text = path.read_text()
+                if not any(word in text for word in words):
+                    continue
+                docs = list(yaml.load_all(text, Loader=loader))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+                if unreadable is not None:
+                    unreadable.append(f"{path}: {type(exc).__name__}")
+                continue
+            found += [(d, str(path)) for d in docs if isinstance(d, dict)]
+    return found
+
+
 class TemplateLibrary:
     """WorkflowTemplates and ClusterWorkflowTemplates by kind and name.
 
@@ -75,27 +107,9 @@ class TemplateLibrary:
     def _load(self) -> dict[tuple[str, str], list[tuple[dict, str]]]:
         if self._index is not None:
             return self._index
-        import yaml
-
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         found = list(self._documents)
-        seen = {self._own_file} if self._own_file else set()
-        for folder in self.folders:
-            files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-            for path in files:
-                resolved = path.resolve()
-                if resolved in seen or not path.is_file():
-                    continue
-                seen.add(resolved)
-                try:
-                    text = path.read_text()
-                    if "WorkflowTemplate" not in text:  # cheap: most files are something else
-                        continue
-                    docs = list(yaml.load_all(text, Loader=loader))
-                except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-                    self._unreadable.append(f"{path}: {type(exc).__name__}")
-                    continue
-                found += [(d, str(path)) for d in docs if isinstance(d, dict)]
+        found += folder_documents(self.folders, ("WorkflowTemplate",), self._own_file,
+                                  self._unreadable)
         index: dict[tuple[str, str], list[tuple[dict, str]]] = {}
         for doc, source in found:
             if doc.get("kind") in TEMPLATE_KINDS:

@@ -36,7 +36,7 @@ class LocalExecutor:
         if request.mounts_note:
             hooks.on_line(f"note: {request.mounts_note}")
         process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line,
-                               setup=namespace_setup(request))
+                               setup=namespace_setup(request), masked=request.masked)
         try:
             process.start()
         except OSError as exc:
@@ -59,6 +59,7 @@ def start_container(request: PodRequest, container: Container,
     env["SUBLIMATE_TERMINATION_LOG"] = str(container.termination_log)
     if not append:
         container.termination_log.unlink(missing_ok=True)
-    process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append)
+    process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append,
+                           masked=request.masked)
     process.start()
     return process

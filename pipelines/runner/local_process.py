@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -87,7 +87,10 @@ class LocalProcess:
         # Called with each stderr line; True keeps it out of the log and the output (a
         # container engine's own report of the step's end: ``images``).
         engine_line: Callable[[str], bool] | None = None,
+        # Secret values to replace with *** in the log and the output (``k8s_objects``).
+        masked: Iterable[str] = (),
     ) -> None:
+        self.masked = sorted((os.fsencode(m) for m in masked), key=len, reverse=True)
         self.append = append
         self.setup = setup
         self.die_with_runner = die_with_runner
@@ -133,6 +136,8 @@ class LocalProcess:
 
     def _pump(self, pipe: IO[bytes], is_stdout: bool) -> None:
         for line in iter(pipe.readline, b""):
+            for secret in self.masked:
+                line = line.replace(secret, b"***")
             if not is_stdout and self.engine_line is not None and \
                     self.engine_line(line.decode("utf-8", "replace").rstrip("\r\n")):
                 continue

@@ -29,7 +29,7 @@ from .library import (
 )
 from .repository import remote_problems
 from .substitution import expression_sites
-from .template_checks import COMMAND_REQUIRED, container_problems, hook_problems
+from .template_checks import COMMAND_REQUIRED, container_problems, hook_problems, kind_problems
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -40,19 +40,13 @@ WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "Cr
 # Known Argo features with a friendlier name for the error message.
 _REFUSED = {
     "resource": "resource templates",
-    "suspend": "suspend templates",
-    "http": "http templates",
     "plugin": "plugin templates",
-    "data": "data templates",
-    "daemon": "daemon templates",
     "templateRef": "templateRef",
     "memoize": "memoize",
     "inline": "inline templates",
     "expression": "expressions",
     "podSpecPatch": "podSpecPatch",
     "templateDefaults": "templateDefaults",
-    "retryStrategy": "workflow-level retryStrategy",
-    "envFrom": "envFrom",
     "database": "database synchronization locks",
     "valueFrom": "valueFrom",
     "shutdown": "spec.shutdown",
@@ -97,20 +91,31 @@ _ARGUMENTS = {
     "artifacts": _list({"name": ANY, "from": ANY, "raw": {"data": ANY}, "subPath": ANY,
                         "fromExpression": ANY, **_ARCHIVE, **_BUCKETS, **_FETCHED}),
 }
-# Secrets do not exist locally: an optional secretKeyRef is left to the local environment (the
-# variable is whatever the runner's own environment says), a required one is refused below.
+# Secrets and ConfigMaps come from manifests (pipelines/runner/k8s_objects.py).
+_KEY_REF = {"name": ANY, "key": ANY, "optional": ANY}
 _ENV = _list({"name": ANY, "value": ANY,
-              "valueFrom": {"secretKeyRef": {"name": ANY, "key": ANY, "optional": ANY}}})
+              "valueFrom": {"secretKeyRef": _KEY_REF, "configMapKeyRef": _KEY_REF}})
+_ENV_FROM = _list({"prefix": ANY, "secretRef": {"name": ANY, "optional": ANY},
+                   "configMapRef": {"name": ANY, "optional": ANY}})
 _MOUNTS = _list({"name": ANY, "mountPath": ANY, "subPath": ANY, "readOnly": ANY})
 _CONTAINER = {
     "name": ANY,
     "command": ANY,
     "args": ANY,
     "env": _ENV,
+    "envFrom": _ENV_FROM,
     "workingDir": ANY,
     "volumeMounts": _MOUNTS,
 }
-_SCRIPT = {**_CONTAINER, "source": ANY}
+# A daemon's readiness (pipelines/runner/probes.py); other containers' probes are cluster-only.
+_PROBE = {"exec": {"command": ANY},
+          "httpGet": {"host": ANY, "path": ANY, "port": ANY, "scheme": ANY,
+                      "httpHeaders": _list({"name": ANY, "value": ANY})},
+          "tcpSocket": {"host": ANY, "port": ANY},
+          "initialDelaySeconds": ANY, "periodSeconds": ANY, "timeoutSeconds": ANY,
+          "successThreshold": ANY, "failureThreshold": ANY}
+_MAIN = {**_CONTAINER, "readinessProbe": _PROBE}
+_SCRIPT = {**_MAIN, "source": ANY}
 _LOOP = {"withItems": ANY, "withParam": ANY, "withSequence": {"count": ANY, "start": ANY,
                                                               "end": ANY, "format": ANY}}
 _STEP = {
@@ -124,8 +129,11 @@ _STEP = {
     "onExit": ANY,
 }
 _TASK = {**_STEP, "dependencies": ANY, "depends": ANY}
+_ITEMS = _list({"key": ANY, "path": ANY, "mode": ANY})
 _VOLUME = {"name": ANY, "persistentVolumeClaim": {"claimName": ANY, "readOnly": ANY},
-           "emptyDir": ANY}
+           "emptyDir": ANY,
+           "secret": {"secretName": ANY, "items": _ITEMS, "defaultMode": ANY, "optional": ANY},
+           "configMap": {"name": ANY, "items": _ITEMS, "defaultMode": ANY, "optional": ANY}}
 # pipelines/runner/synchronization.py emulates these for the run's own nodes ("database": _REFUSED)
 _SYNCHRONIZATION = {
     "mutexes": _list({"name": ANY, "namespace": ANY}),
@@ -147,9 +155,12 @@ _TEMPLATE = {
         "parameters": _list(
             {
                 "name": ANY,
+                "value": ANY,
+                "enum": ANY,
                 "description": ANY,
                 "globalName": ANY,
-                "valueFrom": {"path": ANY, "default": ANY, "parameter": ANY, "expression": ANY},
+                "valueFrom": {"path": ANY, "default": ANY, "parameter": ANY, "expression": ANY,
+                              "supplied": ANY},
             }
         ),
         "artifacts": _list(
@@ -157,8 +168,17 @@ _TEMPLATE = {
              "globalName": ANY, "mode": ANY, "fromExpression": ANY, **_BUCKETS}
         ),
     },
-    "container": _CONTAINER,
+    "container": _MAIN,
     "script": _SCRIPT,
+    # pipelines/runner/suspend.py, daemons.py, data_template.py, http_template.py
+    "suspend": {"duration": ANY},
+    "daemon": ANY,
+    "data": {"source": {"artifactPaths": {"name": ANY, **_BUCKETS}},
+             "transformation": _list({"expression": ANY})},
+    "http": {"method": ANY, "url": ANY, "body": ANY, "bodyFrom": {"bytes": ANY},
+             "headers": _list({"name": ANY, "value": ANY,
+                               "valueFrom": {"secretKeyRef": _KEY_REF}}),
+             "timeoutSeconds": ANY, "insecureSkipVerify": ANY, "successCondition": ANY},
     # pipelines/runner/container_set.py runs these, template_checks.py checks them
     "containerSet": {
         "containers": _list({**_CONTAINER, "dependencies": ANY}),
@@ -183,6 +203,7 @@ _TEMPLATE = {
 }
 _SPEC = {
     "entrypoint": ANY,
+    "retryStrategy": _TEMPLATE["retryStrategy"],  # every template's default (operator.go)
     "synchronization": _SYNCHRONIZATION,
     "arguments": {"parameters": _list(
         {"name": ANY, "value": ANY, "default": ANY, "enum": ANY, "description": ANY}
@@ -231,8 +252,7 @@ def _walk(value: Any, spec: Any, path: str, problems: list[str]) -> None:
                             "folder is searched; or pass --templates DIR)")
         elif key in _REFUSED:
             problems.append(f"{sub}: {_REFUSED[key]} are not supported by the local runner")
-        elif key in ("hostPath", "configMap", "secret", "nfs", "projected", "downwardAPI",
-                     "csi", "ephemeral"):
+        elif key in ("hostPath", "nfs", "projected", "downwardAPI", "csi", "ephemeral"):
             problems.append(f"{sub}: {key} volumes are not supported by the local runner")
         else:
             problems.append(f"{sub}: field is not supported by the local runner")
@@ -294,23 +314,6 @@ def _strings(value: Any, path: str):
             yield from _strings(item, f"{path}[{i}]")
 
 
-def _required_secrets(templates: list) -> list[str]:
-    problems = []
-    for i, template in enumerate(templates):
-        body = (template.get("container") or template.get("script") or {}) \
-            if isinstance(template, dict) else {}
-        kind = "container" if isinstance(template, dict) and "container" in template else "script"
-        for j, item in enumerate(body.get("env") or [] if isinstance(body, dict) else []):
-            ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") \
-                if isinstance(item, dict) else None
-            if isinstance(ref, dict) and not ref.get("optional"):
-                problems.append(
-                    f"spec.templates[{i}].{kind}.env[{j}].valueFrom.secretKeyRef: Kubernetes "
-                    "secrets are not available locally; mark it optional: true so the local "
-                    "environment provides the variable")
-    return problems
-
-
 def unsupported_fields(workflow: dict) -> list[str]:
     """Every unsupported or malformed field of a normalised workflow, each with its path.
 
@@ -328,7 +331,6 @@ def unsupported_fields(workflow: dict) -> list[str]:
 
         problems += site_problems(sites)
     templates = spec.get("templates") or []
-    problems += _required_secrets(templates)
     problems += remote_problems(spec)  # http/git artifacts elsewhere than this machine
     names = {t.get("name") for t in templates if isinstance(t, dict)}
     entry = spec.get("entrypoint")
@@ -353,6 +355,7 @@ def unsupported_fields(workflow: dict) -> list[str]:
             workflow_volumes.add(name)
     for number in ("parallelism", "activeDeadlineSeconds"):
         _check_int(spec, number, "spec", problems)
+    _check_retry_policy(spec, "spec", problems)
     for i, template in enumerate(templates):
         if isinstance(template, dict):
             _check_template(template, f"spec.templates[{i}]", names, workflow_volumes, problems)
@@ -386,11 +389,12 @@ def _volume_names(holder: dict, path: str, problems: list[str]) -> set[str]:
 def _check_template(
     template: dict, path: str, names: set, volumes: set[str], problems: list[str]
 ) -> None:
-    kinds = [k for k in ("container", "script", "dag", "steps", "containerSet")
-             if k in template]
-    refused = [k for k in template if k in ("resource", "suspend", "http", "plugin", "data")]
+    kinds = [k for k in ("container", "script", "dag", "steps", "containerSet", "suspend",
+                         "http", "data") if k in template]
+    refused = [k for k in template if k in ("resource", "plugin")]
     if len(kinds) + len(refused) == 0:
-        problems.append(f"{path}: template has no container, script, dag or steps")
+        problems.append(f"{path}: template has no container, script, dag, steps, suspend, "
+                        "http or data")
     elif len(kinds) > 1:
         problems.append(f"{path}: template has more than one of {', '.join(kinds)}")
     if not template.get("name"):
@@ -407,17 +411,18 @@ def _check_template(
         elif not isinstance(body["command"], list):
             problems.append(f"{path}.{kind}.command: expected a list")
         for j, mount in enumerate(body.get("volumeMounts") or []):
-            if isinstance(mount, dict) and mount.get("name") not in local_volumes:
+            # A name from a parameter is looked up once substituted (plan.py), as Argo does.
+            if isinstance(mount, dict) and mount.get("name") not in local_volumes \
+                    and "{{" not in str(mount.get("name")):
                 problems.append(
                     f"{path}.{kind}.volumeMounts[{j}].name: volume {mount.get('name')!r}"
                     " is not declared"
                 )
     problems += timing_problems(template, path)  # timeout, deadlines, backoff (validate.go)
+    problems += kind_problems(template, path)  # suspend, daemon, data, http, outputs
     for number in ("parallelism", "activeDeadlineSeconds"):
         _check_int(template, number, path, problems)
-    policy = (template.get("retryStrategy") or {}).get("retryPolicy")
-    if policy not in (None, "Always", "OnFailure", "OnError", "OnTransientError"):
-        problems.append(f"{path}.retryStrategy.retryPolicy: unknown policy {policy!r}")
+    _check_retry_policy(template, path, problems)
     dag = template.get("dag")
     if isinstance(dag, dict):
         tasks = [t for t in dag.get("tasks") or [] if isinstance(t, dict)]
@@ -448,6 +453,12 @@ def _check_template(
             for k, step in enumerate(group if isinstance(group, list) else []):
                 if isinstance(step, dict):
                     _check_call(step, f"{path}.steps[{j}][{k}]", names, problems)
+
+
+def _check_retry_policy(holder: dict, path: str, problems: list[str]) -> None:
+    policy = (holder.get("retryStrategy") or {}).get("retryPolicy")
+    if policy not in (None, "Always", "OnFailure", "OnError", "OnTransientError"):
+        problems.append(f"{path}.retryStrategy.retryPolicy: unknown policy {policy!r}")
 
 
 def _check_call(call: dict, path: str, names: set, problems: list[str]) -> None:

@@ -40,6 +40,8 @@ def result_vars(prefix: str, name: str, node: NodeResult, nodes: dict[str, NodeR
         out[f"{base}.outputs.result"] = node.result
     if node.exit_code is not None:
         out[f"{base}.exitCode"] = str(node.exit_code)
+    if node.pod_ip:  # a daemon's address (controller/scope.go buildLocalScope)
+        out[f"{base}.ip"] = node.pod_ip
     return out
 
 
@@ -48,6 +50,10 @@ def template_outputs(run: RunContext, template: dict, scope_vars: Vars, node: No
     outputs = template.get("outputs") or {}
     where = f"templates.{template['name']}.outputs"
     for param in outputs.get("parameters") or []:
+        if "valueFrom" not in param and "value" in param:
+            # operator.go getTemplateOutputsFromScope: a DAG's or steps' outputs come from its
+            # children; a static value passes validate.go but fails the node here.
+            return "output parameters must have a valueFrom specified"
         source = param.get("valueFrom") or {}
         if "parameter" not in source and "expression" not in source:
             continue

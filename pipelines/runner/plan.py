@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +33,7 @@ from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
     from .images.spec import InImage
+    from .k8s_objects import ObjectLibrary, Projection
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
 # `sublimate run` defines them at start-up, and a NamedTuple costs a sixth as much to define.
@@ -63,13 +65,16 @@ class Layout(NamedTuple):
     mounts: str = "rewrite"
     # spec.securityContext: the pods' own unless a template sets one (container mode).
     pod_security: dict | None = None
+    # The Secrets and ConfigMaps pods read (env, envFrom, volumes): ``k8s_objects``.
+    objects: ObjectLibrary | None = None
 
     @classmethod
-    def of(cls, home: Path, run_dir: Path, spec: dict, mounts: str = "rewrite") -> Layout:
+    def of(cls, home: Path, run_dir: Path, spec: dict, mounts: str = "rewrite",
+           objects: ObjectLibrary | None = None) -> Layout:
         claims = tuple((c["metadata"]["name"], run_dir / "volumes" / c["metadata"]["name"])
                        for c in spec.get("volumeClaimTemplates") or [])
         return cls(home, run_dir, tuple(spec.get("volumes") or []), claims, mounts,
-                   spec.get("securityContext"))
+                   spec.get("securityContext"), objects)
 
 
 class Mount(NamedTuple):
@@ -136,8 +141,16 @@ class PodRequest:
     run_dir: Path
     mounts: list[Mount] = field(default_factory=list)  # in path-map order
     script: str | None = None  # a script template's source, written to ``script_path``
-    # Variables the template takes from (optional) secrets: the local environment provides them.
+    # Variables the template takes from optional secrets no manifest provides: the local
+    # environment provides them (``k8s_objects``).
     from_environment: list[str] = field(default_factory=list)
+    # The main container's variables read from Secrets: name -> "SECRET/KEY" (the dry run
+    # shows that, never the value).
+    secret_env: dict[str, str] = field(default_factory=dict)
+    # Secret and configMap volumes' files, written when the pod is staged.
+    projections: list[Projection] = field(default_factory=list)
+    # What is masked in the pod's output: its own secrets' values; the run adds its others.
+    masked: frozenset[str] = frozenset()
     inputs: list[InputArtifact] = field(default_factory=list)
     outputs: dict = field(default_factory=dict)  # the template's outputs section, resolved
     deadline_s: float | None = None  # the template's own activeDeadlineSeconds/timeout
@@ -206,7 +219,11 @@ def template_kind(template: dict) -> NodeType:
         return NodeType.DAG
     if "steps" in template:
         return NodeType.STEPS
-    return NodeType.POD
+    if "suspend" in template:
+        return NodeType.SUSPEND
+    if "http" in template:
+        return NodeType.HTTP
+    return NodeType.POD  # container, script, containerSet, and data (it runs a pod on Argo)
 
 
 def template_deadline(template: dict, local: Vars) -> float | None:
@@ -252,7 +269,12 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         # for an empty source); the executor writes it executable (executor.go StageFiles).
         script = text.rewrite(str(body["source"]))
         argv.append(SCRIPT_PATH if as_written else str(folder / "script"))
-    env, from_environment = _environment(body, text)
+    environment = _environment(body, text, layout.objects)
+    containers = plan_containers(tmpl, body, mounts, folder, layout,
+                                 template.get("securityContext") or layout.pod_security)
+    projections, masked = _projections(tmpl, [mounts, *(c.mounts for c in containers)],
+                                       folder, layout)
+    masked |= _secret_forms(environment.env[name] for name in environment.secret)
     in_image = None
     if layout.mounts == "image":
         from .images.spec import image_spec  # deferred: only container mode pays for it
@@ -265,18 +287,20 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         display_name=display_name,
         template=template["name"],
         argv=argv,
-        env=env,
+        env=environment.env,
         cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
         folder=folder,
         run_dir=layout.run_dir,
         mounts=mounts,
         script=script,
-        from_environment=from_environment,
+        from_environment=environment.from_environment,
+        secret_env=environment.secret,
+        projections=projections,
+        masked=frozenset(masked),
         inputs=_input_artifacts(tmpl, paths, art_args or {}, layout.home),
         outputs=tmpl.get("outputs") or {},
         deadline_s=template_deadline(template, local),
-        containers=plan_containers(tmpl, body, mounts, folder, layout,
-                                   template.get("securityContext") or layout.pod_security),
+        containers=containers,
         set_retry=set_retry(tmpl),
         binds=binds,
         working_dir=str(body.get("workingDir") or folder) if binds is not None else "",
@@ -370,7 +394,7 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             for mount in mounts:
                 paths.mount(mount.path, mount.local)
         text = PathMap(folder / "fs") if images else paths  # in its image: as written
-        env, from_environment = _environment(body, text)
+        environment = _environment(body, text, layout.objects)
         in_image = None
         if images:
             from .images.spec import image_spec
@@ -382,9 +406,10 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             name=name, role=role,
             argv=[text.rewrite(str(a)) for a in body.get("command") or []]
             + [text.rewrite(as_text(a)) for a in body.get("args") or []],
-            env=env,
+            env=environment.env,
             cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
-            folder=folder, mounts=tuple(mounts), from_environment=tuple(from_environment),
+            folder=folder, mounts=tuple(mounts),
+            from_environment=tuple(environment.from_environment),
             dependencies=tuple(str(d) for d in body.get("dependencies") or []),
             in_image=in_image)
 
@@ -400,15 +425,49 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
     return found
 
 
-def _environment(body: dict, paths: PathMap) -> tuple[dict[str, str], list[str]]:
-    env: dict[str, str] = {}
-    from_environment: list[str] = []
-    for item in body.get("env") or []:
-        if "valueFrom" in item:
-            from_environment.append(item["name"])  # an optional secret: ours, or nobody's
-            continue
-        env[item["name"]] = paths.rewrite(as_text(item.get("value", "")))
-    return env, from_environment
+class _Environment(NamedTuple):
+    env: dict[str, str]
+    secret: dict[str, str]
+    from_environment: list[str]
+
+
+def _environment(body: dict, paths: PathMap, objects: ObjectLibrary | None) -> _Environment:
+    """A container's variables; those from Secrets and ConfigMaps (``envFrom``, ``valueFrom``)
+    as the kubelet resolves them (``k8s_objects``), the literal ones with their paths
+    rewritten."""
+    if body.get("envFrom") or any("valueFrom" in item for item in body.get("env") or []):
+        from .k8s_objects import container_env  # only a pod that reads objects pays for it
+
+        return _Environment(*container_env(body, objects, paths.rewrite))
+    env = {item["name"]: paths.rewrite(as_text(item.get("value", "")))
+           for item in body.get("env") or []}
+    return _Environment(env, {}, [])
+
+
+def _projections(tmpl: dict, mount_lists: list, folder: Path, layout: Layout
+                 ) -> tuple[list[Projection], set[str]]:
+    """The pod's secret and configMap volumes' files, and the secret values among them."""
+    used = [m.volume for mounts in mount_lists for m in mounts
+            if m.kind.startswith(("secret ", "configMap "))]
+    if not used:
+        return [], set()
+    from .k8s_objects import project_volumes
+
+    projections = project_volumes([*layout.volumes, *(tmpl.get("volumes") or [])], used,
+                                  folder, layout.objects)
+    return projections, _secret_forms(content.decode("utf-8", "surrogateescape")
+                                      for p in projections if p.secret
+                                      for _, content, _ in p.files)
+
+
+def _secret_forms(values: Iterable[str]) -> set[str]:
+    """What to mask in a pod's output for these secret values (``k8s_objects.masked_forms``)."""
+    found: set[str] = set()
+    for value in values:
+        from .k8s_objects import masked_forms  # only a pod with secrets pays for it
+
+        found |= masked_forms(value)
+    return found
 
 
 def _volume_folders(volumes: list | tuple, folder: Path, home: Path
@@ -421,6 +480,12 @@ def _volume_folders(volumes: list | tuple, folder: Path, home: Path
             found[volume["name"]] = (home / "volumes" / claim, f"persistentVolumeClaim {claim}")
         elif "emptyDir" in volume:
             found[volume["name"]] = (folder / "volumes" / volume["name"], "emptyDir")
+        elif "secret" in volume or "configMap" in volume:
+            from .k8s_objects import volume_folder
+
+            place = volume_folder(volume, folder)
+            if place is not None:
+                found[volume["name"]] = place
     return found
 
 
@@ -435,13 +500,21 @@ def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout,
     paths = PathMap(fs_root or folder / "fs")
     mounts: list[Mount] = []
     for mount in body.get("volumeMounts") or []:
+        if mount["name"] not in volumes:
+            # workflowpod.go addVolumeReferences, on the substituted name (it may come from a
+            # parameter: validate.go does not check mounts' names).
+            raise NodeError(f"volume '{mount['name']}' not found in workflow spec")
         local, kind = volumes[mount["name"]]
         if mount.get("subPath"):
             local = local / mount["subPath"]
         paths.mount(mount["mountPath"], local)
         mounts.append(Mount(mount["mountPath"], local, mount["name"], kind,
-                            shared=not local.is_relative_to(folder),
-                            read_only=bool(mount.get("readOnly"))))
+                            # outside the node folder: shared, but for a secret (its tmpfs)
+                            shared=not local.is_relative_to(folder) and
+                            not kind.startswith("secret "),
+                            # Kubernetes mounts secret and configMap volumes read-only
+                            read_only=bool(mount.get("readOnly"))
+                            or kind.startswith(("secret ", "configMap "))))
     outputs = tmpl.get("outputs") or {}
     declared = [(p.get("valueFrom") or {}).get("path") for p in outputs.get("parameters") or []]
     declared += [a.get("path") for a in outputs.get("artifacts") or []]

@@ -9,6 +9,7 @@ its output parameters and artifacts back.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
@@ -20,7 +21,7 @@ from .outputs import set_artifact, set_param
 from .plan import PodRequest, plan_pod
 from .run_types import NodeResult
 from .scope import CancelScope, Stoppable
-from .substitution import Vars, as_text
+from .substitution import Vars, as_text, substitute
 
 if TYPE_CHECKING:
     from .context import RunContext
@@ -34,9 +35,12 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
     record = run.record
     request = plan_pod(template, local, node_id=node.id, node_name=node.name,
                        display_name=node.display_name, layout=run.layout, art_args=art_args)
+    _guard_secrets(record, request)
     stage(request, record)
     node.log = request.log
     hooks = _Hooks(record, node, scope, _container_nodes(record, node, request))
+    if template.get("daemon") in (True, "true"):
+        return _start_daemon(run, template, local, request, node, scope, hooks)
     slots = run.pod_slots
     if slots is not None:
         slots.acquire()
@@ -47,6 +51,16 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
     finally:
         if slots is not None:
             slots.release()
+        _remove_secret_files(request)
+    return _conclude(run, request, node, scope, hooks, outcome)
+
+
+def _conclude(run: RunContext, request: PodRequest, node: NodeResult, scope: CancelScope,
+              hooks: _Hooks, outcome: PodOutcome, daemon: str = "") -> NodeResult:
+    """The node's phase from how its pod ended, and its outputs. ``daemon``: "retired" for a
+    daemon its boundary ended (Succeeded, whatever its exit code), "serving" for one that
+    ended by itself (Failed, even with exit code 0)."""
+    record = run.record
     if outcome.error:
         return record.finish(node, NodePhase.ERROR, outcome.error)
     phase, message = _ending(outcome, request, scope)
@@ -57,12 +71,64 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
         for child in hooks.containers.values():
             if not child.done:  # the pod failed first (assessNodeStatus)
                 record.finish(child, NodePhase.FAILED, STOPPED_WHILE_RUNNING)
+    if daemon == "retired":  # exec_control.go killDaemonedChildren
+        phase, message = NodePhase.SUCCEEDED, ""
+    elif daemon and phase == NodePhase.SUCCEEDED:  # operator.go: "daemon pods should run
+        phase, message = NodePhase.FAILED, "daemon exited (exit code 0) before its steps or " \
+            "DAG ended"  # indefinitely"
     node.exit_code = outcome.exit_code
     node.result = request.paths.restore(script_result(outcome.stdout))
     problem = _collect_outputs(run, request, node)
     if problem and phase == NodePhase.SUCCEEDED:
         phase, message = NodePhase.ERROR, problem
     return record.finish(node, phase, message)
+
+
+def _start_daemon(run: RunContext, template: dict, local: Vars, request: PodRequest,
+                  node: NodeResult, scope: CancelScope, hooks: _Hooks) -> NodeResult:
+    """A ``daemon: true`` pod: its node returns once the pod is ready (``daemons``)."""
+    from .daemons import start_daemon
+    from .probes import readiness
+
+    body = template.get("container") or template.get("script") or {}
+    spec = substitute(body.get("readinessProbe"), local,
+                      f"templates.{template['name']}.readinessProbe")
+
+    def finish(outcome: PodOutcome, retired: bool) -> NodeResult:
+        _remove_secret_files(request)
+        return _conclude(run, request, node, scope, hooks, outcome,
+                         "retired" if retired else "serving")
+
+    return start_daemon(run.record, run.executor, run.daemons, run.root_scope, run.pod_slots,
+                        request, node, scope, hooks,
+                        lambda pid: readiness(spec, body, request, pid),  # type: ignore[arg-type]
+                        finish)
+
+
+def _remove_secret_files(request: PodRequest) -> None:
+    if request.projections:
+        from .k8s_objects import remove_projections
+
+        remove_projections(request.projections)
+
+
+def _guard_secrets(record: RunRecord, request: PodRequest) -> None:
+    """Mask every secret the run knows in this pod's output, and say once which variables of
+    optional secrets no manifest provides were taken from this machine's environment (their
+    values are secrets too)."""
+    taken = [name for container in [request, *request.containers]
+             for name in container.from_environment if name in os.environ]
+    values = set(request.masked)
+    if taken:
+        from .k8s_objects import masked_forms
+
+        for name in dict.fromkeys(taken):
+            values |= masked_forms(os.environ[name])
+            record.note(f"environment:{name}",
+                        f"{name} taken from this machine's environment: an optional "
+                        "secretKeyRef that no Secret manifest provides")
+    if values or record.secrets:
+        request.masked = record.remember_secrets(frozenset(values))
 
 
 def stage(request: PodRequest, record: RunRecord) -> None:
@@ -87,6 +153,11 @@ def stage(request: PodRequest, record: RunRecord) -> None:
     if request.script is not None:
         request.script_path.write_text(request.script)
         request.script_path.chmod(0o755)  # executor.go StageFiles: mode 0755, runnable as is
+    if request.projections:
+        from .k8s_objects import write_projection  # secret and configMap volumes
+
+        for projection in request.projections:
+            write_projection(projection)
 
 
 class _Hooks:
@@ -168,6 +239,11 @@ def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> 
     problem = ""
     for param in request.outputs.get("parameters") or []:
         source = param.get("valueFrom") or {}
+        if "valueFrom" not in param and "value" in param:
+            # A static output: executor.go's SaveParameters skips it, and ReportOutputs reports
+            # the outputs as substituted when the pod was made, so its value is the output.
+            set_param(run, node, param, as_text(param["value"]))
+            continue
         if "path" not in source:
             continue
         try:

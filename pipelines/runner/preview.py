@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodeType
 
@@ -25,9 +26,12 @@ from .errors import NodeError
 from .inputs import resolve_inputs
 from .loops import item_display, item_vars, loop_items
 from .plan import Layout, PodRequest, plan_pod, template_kind
-from .retry import retry_policy
+from .retry import retry_policy, retry_strategy
 from .run_folder import draw_name, node_id
 from .substitution import Vars, as_text
+
+if TYPE_CHECKING:
+    from .k8s_objects import ObjectLibrary
 
 _MAX_DEPTH = 20  # templates may call themselves (recursion ends on a condition at run time)
 _SCRIPT_LINES = 12
@@ -43,6 +47,7 @@ class PlannedNode:
     notes: list[str] = field(default_factory=list)
     skipped: str = ""
     error: str = ""
+    runs: str = ""  # what a node that runs no pod does (suspend, http, data)
 
 
 @dataclass
@@ -56,9 +61,11 @@ class Preview:
     deadline_s: float | None = None
 
 
-def preview_workflow(workflow: dict, parameters: dict[str, str], home: Path) -> Preview:
+def preview_workflow(workflow: dict, parameters: dict[str, str], home: Path,
+                     objects: ObjectLibrary | None = None) -> Preview:
     """``ManifestError``/``ParameterError`` as ``run_workflow`` would raise them; reads the
-    manifest only: no folder is created, no process started."""
+    manifest (and the Secret and ConfigMap manifests of ``objects``) only: no folder is
+    created, no process started."""
     workflow, params = prepare_workflow(workflow, parameters)
     spec = workflow["spec"]
     name = draw_name(workflow.get("metadata") or {})
@@ -66,7 +73,8 @@ def preview_workflow(workflow: dict, parameters: dict[str, str], home: Path) -> 
     preview = Preview(name, run_dir, params, on_exit=spec.get("onExit"),
                       deadline_s=spec.get("activeDeadlineSeconds"))
     globals_ = workflow_globals(workflow, name, params, datetime.now(UTC))
-    planner = _Planner(preview, spec, Layout.of(Path(home), run_dir, spec), globals_)
+    planner = _Planner(preview, spec, Layout.of(Path(home), run_dir, spec, objects=objects),
+                       globals_)
     entry_args = {"parameters": dict(params), "artifacts": workflow_artifacts(spec, globals_)}
     planner.template(spec["entrypoint"], entry_args, name, name, "", 0, [])
     return preview
@@ -76,6 +84,7 @@ class _Planner:
     def __init__(self, preview: Preview, spec: dict, layout: Layout, globals_: Vars) -> None:
         self.preview = preview
         self.templates = {t["name"]: t for t in spec["templates"]}
+        self.spec = spec
         self.layout = layout
         self.globals = globals_
 
@@ -90,9 +99,9 @@ class _Planner:
         wf = self.preview.name
         try:
             inputs = resolve_inputs(template, arguments, node_id(wf, name))
-            if template.get("retryStrategy"):
-                policy = retry_policy(template["retryStrategy"], {**self.globals, **inputs},
-                                      template_name)
+            strategy = retry_strategy(template, self.spec)
+            if strategy:
+                policy = retry_policy(strategy, {**self.globals, **inputs}, template_name)
                 notes = [*notes, policy.describe()]
                 name, display = f"{name}(0)", f"{display}(0)"  # the first attempt
         except (NodeError, ValueError) as exc:
@@ -100,6 +109,12 @@ class _Planner:
             return
         local = {**self.globals, **inputs, "retries": "0"}
         kind = template_kind(template)
+        runs = _runs_no_pod(template)
+        if runs:
+            self.preview.first.append(PlannedNode(label, template_name, notes=notes, runs=runs))
+            return
+        if template.get("daemon") in (True, "true"):
+            notes = [*notes, "daemon: serves until its steps or DAG end"]
         if kind == NodeType.POD:
             try:
                 request = plan_pod(template, local, node_id=node_id(wf, name), node_name=name,
@@ -178,6 +193,21 @@ class _Planner:
         self.template(call["template"], arguments, name, display, label, depth + 1, notes)
 
 
+def _runs_no_pod(template: dict) -> str:
+    """What a suspend, http or data template does, in words ("" for any other)."""
+    if "suspend" in template:
+        duration = (template["suspend"] or {}).get("duration")
+        seconds = "s" if as_text(duration).strip().isdigit() else ""  # a number: seconds
+        return f"suspend: waits {as_text(duration)}{seconds}" if duration else \
+            "suspend: waits for `sublimate resume` (or `sublimate stop`)"
+    if "http" in template:
+        http = template["http"] or {}
+        return f"http: {http.get('method') or 'GET'} {as_text(http.get('url'))}"
+    if "data" in template:
+        return "data: lists artifact keys and transforms them"
+    return ""
+
+
 def _call_notes(call: dict) -> str:
     """A later call's loop and condition, as written (their variables are not known yet)."""
     notes = []
@@ -210,6 +240,9 @@ def format_preview(preview: Preview) -> str:
             lines.append(f"{head}: skipped, {planned.skipped}")
             continue
         lines.append(head + "".join(f"; {note}" for note in planned.notes))
+        if planned.runs:
+            lines.append(f"    {planned.runs}")
+            continue
         request = planned.request
         assert request is not None
         lines.append(f"    command: {shlex.join(request.argv)}")
@@ -219,7 +252,8 @@ def format_preview(preview: Preview) -> str:
             lines += [f"      | {line}" for line in source[:_SCRIPT_LINES]]
             if len(source) > _SCRIPT_LINES:
                 lines.append(f"      | ... ({len(source) - _SCRIPT_LINES} more lines)")
-        env = [f"{key}={value}" for key, value in request.env.items()]
+        env = [f"{key}=<secret {request.secret_env[key]}>" if key in request.secret_env
+               else f"{key}={value}" for key, value in request.env.items()]
         lines.append(f"    env: {', '.join(env) if env else 'none set by the template'}")
         if request.from_environment:
             lines.append("    from this environment if set (optional secrets): "

@@ -73,13 +73,21 @@ def retry_policy(retry: dict, scope: Vars, where: str) -> RetryPolicy:
     )
 
 
+def retry_strategy(template: dict, spec: dict) -> dict | None:
+    """The strategy a template runs under (operator.go ``retryStrategy``): its own when it
+    sets one, even an empty one (which retries nothing and adds no Retry node), else the
+    workflow's ``spec.retryStrategy``, the default of every template kind."""
+    if template.get("retryStrategy") is not None:
+        return template["retryStrategy"] or None
+    return spec.get("retryStrategy") or None
+
+
 def run_with_retries(run: RunContext, template: dict, kind: NodeType, inputs: Vars,
-                     node: NodeResult, scope: CancelScope, art_args: dict[str, dict]
-                     ) -> NodeResult:
+                     node: NodeResult, scope: CancelScope, art_args: dict[str, dict],
+                     strategy: dict) -> NodeResult:
     record = run.record
     try:
-        policy = retry_policy(template["retryStrategy"], {**run.live_globals(), **inputs},
-                              template["name"])
+        policy = retry_policy(strategy, {**run.live_globals(), **inputs}, template["name"])
     except (NodeError, ValueError) as exc:
         return record.finish(node, NodePhase.ERROR, f"retryStrategy: {exc}")
     record.transition(node, NodePhase.RUNNING)
@@ -101,4 +109,5 @@ def run_with_retries(run: RunContext, template: dict, kind: NodeType, inputs: Va
         attempt += 1
     node.parameters, node.artifacts = child.parameters, child.artifacts
     node.result, node.exit_code = child.result, child.exit_code
+    node.daemoned, node.pod_ip = child.daemoned, child.pod_ip  # a daemon: Running, daemoned
     return record.finish(node, child.phase, child.message)

@@ -116,6 +116,24 @@ class RunRecord:
         # Container path -> local folder of every volume a step mounted that outlives its pod,
         # so that workflow outputs naming such paths can be linked from the run folder.
         self.shared_mounts = PathMap(run_dir / "fs")
+        # Secret values (``k8s_objects``): masked in status.json, results and events.
+        self.secrets: frozenset[str] = frozenset()
+        self._noted: set[str] = set()
+
+    def remember_secrets(self, values: frozenset[str] | set[str]) -> frozenset[str]:
+        """Add secret values to mask; returns every one the run knows."""
+        with self.lock:
+            if not values <= self.secrets:
+                self.secrets = self.secrets | values
+            return self.secrets
+
+    def note(self, key: str, text: str) -> None:
+        """Say something about the run once (per ``key``), on the console and to a test."""
+        with self.lock:
+            if key in self._noted:
+                return
+            self._noted.add(key)
+        self.emit(RunEvent("note", self.name, now(), message=text))
 
     # ------------------------------------------------------------------------- nodes
 
@@ -238,7 +256,7 @@ class RunRecord:
         (self.run_dir / "workflow.yaml").write_text(text)
 
     def result(self) -> RunResult:
-        return RunResult(
+        result = RunResult(
             name=self.name,
             phase=self.phase,
             message=self.message,
@@ -251,6 +269,11 @@ class RunRecord:
             links=dict(self.links),
             runner=dict(self.runner),
         )
+        if self.secrets:
+            from .k8s_objects import redact_result  # only a run with secrets pays for it
+
+            result = redact_result(result, self.secrets)
+        return result
 
     def write_status(self, sync_folder: bool = False) -> None:
         with self.lock:
@@ -259,6 +282,11 @@ class RunRecord:
                           sync_folder=sync_folder)
 
     def emit(self, event: RunEvent) -> None:
+        if self.secrets and (event.message or event.line):
+            from .k8s_objects import redact
+
+            event.message = redact(event.message, self.secrets)
+            event.line = redact(event.line, self.secrets) if event.line else event.line
         with contextlib.suppress(Exception):  # a broken reporter must not break the run
             self.reporter(event)
 
@@ -343,5 +371,8 @@ def settle_interrupted_runs(home: Path) -> list[InterruptedRun]:
             write_durably(path, json.dumps(status, indent=1))
         except OSError:
             continue  # not ours to write (another user's home): leave it as it is
+        from .k8s_objects import remove_secret_root
+
+        remove_secret_root(folder)  # its pods' secret volumes, on the tmpfs
         settled.append(InterruptedRun(str(status.get("name") or folder.name), folder, message))
     return settled

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,6 +12,7 @@ from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 if TYPE_CHECKING:
     from .executor import Executor
+    from .k8s_objects import ObjectLibrary
 
 PHASES_DONE = frozenset(phase for phase in NodePhase if phase.done)
 
@@ -26,7 +27,8 @@ def now() -> datetime:
 
 @dataclass
 class RunEvent:
-    """A progress event: ``kind`` is ``"workflow"``, ``"node"`` (phase change) or ``"log"``."""
+    """A progress event: ``kind`` is ``"workflow"``, ``"node"`` (phase change), ``"log"`` or
+    ``"note"`` (something the runner says once, in ``message``)."""
 
     kind: str
     workflow: str
@@ -34,6 +36,18 @@ class RunEvent:
     phase: NodePhase | None = None
     node: NodeResult | None = None
     line: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class SuspendAnswer:
+    """How a test answers a suspend node before the run starts (``RunOptions.answers``), as a
+    person would with ``sublimate resume`` or ``sublimate stop``."""
+
+    # The supplied output parameters (``valueFrom.supplied``) to resume it with; the others
+    # take their defaults, as ``argo resume`` gives them.
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    stop: bool = False  # stop it instead: the node fails (``argo stop --node-field-selector``)
     message: str = ""
 
 
@@ -55,8 +69,16 @@ class RunOptions:
     # None: pods are local processes.
     containers: str | None = None
     # ``--semaphore NAME/KEY=N``: a synchronization semaphore's limit, by ConfigMap name and key
-    # (``synchronization``); the CLI adds those of ConfigMap documents next to the manifest.
+    # (``synchronization``); these win over the ConfigMap manifests among ``objects``.
     semaphores: dict[str, int] = field(default_factory=dict)
+    # The Secrets and ConfigMaps pods and semaphores read (``k8s_objects``); None: no
+    # manifests (an optional secret then comes from this machine's environment, a required
+    # one fails its pod).
+    objects: ObjectLibrary | None = None
+    # Suspend nodes answered up front: a display name, or a node field selector
+    # (``templateName=approve``), to its answer; one no answer matches waits for
+    # ``sublimate resume`` as on a cluster.
+    answers: Mapping[str, SuspendAnswer] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,6 +99,10 @@ class NodeResult:
     log: Path | None = None
     children: list[str] = field(default_factory=list)
     parent: str | None = None
+    # A daemon (``daemons``) that is ready and running: its dependants may start; ``pod_ip`` is
+    # its address, ``{{steps.<name>.ip}}`` (Argo records it only while daemoned).
+    daemoned: bool = False
+    pod_ip: str | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -110,6 +136,8 @@ class NodeResult:
             "log": str(self.log) if self.log else None,
             "parent": self.parent,
             "children": list(self.children),
+            **({"daemoned": True} if self.daemoned else {}),
+            **({"pod_ip": self.pod_ip} if self.pod_ip else {}),
         }
 
 

@@ -6,7 +6,8 @@ run is alone, so a lock is shared only by the nodes of this run that name it:
 - a mutex (``mutexes[].name``) admits one holder at a time (sync/mutex.go: a semaphore of 1);
 - a semaphore (``semaphores[].configMapKeyRef``) admits as many as its limit, which on a
   cluster is the ConfigMap's value; locally it is ``--semaphore NAME/KEY=N`` or, without one,
-  a ConfigMap document of that name in the manifest or its folder. None: the run is refused
+  a ConfigMap manifest of that name where the run finds its objects (``k8s_objects``: the
+  manifest's folder, ``--templates`` and ``--objects`` folders). None: the run is refused
   before it starts, naming the semaphore.
 
 A template's locks are taken together (sync_manager.go ``TryAcquire``: all or none) when its
@@ -21,10 +22,14 @@ is left. Database locks (``database``) are refused: they need Argo's database.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .errors import ManifestError
+from .k8s_objects import CONFIG_MAP
+
+if TYPE_CHECKING:
+    from .k8s_objects import ObjectLibrary
 
 _REFUSED_DATABASE = ("synchronization {where}.database: database locks need Argo's "
                      "synchronization database; use a mutex or a configMapKeyRef semaphore")
@@ -54,30 +59,16 @@ def uses_semaphores(workflow: dict) -> bool:
     return any((s or {}).get("semaphores") for s in syncs)
 
 
-def configmap_limits(manifest: Path, extra_folders: Iterable[Path] = ()) -> dict[str, int]:
-    """``{"name/key": limit}`` from the ConfigMap documents of the manifest and the other YAML
-    files of its folder (and ``extra_folders``); only read when a workflow uses semaphores."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    files = [manifest]
-    for folder in [manifest.parent, *extra_folders]:
-        files += sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+def configmap_limits(objects: ObjectLibrary) -> dict[str, int]:
+    """``{"name/key": limit}`` from the ConfigMap manifests the run's objects hold (those of
+    the manifest's folder, ``--templates`` and ``--objects`` folders: ``k8s_objects``); read
+    only when a workflow uses semaphores."""
     limits: dict[str, int] = {}
-    for path in dict.fromkeys(p.resolve() for p in files):
-        try:
-            text = path.read_text()
-            if "ConfigMap" not in text:  # cheap: most files hold none
-                continue
-            docs = list(yaml.load_all(text, Loader=loader))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-        for doc in docs:
-            if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
-                name = (doc.get("metadata") or {}).get("name")
-                for key, value in (doc.get("data") or {}).items():
-                    if str(value).strip().isdigit():
-                        limits.setdefault(f"{name}/{key}", int(str(value).strip()))
+    for configmap in objects.objects(CONFIG_MAP):
+        for key, value in configmap.data.items():
+            text = value.decode("utf-8", "replace").strip()
+            if text.isdigit():
+                limits.setdefault(f"{configmap.name}/{key}", int(text))
     return limits
 
 

@@ -82,16 +82,60 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
             elif not isinstance(container["command"], list):
                 problems.append(f"{where}.command: expected a list")
             for k, mount in enumerate(container.get("volumeMounts") or []):
-                if isinstance(mount, dict) and mount.get("name") not in volumes:
+                if isinstance(mount, dict) and mount.get("name") not in volumes \
+                        and "{{" not in str(mount.get("name")):
                     problems.append(f"{where}.volumeMounts[{k}].name: volume "
                                     f"{mount.get('name')!r} is not declared")
-            for k, item in enumerate(container.get("env") or []):
-                ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") \
-                    if isinstance(item, dict) else None
-                if isinstance(ref, dict) and not ref.get("optional"):
-                    problems.append(f"{where}.env[{k}].valueFrom.secretKeyRef: Kubernetes "
-                                    "secrets are not available locally; mark it optional: "
-                                    "true so the local environment provides the variable")
+    return problems
+
+
+def kind_problems(template: dict, path: str) -> list[str]:
+    """What Argo's validation refuses, and what does not parse, in the template kinds that run
+    no command of the template's own (``suspend``, ``data``, ``http``), a daemon, and output
+    parameters (validate.go ``validateOutputParameter``)."""
+    problems: list[str] = []
+    suspend = template.get("suspend")
+    if isinstance(suspend, dict) and suspend.get("duration") not in (None, "") \
+            and "{{" not in str(suspend["duration"]):
+        from .durations import parse_duration
+
+        try:
+            parse_duration(suspend["duration"])
+        except ValueError as exc:
+            problems.append(f"{path}.suspend.duration: {exc}")
+    if template.get("daemon") not in (None, False, "false") and not any(
+            key in template for key in ("container", "script", "containerSet")):
+        problems.append(f"{path}.daemon: only a container, script or containerSet template "
+                        "runs a pod that can serve as a daemon")
+    expressions: list[tuple[str, object]] = []
+    data = template.get("data")
+    if isinstance(data, dict):
+        if not isinstance((data.get("source") or {}).get("artifactPaths"), dict):
+            problems.append(f"{path}.data.source.artifactPaths: required (the only data source)")
+        expressions += [(f"{path}.data.transformation[{i}].expression", step.get("expression"))
+                        for i, step in enumerate(data.get("transformation") or [])
+                        if isinstance(step, dict)]
+    http = template.get("http")
+    if isinstance(http, dict):
+        if not http.get("url"):
+            problems.append(f"{path}.http.url: required")
+        if http.get("successCondition"):
+            expressions.append((f"{path}.http.successCondition", http["successCondition"]))
+    for where, source in expressions:
+        if "{{" in str(source):
+            continue  # parsed once substituted
+        from .expr_lang import parse  # only a data or http template loads lark
+
+        try:
+            parse(str(source))
+        except ExpressionError as exc:
+            problems.append(f"{where}: {exc}")
+    outputs = template.get("outputs") if isinstance(template.get("outputs"), dict) else {}
+    for j, param in enumerate(outputs.get("parameters") or []):
+        if isinstance(param, dict) and "value" in param and "valueFrom" in param:
+            problems.append(f"{path}.outputs.parameters[{j}]: templates.{template.get('name')}"
+                            f".outputs.parameters.{param.get('name')} has both valueFrom and "
+                            "value specified, choose one")
     return problems
 
 

@@ -187,7 +187,8 @@ class ImageExecutor:
         outputs = output_paths(request, binds) if container.name == "main" else []
         name = f"sublimate-{os.getpid()}-{next(self._serial)}-{request.node_id}-{container.name}"
         process = ContainerProcess(self.engine, self.keeper, name, spec.image, run, outputs,
-                                   container.log, request.folder, on_line, append)
+                                   container.log, request.folder, on_line, append,
+                                   request.masked)
         process.start()
         return process
 
@@ -310,10 +311,11 @@ class ContainerProcess(LocalProcess):
 
     def __init__(self, engine: Engine, keeper: Keeper, name: str, image: str, spec: RunSpec,
                  outputs: list[tuple[str, Path]], log_path: Path, cwd: Path,
-                 on_line: Callable[[str], None] | None, append: bool) -> None:
+                 on_line: Callable[[str], None] | None, append: bool,
+                 masked: frozenset[str] = frozenset()) -> None:
         super().__init__(engine.run(name, image, spec), cwd, dict(os.environ), log_path,
                          on_line, append=append, die_with_runner=False,
-                         engine_line=self._engine_line)
+                         engine_line=self._engine_line, masked=masked)
         self.engine = engine
         self.keeper = keeper
         self.name = name

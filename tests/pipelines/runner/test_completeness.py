@@ -333,6 +333,115 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
             - {name: work, mountPath: /mnt/work, subPath: x, readOnly: true}
 """))
 
+# Fields every container takes (env from Secrets and ConfigMaps), the main container's
+# readiness probe (a daemon's), and the template kinds and volumes that need no command.
+_ENV_FROM_OBJECTS = yaml.safe_load(textwrap.dedent("""
+    env:
+    - name: SETTING
+      valueFrom:
+        configMapKeyRef: {name: settings, key: k, optional: true}
+    envFrom:
+    - prefix: DB_
+      secretRef: {name: db, optional: true}
+    - configMapRef: {name: settings, optional: false}
+"""))
+_READINESS = yaml.safe_load(textwrap.dedent("""
+    readinessProbe:
+      exec: {command: ["true"]}
+      httpGet:
+        host: 127.0.0.1
+        path: /ready
+        port: 8080
+        scheme: HTTP
+        httpHeaders: [{name: A, value: b}]
+      tcpSocket: {host: 127.0.0.1, port: 8080}
+      initialDelaySeconds: 0
+      periodSeconds: 1
+      timeoutSeconds: 1
+      successThreshold: 1
+      failureThreshold: 3
+"""))
+_MORE = yaml.safe_load(textwrap.dedent("""
+    spec:
+      retryStrategy:
+        limit: 1
+        retryPolicy: Always
+        backoff: {duration: 1s, factor: 2, maxDuration: 1m, cap: 30s}
+      volumes:
+      - name: credentials
+        secret:
+          secretName: db
+          items: [{key: password, path: password, mode: 0o400}]
+          defaultMode: 0o440
+          optional: false
+      - name: settings
+        configMap:
+          name: settings
+          items: [{key: k, path: k.txt, mode: 0o644}]
+          defaultMode: 0o644
+          optional: true
+      templates:
+      - name: approve
+        inputs:
+          parameters: [{name: approve, default: "NO", enum: ["YES", "NO"]}]
+        suspend: {duration: 1h}
+        outputs:
+          parameters:
+          - {name: approve, enum: ["YES", "NO"], valueFrom: {supplied: {}}}
+          - {name: static, value: "1"}
+      - name: served
+        daemon: true
+        container: {command: ["true"]}
+      - name: listing
+        data:
+          source:
+            artifactPaths: {name: listed, s3: {bucket: b, key: k}}
+          transformation:
+          - expression: 'filter(data, {# endsWith ".csv"})'
+      - name: request
+        http:
+          method: POST
+          url: http://127.0.0.1:8080/hook
+          body: hello
+          bodyFrom: {bytes: aGVsbG8=}
+          headers:
+          - {name: A, value: b}
+          - name: Authorization
+            valueFrom:
+              secretKeyRef: {name: db, key: token, optional: false}
+          timeoutSeconds: 5
+          insecureSkipVerify: false
+          successCondition: response.statusCode == 200
+"""))
+
+
+def _everything() -> dict:
+    workflow = copy.deepcopy(EVERYTHING)
+    spec, more = workflow["spec"], copy.deepcopy(_MORE["spec"])
+    spec["retryStrategy"] = more["retryStrategy"]
+    spec["volumes"] += more["volumes"]
+    spec["templates"] += more["templates"]
+    served = next(t for t in spec["templates"] if t["name"] == "served")
+    served["volumes"] = copy.deepcopy(more["volumes"])
+    for kind, location in (("gcs", {"bucket": "b", "key": "k"}),
+                           ("oss", {"bucket": "b", "key": "k"}),
+                           ("azure", {"container": "c", "blob": "k"}), ("hdfs", {"path": "/k"}),
+                           ("artifactory", {"url": "http://127.0.0.1/r/k"})):
+        spec["templates"].append({"name": f"listing-{kind}", "data": {"source": {
+            "artifactPaths": {"name": "listed", kind: location}}}})
+    for template in spec["templates"]:
+        bodies = [template[key] for key in ("container", "script") if key in template]
+        for body in bodies:
+            body.update(copy.deepcopy(_READINESS))
+        bodies += template.get("initContainers") or []
+        bodies += template.get("sidecars") or []
+        bodies += (template.get("containerSet") or {}).get("containers") or []
+        for body in bodies:
+            if "env" in body:
+                body["env"] = body["env"] + _ENV_FROM_OBJECTS["env"]
+                body["envFrom"] = copy.deepcopy(_ENV_FROM_OBJECTS["envFrom"])
+    return workflow
+
 
 def _nodes(value: Any, path: str = "spec") -> Iterator[tuple[str, Any]]:
     """(concrete path, value) of every mapping key and list item under ``value``."""
@@ -348,7 +457,7 @@ def _nodes(value: Any, path: str = "spec") -> Iterator[tuple[str, Any]]:
 def test_every_supported_field_is_accepted() -> None:
     """One manifest uses every SUPPORTED field; the checker accepts it, finds nothing
     cluster-only in it, and it leaves no SUPPORTED field out."""
-    workflow = copy.deepcopy(EVERYTHING)
+    workflow = _everything()
     check_workflow(workflow)
     assert cluster_only_fields(workflow) == []
     used = {field_pattern(path) for path, _ in _nodes(workflow["spec"])}
@@ -374,7 +483,7 @@ def _example_value(schema: dict[str, Any]) -> Any:
 def _with_field(path: str) -> tuple[dict, str]:
     """EVERYTHING with the field at ``path`` (a pattern) added to the first mapping where it
     can go; and the field's concrete path."""
-    workflow = copy.deepcopy(EVERYTHING)
+    workflow = _everything()
     parent, key = path.rsplit(".", 1)
     for concrete, value in _nodes(workflow["spec"]):
         if isinstance(value, dict) and field_pattern(concrete) == parent:

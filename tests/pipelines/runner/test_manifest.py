@@ -93,7 +93,7 @@ UNSUPPORTED = manifest("""
       podGC: {strategy: OnPodCompletion}
       hooks: {done: {template: main}}  # a hook not named exit needs an expression
       volumes:
-      - {name: cfg, configMap: {name: c}}
+      - {name: cfg, hostPath: {path: /etc}}
       templates:
       - name: main
         dag:
@@ -110,7 +110,7 @@ UNSUPPORTED = manifest("""
           image: python
           command: [python]
           source: "print('{{=sprig.regexFind(inputs.parameters.x, 'y')}}')"
-          env: [{name: T, valueFrom: {secretKeyRef: {name: s, key: k}}}]
+          env: [{name: T, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]
         outputs:
           artifacts: [{name: o, path: /o, http: {url: "http://127.0.0.1/o"}}]
       - name: noentry
@@ -123,13 +123,13 @@ def test_unsupported_fields_are_all_reported_with_paths() -> None:
     text = "\n".join(problems)
     expected = [
         "spec.hooks.done.expression: required for a hook not named exit",
-        "spec.volumes[0].configMap: configMap volumes are not supported",
+        "spec.volumes[0].hostPath: hostPath volumes are not supported",
         "spec.templates[0].dag.tasks[1].templateRef: templateRef are not supported",
         "spec.templates[0].dag.tasks[2].depends: unexpected end",
         "spec.templates[1].resource: resource templates are not supported by the local runner",
         "spec.templates[2].retryStrategy.expression:",
         "spec.templates[2].script.source: sprig.regexFind is not supported",
-        "spec.templates[2].script.env[0].valueFrom.secretKeyRef:",
+        "spec.templates[2].script.env[0].valueFrom.fieldRef:",
         "spec.templates[2].outputs.artifacts[0].http: http artifact locations",
         "spec.templates[3].container.command: required by the local runner",
     ]
@@ -306,14 +306,24 @@ spec:
       - {name: PLAIN, value: here}
       source: |
         import os
-        print(os.environ.get("AWS_ACCESS_KEY_ID", "unset"), os.environ["PLAIN"])
+        value = os.environ.get("AWS_ACCESS_KEY_ID", "unset")
+        print(value, value[::-1], os.environ["PLAIN"])
 """
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-local-env")
-    result = run_workflow(load_manifest(manifest), {}, RunOptions(home=tmp_path, reporter=None))
+    events: list = []
+    result = run_workflow(load_manifest(manifest), {},
+                          RunOptions(home=tmp_path, reporter=events.append))
     assert result.phase == "Succeeded"
-    assert result.nodes[0].result == "from-local-env here"
+    # the value reached the step (reversed, it is not masked), and is masked where it shows
+    assert result.nodes[0].result == "*** vne-lacol-morf here"
+    assert [e.message for e in events if e.kind == "note"] == [
+        "AWS_ACCESS_KEY_ID taken from this machine's environment: an optional secretKeyRef "
+        "that no Secret manifest provides"]
+    # A required one is no longer refused before the run: its pod fails as the kubelet's would.
     required = manifest.replace("optional: true", "optional: false")
-    problems = unsupported_fields(load_manifest(required))
-    assert problems == ["spec.templates[0].script.env[0].valueFrom.secretKeyRef: Kubernetes "
-                        "secrets are not available locally; mark it optional: true so the local "
-                        "environment provides the variable"]
+    assert unsupported_fields(load_manifest(required)) == []
+    failed = run_workflow(load_manifest(required), {}, RunOptions(home=tmp_path, reporter=None))
+    assert (failed.phase, failed.nodes[0].phase) == ("Error", "Error")
+    assert failed.nodes[0].message.startswith(
+        'CreateContainerConfigError: secret "s3" not found (no manifests given; give it as a '
+        "Secret manifest beside the workflow or in --objects DIR)")

@@ -92,13 +92,14 @@ def test_a_semaphore_without_a_limit_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_a_semaphore_limit_from_a_configmap_next_to_the_manifest(tmp_path: Path) -> None:
+    from sublimate.pipelines.runner.k8s_objects import manifest_objects
     from sublimate.pipelines.runner.synchronization import configmap_limits
 
     (tmp_path / "limits.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: limits}\ndata: {work: '3'}\n")
     manifest = tmp_path / "wf.yaml"
     manifest.write_text("kind: Workflow\n")
-    assert configmap_limits(manifest) == {"limits/work": 3}
+    assert configmap_limits(manifest_objects(manifest)) == {"limits/work": 3}
 
 
 def test_workflow_level_mutex_is_held_by_the_run(tmp_path: Path) -> None:
