@@ -115,8 +115,9 @@ def _free_port() -> int:
 @pytest.mark.parametrize("algorithm", ["bmuf", "easgd"])
 def test_a_refused_round_leaves_every_tensor_as_it_was_and_a_committed_one_is_the_restart_modes(
         tmp_path: Path, algorithm: str) -> None:
-    mp.start_processes(_rounds, args=(_free_port(), tmp_path, algorithm), nprocs=WORLD,
-                       start_method="fork")
+    # spawn, not fork: a fork of a process whose OpenMP pool already ran (pytest's, after other
+    # tests) can deadlock in the child's first parallel kernel
+    mp.spawn(_rounds, args=(_free_port(), tmp_path, algorithm), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         record = torch.load(tmp_path / f"rank-{rank}.pt")
         # per-step, every round committed: bit for bit the restart mode's three rounds
@@ -165,8 +166,7 @@ def _gradients(rank: int, port: int, results: Path) -> None:
 
 
 def test_sync_sgds_flat_gradient_average_is_ddps(tmp_path: Path) -> None:
-    mp.start_processes(_gradients, args=(_free_port(), tmp_path), nprocs=WORLD,
-                       start_method="fork")
+    mp.spawn(_gradients, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         grads = torch.load(tmp_path / f"rank-{rank}.pt")
         for ddp, flat in zip(grads["ddp"], grads["per-step"], strict=True):
