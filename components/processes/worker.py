@@ -37,11 +37,12 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from sublimate.components import training
 from sublimate.components.base import run_files
 from sublimate.components.base.durable_files import replace_atomically, write_json
+from sublimate.components.base.elastic_errors import recorded
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import (
     COLLECTIVE_PARADIGMS,
     SettingError,
@@ -594,7 +595,7 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-@record  # puts the worker's traceback into torchrun's failure summary
+@recorded  # torchrun's error file: why this rank failed, for the launcher (launch.failures)
 def main(argv: list[str] | None = None) -> int:
     startup = monitoring.StartupClock(STARTED)
     startup.mark("imports")
@@ -608,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(STEP, str(error))
     log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
-         f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")
+         f"{summary['samples_per_second']:.0f} samples/s, "
+         f"model at {shown_path(args.run_dir / MODEL_NAME)}")
     return 0
 
 
