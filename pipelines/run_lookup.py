@@ -33,20 +33,25 @@ __all__ = [
     "REPORT_DIR",
     "RUNS_UNDER",
     "SUMMARY_KEYS",
+    "SWEEPS_UNDER",
     "ReportError",
     "build_report",
     "compare",
     "draw",
     "draw_panel",
     "format_summary",
+    "is_sweep_folder",
     "plot",
     "resolve_run",
+    "resolve_sweep",
+    "results_of_runner_folder",
     "run_labels",
     "write_report",
 ]
 
-# Where run ids live: the shared volume of the local runner.
+# Where run ids live: the shared volume of the local runner; and sweeps' reports.
 RUNS_UNDER = Path("volumes") / "sublimate-data" / "runs"
+SWEEPS_UNDER = Path("volumes") / "sublimate-data" / "sweeps"
 
 
 def home() -> Path:
@@ -61,6 +66,40 @@ def _holds_results(folder: Path) -> bool:
 def _is_runner_folder(folder: Path) -> bool:
     """A run folder of the local runner (``$SUBLIMATE_HOME/runs/<workflow-name>``)."""
     return (folder / "status.json").is_file() or (folder / "outputs").is_dir()
+
+
+def is_sweep_folder(folder: Path) -> bool:
+    """A sweep's report folder (the compare step's report.json, with its points)."""
+    document = read_json(folder / "report.json")
+    return isinstance(document, dict) and "sweep" in document and "points" in document
+
+
+def resolve_sweep(reference: str, sublimate_home: Path | None = None) -> Path | None:
+    """The report folder of a sweep, from whatever names it: that folder, its report.md, the
+    run folder ``sublimate run sweep`` printed (its ``outputs/report``), or the sweep's name;
+    None when ``reference`` is not a sweep."""
+    sublimate_home = sublimate_home or home()
+    path = Path(reference).expanduser()
+    candidates = [path, path.parent, path / "outputs" / "report"]
+    if "/" not in reference and reference not in (".", ".."):
+        candidates += [sublimate_home / SWEEPS_UNDER / reference,
+                       sublimate_home / "runs" / reference / "outputs" / "report"]
+    for candidate in candidates:
+        folder = candidate.resolve().parent if candidate.is_file() else candidate
+        if folder.is_dir() and is_sweep_folder(folder):
+            return folder.resolve()
+    return None
+
+
+def results_of_runner_folder(folder: Path, require_results: bool = True) -> Path:
+    """The run's folder on the volume for a ``sublimate run`` folder; with
+    ``require_results`` false, also while the run has written nothing yet (``sublimate
+    fault`` acts on a running job)."""
+    if require_results:
+        return _results_of_runner_folder(folder)
+    status = read_json(folder / "status.json") or {}
+    run_id = (status.get("parameters") or {}).get("run-id") or status.get("name") or folder.name
+    return (folder.parent.parent / RUNS_UNDER / str(run_id)).resolve()
 
 
 def _results_of_runner_folder(folder: Path) -> Path:
@@ -84,9 +123,11 @@ def _results_of_runner_folder(folder: Path) -> Path:
     if "/" not in str(run_id) and _holds_results(candidate):
         return candidate.resolve()
     linked = ", ".join(f"outputs/{link.name}" for link in links) or "no outputs/ links"
-    raise ReportError(f"{folder}: a `sublimate run` folder, but no training results found: "
-                      f"looked in {linked} and in {candidate} for train-summary.json or "
-                      "metrics/ (has this run trained yet?)")
+    ended = f" (it {status['phase']}: {status['message']})" \
+        if status.get("phase") in ("Failed", "Error") and status.get("message") else ""
+    raise ReportError(f"{folder}: a `sublimate run` folder, but no training results found{ended}: "
+                      f"looked in {linked} and in {candidate} for train-summary.json, "
+                      "metrics/ or metrics.json (has this run trained yet?)")
 
 
 def resolve_run(reference: str, sublimate_home: Path | None = None) -> Path:

@@ -43,6 +43,16 @@ def test_a_plain_torchrun_script_runs_as_it_is(tmp_path: Path) -> None:
     log = result.stdout + result.stderr
     assert "written by the training code" in log
     assert "[node0] epoch 6 loss" in log
+    # It saved no model.pt of its own name: no output points at one.
+    status = json.loads(next((home / "runs").glob("*/status.json")).read_text())
+    (train,) = [node for node in status["nodes"] if node["display_name"] == "train(0)"]
+    assert train["outputs"]["parameters"]["model-path"] == ""
+    assert "(no model.pt)" in log
+    # The run said `sublimate report`; its report is its metrics, with no training records.
+    assert "report: sublimate report" in result.stdout
+    report = run_cli("report", "--no-plots", str(results_folder(home)), home=home)
+    assert report.returncode == 0, report.stderr
+    assert f"test accuracy {written['accuracy']:.4f}" in report.stdout
 
 
 def _worker_pid(rank: int, marker: str) -> int | None:

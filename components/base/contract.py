@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,30 @@ def local_workdir() -> Path | None:
     """Where ``sublimate run`` was started, for a local run's relative paths (None elsewhere)."""
     folder = os.environ.get(LOCAL_CWD_ENV)
     return Path(folder) if folder else None
+
+
+def user_path(text: str) -> Path:
+    """A path the user gave (``-p dataset=./mine``) as they meant it: in a local run, a relative
+    one is from the folder where they ran ``sublimate run``, the one rule for every path they
+    give; elsewhere (a cluster's step, a command run by hand) as it is."""
+    path = Path(text).expanduser()
+    workdir = local_workdir()
+    return workdir / path if workdir is not None and not path.is_absolute() else path
+
+
+def user_location(text: str) -> str:
+    """A folder or fsspec URL the user gave (``-p registry=./models``): a URL as it is, a path
+    by :func:`user_path`'s rule."""
+    return text if "://" in text else str(user_path(text))
+
+
+def import_user_code() -> None:
+    """Let ``import`` find a user's modules (``-p model=mymodel:tiny``, ``py:mydata:rings``) as
+    ``python -m`` would in the folder where ``sublimate run`` was started: that folder first on
+    ``sys.path`` (a local run; on a cluster the modules are the image's)."""
+    workdir = local_workdir()
+    if workdir is not None and str(workdir) not in sys.path:
+        sys.path.insert(0, str(workdir))
 
 
 def locate_entrypoint(entrypoint: str, local: bool = True) -> tuple[str, str | None]:

@@ -39,5 +39,8 @@ LAUNCHER_LOCK = "launcher.lock"  # the launcher training in this folder (one at 
 
 
 def holds_results(folder: Path) -> bool:
-    """Whether ``folder`` is a run's results folder: the train step writes these first and last."""
-    return (folder / SUMMARY).is_file() or (folder / EPOCH_LOGS).is_dir()
+    """Whether ``folder`` is a run's results folder: what the built-in loop and the library
+    write first and last, the metrics of own code that wrote nothing else, or the logs of a job
+    that failed before either."""
+    return (folder / SUMMARY).is_file() or (folder / EPOCH_LOGS).is_dir() \
+        or (folder / EVALUATION).is_file() or (folder / LOGS).is_dir()

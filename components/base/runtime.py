@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +18,25 @@ DATASETS_PATH = f"{SHARED_VOLUME_PATH}/datasets"
 RUNS_PATH = f"{SHARED_VOLUME_PATH}/runs"
 # Small per-step files read back by Argo as output parameters.
 OUTPUTS_PATH = "/tmp/outputs"
+
+
+# Set by the local runner: each volume's container path and the folder standing in for it.
+LOCAL_VOLUMES_ENV = "SUBLIMATE_LOCAL_VOLUMES"
+
+
+def shown_path(path: object) -> str:
+    """``path`` as its user can open it, for a message: in a local run a path on a volume is
+    named by its folder on this machine ($SUBLIMATE_HOME/volumes/...), not by the container
+    path the step sees (/mnt/sublimate/...); elsewhere it is unchanged."""
+    text = os.fspath(path)  # type: ignore[call-overload]
+    try:
+        volumes = json.loads(os.environ.get(LOCAL_VOLUMES_ENV) or "{}")
+    except ValueError:
+        return text
+    for container, local in sorted(volumes.items(), key=lambda item: -len(item[0])):
+        if text == container or text.startswith(container.rstrip("/") + "/"):
+            return local + text[len(container.rstrip("/")):]
+    return text
 
 
 def shared_volume(claim_name: str = DEFAULT_CLAIM) -> ExistingVolume:

@@ -18,6 +18,7 @@ Adding a setting is one entry in :data:`SETTINGS` (plus the code that uses it).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -470,7 +471,7 @@ def check(values: Mapping[str, Any]) -> None:
             if minimum < nodes:
                 parts += f" (nodes {nodes} may run on {count})"
             raise SettingError(f"global-batch-size {merged['global_batch_size']} is not "
-                               f"divisible by {parts}")
+                               f"divisible by {parts}: {_fitting(merged, minimum)}")
     if merged["entrypoint"] and algorithm == "async":
         raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
                            "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
@@ -504,6 +505,25 @@ def collective_timeout(values: Mapping[str, Any]) -> float:
     if given is not None:
         return float(given)
     return COLLECTIVE_TIMEOUTS[values.get("recovery") or RESTART]
+
+
+def _fitting(merged: Mapping[str, Any], minimum: int) -> str:
+    """The nearest settings that divide: global batch sizes (for every size an elastic job can
+    have), and for a fixed size the node counts, e.g. ``use global-batch-size 63 or 66, or
+    nodes 2 or 4``."""
+    nodes, batch = int(merged["nodes"]), merged["global_batch_size"]
+    per_node = merged["procs_per_node"] * (
+        merged["accumulation_steps"] if merged["algorithm"] in _COLLECTIVE else 1)
+    divisor = math.lcm(*(count * per_node for count in range(minimum, nodes + 1)))
+    below, above = batch // divisor * divisor, (batch // divisor + 1) * divisor
+    batches = " or ".join(str(size) for size in (below, above) if size > 0)
+    advice = f"use global-batch-size {batches}"
+    if minimum == nodes:
+        fits = [count for count in range(1, 2 * nodes + 1) if batch % (count * per_node) == 0]
+        near = sorted(fits, key=lambda count: (abs(count - nodes), count))[:2]
+        if near:
+            advice += f", or nodes {' or '.join(map(str, sorted(near)))}"
+    return advice
 
 
 def check_texts(texts: Mapping[str, str]) -> None:

@@ -174,23 +174,60 @@ def read_metadata(folder: Path) -> dict[str, Any]:
     return metadata
 
 
-def verify_dataset(folder: Path, known_digests: dict[str, str] | None = None) -> dict[str, Any]:
-    """Check every shard's size and SHA-256 against the metadata; return the metadata.
+def verify_dataset(folder: Path, known_digests: dict[str, str] | None = None,
+                   shown_as: str | None = None) -> dict[str, Any]:
+    """Check every shard's size and SHA-256 against the metadata, and its arrays' types and
+    shapes against the layout; return the metadata.
 
     ``known_digests`` (file name -> SHA-256) spares re-reading files whose bytes were already
-    hashed on their way in, e.g. while staging downloaded them.
+    hashed on their way in, e.g. while staging downloaded them. ``shown_as`` names the folder
+    in messages (the source a user gave, not a hidden copy being staged).
     """
     known_digests = known_digests or {}
     metadata = read_metadata(folder)
+    shown = (shown_as or str(folder)).rstrip("/")
     for split_name, split in metadata["splits"].items():
         for shard in split["shards"]:
             path = folder / shard["file"]
+            name = f"{shown}/{shard['file']}"
             if not path.is_file():
-                raise DatasetError(f"{path}: shard of split '{split_name}' is missing")
+                raise DatasetError(f"{name}: shard of split '{split_name}' is missing")
             digest = known_digests.get(shard["file"]) or sha256_of(path)
             if path.stat().st_size != shard["bytes"] or digest != shard["sha256"]:
-                raise DatasetError(f"{path}: content does not match its checksum in metadata")
+                raise DatasetError(f"{name}: content does not match its checksum in "
+                                   f"{METADATA_FILE}")
+            layout_problem = _layout_problem(path, metadata)
+            if layout_problem:
+                raise DatasetError(f"{name}: {layout_problem}")
     return metadata
+
+
+# What training reads: float32 examples (torch's default dtype, the models' weights) and int64
+# labels (cross-entropy's targets). Anything else fails deep in the first step.
+LAYOUT_DTYPES = {"x": np.dtype(np.float32), "y": np.dtype(np.int64)}
+
+
+def _layout_problem(path: Path, metadata: dict[str, Any]) -> str | None:
+    """Why a shard's arrays are not the layout's (read from their headers only), or None."""
+    try:
+        members = {name: npz_member(path, name) for name in LAYOUT_DTYPES}
+    except KeyError as error:
+        return f"not a shard of the layout (no array {error} in it: it needs x and y)"
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        return f"not a readable .npz shard ({error})"
+    for name, wanted in LAYOUT_DTYPES.items():
+        dtype = members[name].dtype
+        if dtype != wanted:
+            return (f"{name} is {dtype}, the layout holds {wanted} (convert it with "
+                    f"{name}.astype(np.{wanted}), or write the dataset with "
+                    "sublimate.components.write_dataset, which converts)")
+    x_shape, y_shape = members["x"].shape, members["y"].shape
+    feature_shape = tuple(metadata.get("feature_shape") or x_shape[1:])
+    if x_shape[1:] != feature_shape or x_shape[:1] != y_shape[:1] or len(y_shape) != 1:
+        return (f"x has shape {x_shape} and y {y_shape}; the layout needs x (N, "
+                f"{', '.join(map(str, feature_shape))}) and y (N,) as metadata.json's "
+                "feature_shape says")
+    return None
 
 
 def read_split(folder: Path, split_name: str) -> Split:

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import contract_env, is_script, locate_entrypoint
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import PER_STEP, RESTART, to_flags, worker_settings
 from sublimate.components.base.termination import fail
+from sublimate.components.launch import failures
 from sublimate.components.launch import per_step as recovery
 from sublimate.components.launch.apps import parameter_server, trainer
 from sublimate.components.launch.chaos import Chaos
@@ -158,6 +160,7 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     # Every training process gets the contract (dataset, run folder, settings: contract.py);
     # the built-in workers read the same through their flags.
     common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
+    common["env"].update(failures.error_file_env(args.run_dir))  # why a worker failed
     paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
     layout = {"nodes": int(args.nodes), "min_nodes": getattr(args.nodes, "minimum", args.nodes),
               "procs_per_node": args.procs_per_node, "rdzv_port": port,
@@ -243,8 +246,8 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
                 if outcome not in (STALLED, LOST):
                     break
                 if attempt < args.max_restarts:
-                    print(f"train: relaunching from the last checkpoint (relaunch {attempt + 1} "
-                          f"of {args.max_restarts})", file=sys.stderr, flush=True)
+                    print(f"train: relaunching {failures.relaunch_note(args.run_dir)} (relaunch "
+                          f"{attempt + 1} of {args.max_restarts})", file=sys.stderr, flush=True)
             if outcome != SUCCEEDED:
                 return 143 if outcome == STOPPED else 1
     finally:
@@ -258,10 +261,12 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
     startup = _startup_line(args.run_dir)
     if startup:
         print(f"train: {startup}", flush=True)
-    where = f"results in {args.run_dir}" if args.entrypoint and not (
-        args.run_dir / run_files.MODEL).is_file() else f"model at {args.run_dir / run_files.MODEL}"
+    model = args.run_dir / run_files.MODEL
+    where = f"model at {shown_path(model)}" if model.is_file() \
+        else f"results in {shown_path(args.run_dir)} (no {run_files.MODEL})"
     print(f"train: finished in {time.perf_counter() - started:.1f}s; {where}", flush=True)
-    for output, value in ((args.model_path_output, args.run_dir / run_files.MODEL),
+    # model-path is empty when the training wrote no model (own code may write only metrics).
+    for output, value in ((args.model_path_output, model if model.is_file() else ""),
                           (args.run_dir_output, args.run_dir)):
         if output:
             output.parent.mkdir(parents=True, exist_ok=True)
@@ -421,13 +426,12 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     if status is None or status.state != AppState.SUCCEEDED:
         state = status.state.name if status else "UNKNOWN"
         runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running
-        print(f"train: error: training job {handle} ended {state}", file=sys.stderr)
-        for role in status.roles if status else []:
-            for replica in role.replicas:
-                if replica.state != AppState.SUCCEEDED:
-                    print(f"train: {role.role} replica {replica.id} ended "
-                          f"{replica.state.name}", file=sys.stderr)
+        failed = [(role.role, replica.id) for role in (status.roles if status else [])
+                  for replica in role.replicas if replica.state == AppState.FAILED]
+        fail(STEP, failures.explain(args.run_dir, handle, scheduler, state, failed), code=1)
         return FAILED
+    for note in failures.restarts(args.run_dir, handle, scheduler):
+        print(f"train: {note}", file=sys.stderr, flush=True)
     return SUCCEEDED
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
+from sublimate.components.launch.failures import app_id_of, quiet
 
 if TYPE_CHECKING:
     from torchx import specs
@@ -48,7 +49,10 @@ def _stream_logs(runner: object, handle: str, role: str, replica: int, scheduler
             handle, role, k=replica, should_tail=True, streams=stream)
         # Kubernetes yields whole lines without their newline; the local scheduler, file chunks.
         lines = whole_lines(chunks) if scheduler in LOCAL_SCHEDULERS else chunks
-        for line in lines:
+        # A failure's tracebacks and torchrun's reports stay in the node's log file; the
+        # launcher says why in one line (failures.explain).
+        node = replica if role == "worker" else None
+        for line in quiet(lines, app_id_of(handle), node):
             # One write per line under a lock, so lines from different nodes never interleave.
             with _OUTPUT_LOCK:
                 sys.stdout.write(f"[{prefix}] {line.rstrip()}\n")

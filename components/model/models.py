@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from sublimate.components.base.contract import import_user_code
+
 
 def mlp(num_features: int, num_classes: int, hidden: int = 128, depth: int = 2) -> nn.Module:
     layers: list[nn.Module] = []
@@ -35,6 +37,7 @@ def resolve(model: str) -> Any:
     if not separator or not module_name or not function:
         known = ", ".join(sorted(ARCHITECTURES))
         raise ValueError(f"model '{model}': not a built-in model ({known}) nor module:function")
+    import_user_code()  # a local run finds the user's module where they ran `sublimate run`
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

@@ -66,16 +66,52 @@ def _by_epoch(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [latest[epoch] for epoch in sorted(latest)]
 
 
+# What the evaluate step adds to metrics.json about itself: not metrics of the model.
+EVALUATION_BOOKKEEPING = frozenset({"split", "examples", "algorithm", "steps", "seconds",
+                                    "examples_per_second", "total_seconds"})
+
+
+def derived_summary(run_dir: Path, logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """What a run without ``train-summary.json`` (a loop of your own on the library) tells of
+    itself: the algorithm and world size its checkpoints committed, and the epochs, steps,
+    training time and throughput of its epoch records."""
+    derived: dict[str, Any] = {}
+    committed = read_json(run_dir / run_files.CHECKPOINTS / run_files.LATEST) or {}
+    for key in ("algorithm", "world_size"):
+        if committed.get(key) is not None:
+            derived[key] = committed[key]
+    ranks = [records for label, records in logs.items() if label.startswith("rank-")]
+    if ranks:
+        derived.setdefault("world_size", len(ranks))
+    main = logs.get("ps") or logs.get("rank-0") or next(iter(logs.values()), [])
+    if main:
+        derived["epochs"], derived["steps"] = main[-1].get("epoch"), main[-1].get("step")
+        seconds = [record["seconds"] for record in main
+                   if isinstance(record.get("seconds"), int | float)]
+        if seconds:
+            derived["train_seconds"] = round(sum(seconds), 3)
+        rates = [record["samples_per_second"] for record in main
+                 if isinstance(record.get("samples_per_second"), int | float)]
+        if rates:
+            derived["samples_per_second"] = round(sum(rates) / len(rates), 1)
+    return {key: value for key, value in derived.items() if value is not None}
+
+
 def build_report(run_dir: Path) -> dict[str, Any]:
-    """The report of one run as a dict (nothing is written)."""
+    """The report of one run as a dict (nothing is written): whatever kind of run it is (the
+    built-in loop, a loop on the library, a plain script that wrote only ``metrics.json``), with
+    what it left."""
     run_dir = Path(run_dir)
-    summary = read_json(run_dir / run_files.SUMMARY) or {}
     evaluation = read_json(run_dir / run_files.EVALUATION)
+    evaluation = evaluation if isinstance(evaluation, dict) else None
     logs = {path.stem: _by_epoch(list(_metrics().iter_jsonl(path)))
             for path in sorted((run_dir / "metrics").glob("*.jsonl"))}
-    if not summary and not logs:
-        raise ReportError(f"{run_dir}: no train-summary.json and no metrics/*.jsonl: "
+    summary = read_json(run_dir / run_files.SUMMARY) or {}
+    failures = first_failures(run_dir)
+    if not summary and not logs and evaluation is None and not failures:
+        raise ReportError(f"{run_dir}: no train-summary.json, metrics/*.jsonl or metrics.json: "
                           "has this run trained yet?")
+    summary = {**derived_summary(run_dir, logs), **summary}
     # The job-wide curve: the parameter server's view for async, rank 0's for the others, and
     # under per-step recovery the leading group's, whichever group led each epoch.
     led = _by_epoch([record for records in logs.values() for record in records
@@ -105,6 +141,9 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         "final_loss": losses[-1] if losses else None,
         "test": {key: evaluation[key] for key in ("split", "examples", "loss", "accuracy")
                  if key in evaluation} if evaluation else None,
+        # every other named metric (own code's mAP, ...), as metrics.json holds it
+        "metrics": {key: value for key, value in (evaluation or {}).items()
+                    if key not in ("loss", "accuracy") and key not in EVALUATION_BOOKKEEPING},
         "time_split": split,
         "epochs_log": curve,
         "accuracy_curve": summary.get("accuracy_curve", []),
@@ -116,6 +155,8 @@ def build_report(run_dir: Path) -> dict[str, Any]:
             "updates_applied", "staleness_mean", "staleness_max", "bound_waits")}
     if sent:
         report["net_sent_bytes"] = sent
+    if failures:  # a run that failed, or that torchrun restarted after a failure
+        report["failures"] = failures
     stragglers = straggler_summary(main)
     if stragglers is not None:
         report["stragglers"] = stragglers
@@ -124,6 +165,19 @@ def build_report(run_dir: Path) -> dict[str, Any]:
         report["metrics_endpoints"] = {key: value.get("address")
                                        for key, value in endpoints.get("endpoints", {}).items()}
     return report
+
+
+def first_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """The first failing rank of each of the run's jobs and torchrun restarts, from their error
+    files (:mod:`sublimate.components.base.elastic_errors`), in time order."""
+    from sublimate.components.base.elastic_errors import read_failures
+
+    first: dict[tuple[str, int], Any] = {}
+    for failure in read_failures(run_dir):
+        first.setdefault((failure.app_id, failure.restart), failure)
+    return [{"who": failure.who, "message": failure.message, "job": failure.app_id,
+             "restart": failure.restart, "error_file": str(failure.error_file)}
+            for failure in first.values()]
 
 
 def straggler_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -183,16 +237,35 @@ def _straggler_lines(stragglers: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _number(value: Any) -> str:
+    """A metric as the summary shows it: four decimals for a number, anything else as it is."""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def _duration(seconds: float) -> str:
     """``1.5s``, or ``16ms`` below a second, where one decimal of a second would read 0.0s."""
     return f"{seconds:.1f}s" if seconds >= 1 else f"{seconds * 1000:.0f}ms"
 
 
+def describe(report: dict[str, Any]) -> str:
+    """``sync on 2 workers, 20 epochs, 440 steps``, from what the run recorded (own code that
+    recorded no training: says so)."""
+    parts = [f"{report[key]} {noun}" for key, noun in (
+        ("world_size", "workers"), ("epochs", "epochs"), ("steps", "steps"))
+        if report.get(key) is not None]
+    if report.get("algorithm"):
+        head = str(report["algorithm"])
+        return f"{head} on {', '.join(parts)}" if parts else head
+    if parts:
+        return ", ".join(parts)
+    return "failed before its first epoch record" if report.get("failures") \
+        else "no training records (own code that does not use sublimate's reporter)"
+
+
 def format_summary(report: dict[str, Any]) -> str:
     """A few lines for the terminal."""
     test = report.get("test") or {}
-    lines = [f"{report['run']}: {report.get('algorithm', '?')} on {report.get('world_size', '?')} "
-             f"workers, {report.get('epochs', '?')} epochs, {report.get('steps', '?')} steps"]
+    lines = [f"{report['run']}: {describe(report)}"]
     figures = []
     if report.get("train_seconds") is not None:
         figures.append(f"trained in {report['train_seconds']:.1f}s")
@@ -200,8 +273,12 @@ def format_summary(report: dict[str, Any]) -> str:
         figures.append(f"{report['samples_per_second']:.0f} samples/s")
     if report.get("final_loss") is not None:
         figures.append(f"final loss {report['final_loss']:.4f}")
-    if "accuracy" in test:
-        figures.append(f"test accuracy {test['accuracy']:.4f} (loss {test['loss']:.4f})")
+    if "accuracy" in test:  # the built-in evaluation's pair, and what own code wrote
+        figures.append(f"test accuracy {_number(test['accuracy'])}"
+                       + (f" (loss {_number(test['loss'])})" if "loss" in test else ""))
+    elif "loss" in test:
+        figures.append(f"test loss {_number(test['loss'])}")
+    figures += [f"{name} {_number(value)}" for name, value in (report.get("metrics") or {}).items()]
     if figures:
         lines.append("  " + ", ".join(figures))
     if report.get("launch_to_first_step_seconds") is not None:
@@ -215,6 +292,10 @@ def format_summary(report: dict[str, Any]) -> str:
     for label, split in report.get("time_split", {}).items():
         lines.append(f"  {label:<10} compute {split['compute'] * 100:3.0f}%  "
                      f"comm {split['comm'] * 100:3.0f}%  data {split['data'] * 100:3.0f}%")
+    ended = "restarted after" if report.get("test") or report.get("metrics") else "failed"
+    for failure in report.get("failures") or []:
+        lines.append(f"  {ended}: {failure['who']}: {failure['message']} "
+                     f"(traceback: {failure['error_file']})")
     if report.get("stragglers"):
         lines += _straggler_lines(report["stragglers"])
     if report.get("async"):
@@ -491,8 +572,7 @@ def plot_recovery(report: dict[str, Any], output: Path) -> Path:
 def _title(reports: Sequence[dict[str, Any]]) -> str:
     if len(reports) == 1:
         report = reports[0]
-        return (f"{report['run']}: {report.get('algorithm', '?')}, "
-                f"{report.get('world_size', '?')} workers, {report.get('epochs', '?')} epochs")
+        return f"{report['run']}: {describe(report)}"
     shared = _shared_description(reports)
     return " vs ".join(run_labels(reports)) + (f" ({shared})" if shared else "")
 

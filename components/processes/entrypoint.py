@@ -16,9 +16,12 @@ import importlib
 import os
 import runpy
 import sys
+import traceback
 from pathlib import Path
+from types import TracebackType
 
 from sublimate.components.base.contract import TF_CONFIG_ENV, is_script
+from sublimate.components.base.elastic_errors import recorded
 
 MODULE = "sublimate.components.processes.entrypoint"
 
@@ -39,6 +42,34 @@ def run(target: str, args: list[str]) -> int:
     return 0
 
 
+def print_failure(error: BaseException) -> None:
+    """The traceback of the user's code (this module's and runpy's frames left out), each line
+    prefixed with the rank as torch.distributed prints a worker's: the launcher keeps these
+    lines out of the step's log and names the failure in one line (launch.failures)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    ours = str(Path(__file__).resolve().parents[1])  # sublimate.components: the wrapping frames
+    skipped = next((index for index, frame in enumerate(frames)
+                    if not frame.filename.startswith(ours) and "runpy" not in frame.filename),
+                   0)
+    error.__traceback__ = _skip(error.__traceback__, skipped)
+    prefix = f"[rank{os.environ.get('RANK', '?')}]: "
+    text = "".join(traceback.format_exception(error))
+    sys.stderr.write("".join(prefix + line if line.strip() else line
+                             for line in text.splitlines(keepends=True)))
+    sys.stderr.flush()
+
+
+def _skip(tb: TracebackType | None, frames: int) -> TracebackType | None:
+    for _ in range(frames):
+        if tb is None or tb.tb_next is None:
+            break
+        tb = tb.tb_next
+    return tb
+
+
+# torchrun's error file says why this rank failed (for the launcher); its traceback is printed
+# as a rank's, for the launcher to keep out of the step's log
+@recorded(report=print_failure)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="entrypoint", description=__doc__.splitlines()[0])
     parser.add_argument("--framework", choices=("pytorch", "tensorflow"), default="pytorch")

@@ -30,11 +30,11 @@ import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from sublimate.components import training
 from sublimate.components.base import run_files
+from sublimate.components.base.elastic_errors import recorded
 from sublimate.components.base.replica_groups import RECOVERY_ENV
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import (
     COLLECTIVE_PARADIGMS,
     PER_STEP,
@@ -195,7 +195,7 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-@record  # puts the worker's traceback into torchrun's failure summary
+@recorded  # torchrun's error file: why this rank failed, for the launcher (launch.failures)
 def main(argv: list[str] | None = None) -> int:
     startup = monitoring.StartupClock(STARTED)
     startup.mark("imports")
@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(STEP, str(error))
     log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
-         f"{summary['samples_per_second']:.0f} samples/s, model at {args.run_dir / MODEL_NAME}")
+         f"{summary['samples_per_second']:.0f} samples/s, "
+         f"model at {shown_path(args.run_dir / MODEL_NAME)}")
     return 0
 
 

@@ -513,6 +513,27 @@ def write_markdown(path: Path, document: dict[str, Any], results: Sequence[Resul
     path.write_text("\n".join(lines) + "\n")
 
 
+def format_console(document: dict[str, Any], folder: Path) -> str:
+    """A sweep's report for the terminal (``sublimate report SWEEP``), from its report.json:
+    the best point, then one line per point with its axes, status and metric."""
+    metric, points = document["metric"], document["points"]
+    failed = [point for point in points if point.get("status") != "ok"]
+    lines = [f"{document['sweep']}: sweep of {len(points)} points"
+             + (f", {len(failed)} failed" if failed else "")
+             + f"; {metric}, {'higher' if document['goal'] == 'max' else 'lower'} is better"]
+    if document.get("best"):
+        best = document["best"]
+        lines.append(f"  best {best['id']} (run {best['run-id']}): {metric} {best['metric']:.4f}")
+    for point in points:
+        params = ", ".join(f"{axis}={value}" for axis, value in point.get("params", {}).items())
+        outcome = f"{metric} {point['metric']:.4f}" if point.get("status") == "ok" \
+            and isinstance(point.get("metric"), int | float) \
+            else f"failed: {point.get('missing') or point.get('problem') or '?'}"
+        lines.append(f"  {point['id']}  {params or '(no axes)'}: {outcome}")
+    lines.append(f"  report: {folder / REPORT}")
+    return "\n".join(lines)
+
+
 def write_csv(path: Path, results: Sequence[Result], axes: Sequence[str]) -> None:
     columns = ["id", "run-id", *axes, "status", "metric", "time_to_target_seconds",
                "samples_per_second", "communication_share", "net_sent_bytes_per_worker",

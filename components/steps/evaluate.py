@@ -19,6 +19,7 @@ from time import perf_counter
 from typing import Any
 
 from sublimate.components.base import run_files
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.data.datasets import DatasetError
 
 
@@ -31,7 +32,7 @@ def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, 
 
     saved = checkpoint.load(model_dir / run_files.MODEL)
     if saved is None:
-        raise FileNotFoundError(f"no trained model at {model_dir / run_files.MODEL}; "
+        raise FileNotFoundError(f"no trained model at {shown_path(model_dir / run_files.MODEL)}; "
                                 "did train succeed?")
     model = build_model(saved["architecture"], saved["config"])
     model.load_state_dict(saved["state_dict"])
@@ -76,7 +77,7 @@ def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str
     if code:
         raise ValueError(f"eval-entrypoint '{entrypoint}' exited with code {code}")
     if not written.is_file() or written.stat().st_mtime_ns == before:
-        raise ValueError(f"eval-entrypoint '{entrypoint}' did not write {written}")
+        raise ValueError(f"eval-entrypoint '{entrypoint}' did not write {shown_path(written)}")
     return _read_metrics(written)
 
 
@@ -117,7 +118,7 @@ def _publish(run_dir: Path, metrics: dict[str, Any]) -> None:
         from sublimate.components.monitoring.run_report import REPORT_DIR, ReportError, write_report
 
         write_report(run_dir)
-        print(f"evaluate: run report in {run_dir / REPORT_DIR} "
+        print(f"evaluate: run report in {shown_path(run_dir / REPORT_DIR)} "
               f"(sublimate report {run_dir.name})", flush=True)
     except ReportError:
         pass  # a model without training records (trained elsewhere): nothing to report
@@ -143,10 +144,24 @@ def measure(model_dir: Path, data_dir: Path, eval_entrypoint: str = "",
     if eval_entrypoint:
         return (own_evaluation(eval_entrypoint, model_dir, data_dir),
                 f"eval-entrypoint {eval_entrypoint}")
-    if is_sublimate_model(model_dir) or not written.is_file():
+    if is_sublimate_model(model_dir):
         return evaluate(model_dir, data_dir, split), BUILT_IN
-    # the user's training code evaluated itself
-    return _read_metrics(written), f"{written}, written by the training code"
+    if written.is_file():  # the user's training code evaluated itself
+        return _read_metrics(written), f"{shown_path(written)}, written by the training code"
+    raise ValueError(nothing_to_evaluate(model_dir))
+
+
+def nothing_to_evaluate(model_dir: Path) -> str:
+    """What the evaluate step needs when the run left neither a model it can rebuild nor
+    metrics (own code on the library, or a plain script), in one line."""
+    model = model_dir / run_files.MODEL
+    found = (f"{shown_path(model)} is not a model the built-in evaluation can rebuild (saved "
+             "without its architecture)") if model.is_file() \
+        else f"there is no {run_files.MODEL} in {shown_path(model_dir)}"
+    return (f"{found}, and the training wrote no {run_files.EVALUATION}: write it from your "
+            "training (job.write_metrics({'accuracy': ...}) on the library, or a JSON object "
+            f"of named metrics in $SUBLIMATE_RUN_DIR/{run_files.EVALUATION}), or give "
+            "-p eval-entrypoint= to evaluate the model")
 
 
 def chosen_metric(metrics: dict[str, Any], metric: str, written: Path) -> Any:
@@ -193,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"{value}")
-    print(f"evaluate: {args.metric} {metrics[args.metric]} ({source}) -> {written}", flush=True)
+    print(f"evaluate: {args.metric} {metrics[args.metric]} ({source}) -> {shown_path(written)}",
+          flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import settings as declared
+from sublimate.components.base.contract import user_location
 from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.termination import OneLineParser, fail
 
@@ -130,7 +131,7 @@ def run_gate(args: Any) -> Decision:
 
     goal = goal_of(args.metric, args.metric_goal)
     challenger = as_number(args.challenger_metric, f"the challenger's {args.metric}")
-    registry = Registry(args.registry)
+    registry = Registry(user_location(args.registry))
     champion = registry.champion()
     decided = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     common = {"metric": args.metric, "goal": goal, "challenger": challenger,

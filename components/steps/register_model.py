@@ -27,6 +27,7 @@ from typing import Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
+from sublimate.components.base.contract import user_location
 from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.steps import gate
@@ -117,16 +118,27 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _typed(setting: Any, value: Any) -> Any:
+    """A setting's value as JSON keeps it: a number, a boolean, a string or null; anything
+    else (an elastic node range) as the text `-p` takes."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, int) and getattr(value, "minimum", value) == value:
+        return int(value)  # a fixed node count
+    return setting.text(value)
+
+
 def lineage(args: Any) -> dict[str, Any]:
     """Everything that says where this model came from."""
     chosen = [*declared.settings(step="train"), *declared.settings(step="evaluate")]
-    settings = {s.name: s.text(getattr(args, s.attribute)) for s in chosen if s.in_pipeline}
+    settings = {s.name: _typed(s, getattr(args, s.attribute)) for s in chosen if s.in_pipeline}
     summary = _read_json(args.model_dir / run_files.SUMMARY)
     metrics = _read_json(args.model_dir / run_files.EVALUATION)
     decision = gate.read_record(args.model_dir / gate.RECORD, args.workflow_uid) or {}
     return {
         "dataset": dataset_lineage(args.dataset, args.data_dir),
-        # as texts, exactly what `-p name=value` takes to train it again
+        # typed as declared (numbers, booleans, null for auto); versions published before
+        # hold texts, which read as they did
         "settings": settings,
         "metrics": metrics,
         "metric": {"name": args.metric, "value": metrics.get(args.metric),
@@ -175,7 +187,7 @@ def register(args: Any) -> dict[str, Any]:
             (args.model_dir / run_files.EVALUATION).is_file():
         raise ValueError(f"model-dir: {args.model_dir} holds neither {run_files.MODEL} nor "
                          f"{run_files.EVALUATION}; did train and evaluate succeed?")
-    registry = Registry(args.registry)
+    registry = Registry(user_location(args.registry))
     with tempfile.TemporaryDirectory(prefix="sublimate-publish-") as work:
         files = Path(work) / "files"
         files.mkdir()

@@ -63,9 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sublimate.components.base.contract import local_workdir
+from sublimate.components.base.contract import import_user_code, user_path
 from sublimate.components.base.durable_files import fsync_file, fsync_folder
 from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.data import object_store
 from sublimate.components.data.datasets import (
     BUILTIN_DATASETS,
@@ -704,7 +705,7 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
     if _unchanged(manifest, listing, target):
         try:
             verify_dataset(target)
-            _say(f"stage-data: {target} is already complete; nothing to transfer "
+            _say(f"stage-data: {shown_path(target)} is already complete; nothing to transfer "
                  f"({len(listing)} objects listed, source unchanged)")
             return StageReport(target, files_reused=len(manifest["files"]),  # type: ignore[index]
                                seconds=time.perf_counter() - started)
@@ -716,7 +717,8 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
         data = staging / "dataset"
         data.mkdir()
         report, digests = _stage_into(fs, url, listing, data, target, manifest, concurrency)
-        verify_dataset(data, digests)  # hashed on the way in: no file is read twice
+        # hashed on the way in: no file is read twice; errors name the source, not this copy
+        verify_dataset(data, digests, shown_as=object_store.public_url(url))
         _write_manifest(data, url, listing)
         _publish(staging, target, replace=True)
     except BaseException as error:
@@ -788,9 +790,7 @@ def stage_entry_point(dataset: str, target: Path) -> Path:
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name:
         raise DatasetError(f"dataset '{dataset}': expected py:module:function")
-    workdir = local_workdir()  # a local run imports as its user would, from where it started
-    if workdir is not None and str(workdir) not in sys.path:
-        sys.path.append(str(workdir))
+    import_user_code()  # a local run imports as its user would, from where it started
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
@@ -810,13 +810,14 @@ def stage_dataset(dataset: str, data_root: Path, *,
                   concurrency: int = DEFAULT_CONCURRENCY) -> StageReport:
     """Make ``dataset`` available under ``data_root``; report what was transferred."""
     started = time.perf_counter()
+    dataset = _local_source(dataset)
     target = data_root / dataset_id(dataset)
     for folder in _remove_stale_stagings(target):
         _say(f"stage-data: removed {folder.name}, left by a staging that was killed")
     if dataset in BUILTIN_DATASETS or dataset.startswith(ENTRY_POINT_PREFIX):
         complete = (target / METADATA_FILE).is_file()
         if complete:
-            _say(f"stage-data: {target} is already complete; nothing to transfer")
+            _say(f"stage-data: {shown_path(target)} is already complete; nothing to transfer")
         else:
             _build_into_place(dataset, target)
         verify_dataset(target)
@@ -824,11 +825,20 @@ def stage_dataset(dataset: str, data_root: Path, *,
         return StageReport(target, files_reused=files if complete else 0,
                            files_built=0 if complete else files,
                            seconds=time.perf_counter() - started)
-    if "://" in dataset or Path(dataset).exists():
-        url = dataset if "://" in dataset else str(Path(dataset).resolve())
-        return stage_url(url, target, concurrency=concurrency)
+    return stage_url(dataset, target, concurrency=concurrency)
+
+
+def _local_source(dataset: str) -> str:
+    """``dataset`` with a local path made absolute, as the user meant it (a relative path is
+    from where they ran ``sublimate run``); built-ins, ``py:`` and URLs as they are."""
+    if "://" in dataset or dataset in BUILTIN_DATASETS or dataset.startswith(ENTRY_POINT_PREFIX):
+        return dataset
+    path = user_path(dataset)
+    if path.exists():
+        return str(path.resolve())
     if "/" in dataset or dataset.startswith("."):
-        raise DatasetError(f"dataset '{dataset}': no such directory")
+        shown = "" if str(path) == dataset else f" ({path})"
+        raise DatasetError(f"dataset '{dataset}': no such directory{shown}")
     raise DatasetError(f"dataset '{dataset}' is neither a built-in dataset "
                        f"({', '.join(BUILTIN_DATASETS)}) nor an existing path or URL")
 
@@ -882,7 +892,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     metadata = json.loads((folder / METADATA_FILE).read_text())
     counts = ", ".join(f"{name}={split['examples']}" for name, split in metadata["splits"].items())
     _say(summary(report))
-    _say(f"stage-data: {metadata['name']} ready at {folder} ({counts}) "
+    _say(f"stage-data: {metadata['name']} ready at {shown_path(folder)} ({counts}) "
          f"in {report.seconds:.2f}s")
     if args.output_path:
         args.output_path.parent.mkdir(parents=True, exist_ok=True)

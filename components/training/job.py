@@ -13,6 +13,7 @@ from torch import nn
 
 from sublimate.components.base import run_files
 from sublimate.components.base.contract import Contract
+from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.settings import collective_timeout, paradigm_config
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
@@ -73,6 +74,18 @@ class Job:
                                       "progress_every", watchdog.EVERY_SECONDS)))
         self.checkpoints.progress = self._reporter.progress
         return self._reporter
+
+    def write_metrics(self, metrics: Mapping[str, Any]) -> Path | None:
+        """Rank 0 writes ``metrics.json`` into the run folder: the named metrics (``accuracy``,
+        ``loss``, any others) that the evaluate step reports and ``-p metric=`` picks from, for
+        a model the built-in evaluation cannot rebuild. Its path on rank 0, None elsewhere."""
+        if self.rank != 0:
+            return None
+        path = self.run_dir / run_files.EVALUATION
+        # a tensor or NumPy scalar (a loss straight from the loop) as the number it holds
+        write_json({name: value.item() if hasattr(value, "item") else value
+                    for name, value in metrics.items()}, path)
+        return path
 
     def finish(self, model: nn.Module | None = None, step: int | None = None,
                **info: Any) -> None:

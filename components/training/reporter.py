@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring import stragglers, watchdog
 from sublimate.components.training.process_group import ProcessGroup, log
@@ -122,7 +123,7 @@ class Reporter:
             addr=metrics_addr, port=metrics_port, key=f"rank-{rank}")
         if self.metrics is not None and self.metrics.address:
             log(rank, f"metrics: http://{self.metrics.address}/metrics (every rank: "
-                      f"{self.run_dir / monitoring.ENDPOINTS_FILE})")
+                      f"{shown_path(self.run_dir / monitoring.ENDPOINTS_FILE)})")
         # Every node's first process may lead (per-step recovery: the quorum's first group).
         self.epoch_log = EpochLog(self.run_dir, f"rank-{rank}", aggregate=group.rank == 0)
         self.comm_clock = CommClock()

@@ -11,6 +11,8 @@ are loaded only by the commands that use them.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from sublimate.pipelines.argo_server import ArgoServerError
@@ -62,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`sublimate run --help | head`): nothing more to say to it.
+        # Python's own advice: point stdout at /dev/null so the interpreter's final flush is
+        # quiet too, and exit as a command killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "home", "unset") is None:
         args.home = default_home()

@@ -113,12 +113,13 @@ def _cluster(args: argparse.Namespace, running: bool = True) -> Cluster:
     """The job RUN names: a path first, else a run id or workflow name (``sublimate report``'s
     lookup, whose result folder holds the train step's logs/)."""
     from sublimate.components.launch import faults
+    from sublimate.pipelines.run_lookup import ReportError, resolve_run, results_of_runner_folder
 
     reference = Path(args.run).expanduser()
     try:
-        if not reference.exists() and "/" not in args.run:
-            from sublimate.pipelines.run_lookup import ReportError, resolve_run
-
+        if (reference / "status.json").is_file():  # the run folder `sublimate run` printed
+            reference = results_of_runner_folder(reference, require_results=False)
+        elif not reference.exists() and "/" not in args.run:
             try:
                 reference = resolve_run(args.run)
             except ReportError as error:

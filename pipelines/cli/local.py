@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -61,7 +62,9 @@ def add_local_commands(commands: Any) -> None:
     run.add_argument("--containers", action="store_true",
                      help="run each step in its template's image, as Argo would, through the "
                           "first container engine that works here (docker, podman, buildah); "
-                          "every image must be present locally: nothing is pulled")
+                          "every image must be present locally: nothing is pulled (the "
+                          "runtime image of sublimate's pipelines: build it first with "
+                          "images/build.sh)")
     run.add_argument("--container-engine", choices=["docker", "podman", "buildah"],
                      help="the engine for --containers (implies it)")
     run.add_argument("--dry-run", action="store_true",
@@ -267,11 +270,18 @@ def format_results(result: Any, seconds: float) -> str:
     return "\n".join(lines)
 
 
+# A node message that says only how the step ended, not why (no termination message).
+_BARE_ENDING = re.compile(r"(Error|Failed)( \(exit code -?\d+\))?")
+
+
 def report_failures(result: Any, lines: int = 8) -> None:
-    """Say why the run failed: the message and the end of each failed step's log."""
+    """Say why the run failed: the message, and for each failed step whose own one-line
+    message is not already that message, its message and the end of its log."""
     print(f"error: {result.message or result.phase}", file=sys.stderr)
     for node in result.nodes:
-        if node.phase in ("Failed", "Error") and node.log and not node.children:
+        said = bool(node.message) and not _BARE_ENDING.fullmatch(node.message) \
+            and node.message in (result.message or "")
+        if node.phase in ("Failed", "Error") and node.log and not node.children and not said:
             log = Path(node.log)
             tail = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
             print(f"--- {node.display_name}: {node.message} (log: {log})", file=sys.stderr)

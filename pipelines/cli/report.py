@@ -15,6 +15,7 @@ from sublimate.pipelines.run_lookup import (
     format_summary,
     home,
     resolve_run,
+    resolve_sweep,
     write_report,
 )
 
@@ -41,6 +42,9 @@ def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def command_report(args: argparse.Namespace) -> int:
+    sweeps = [resolve_sweep(reference) for reference in args.runs]
+    if any(sweeps):
+        return _report_sweeps(args.runs, sweeps, args.json)
     try:
         run_dirs = [resolve_run(reference) for reference in args.runs]
         reports = [write_report(run_dir, plots=args.plots) for run_dir in run_dirs]
@@ -65,4 +69,20 @@ def command_report(args: argparse.Namespace) -> int:
                   f"{{{','.join(report['plots'].values())}}}")
     if comparison:
         print(f"comparison: {comparison}")
+    return 0
+
+
+def _report_sweeps(references: list[str], sweeps: list[Path | None], as_json: bool) -> int:
+    """``sublimate report SWEEP``: the compare step's report, printed (its plots are in its
+    folder already); a sweep is not compared with other runs."""
+    from sublimate.components.steps.compare import format_console
+
+    if len(references) > 1:
+        print(f"report: error: {', '.join(references)}: give one sweep alone (its report "
+              "compares its points already)", file=sys.stderr)
+        return 2
+    folder = sweeps[0]
+    assert folder is not None
+    document = json.loads((folder / "report.json").read_text())
+    print(json.dumps(document, indent=2) if as_json else format_console(document, folder))
     return 0

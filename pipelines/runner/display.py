@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -80,14 +81,59 @@ def _depths(nodes: list[NodeResult]) -> dict[str, int]:
     return depths
 
 
+def _tree_order(nodes: list[NodeResult]) -> list[NodeResult]:
+    """Every node right after its parent, under it (depth first), siblings in the order they
+    started: a node started while another branch ran stays under its own parent."""
+    known = {node.id for node in nodes}
+    children: dict[str | None, list[NodeResult]] = {}
+    for node in nodes:
+        children.setdefault(node.parent if node.parent in known else None, []).append(node)
+    ordered: list[NodeResult] = []
+    stack = list(reversed(children.get(None, [])))
+    while stack:
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(children.get(node.id, [])))
+    return ordered
+
+
+# A loop child's name, as Argo gives it: ``sweep(3:algorithm:bmuf,learning-rate:0.05,...)``.
+_LOOP_CHILD = re.compile(r"^(?P<base>[^(]*)\((?P<index>\d+):(?P<item>.*)\)$")
+
+
+def _distinct_names(nodes: list[NodeResult]) -> dict[str, str]:
+    """Loop children's names cut down to what tells them apart: the item's fields that differ
+    between the siblings (``sweep(3:algorithm:bmuf,learning-rate:0.05)``), so that the points
+    of a sweep whose items hold every setting can be told apart at a glance."""
+    names: dict[str, str] = {}
+    siblings: dict[tuple[str | None, str], list[tuple[NodeResult, str, list[str]]]] = {}
+    for node in nodes:
+        match = _LOOP_CHILD.match(node.display_name)
+        if match and len(node.display_name) > MAX_NAME:
+            fields = match.group("item").split(",")
+            siblings.setdefault((node.parent, match.group("base")), []).append(
+                (node, match.group("index"), fields))
+    for (_, base), group in siblings.items():
+        if len(group) < 2:
+            continue
+        varying = {index for index in range(max(len(fields) for _, _, fields in group))
+                   if len({tuple(fields[index:index + 1]) for _, _, fields in group}) > 1}
+        for node, index, fields in group:
+            kept = ",".join(field for position, field in enumerate(fields) if position in varying)
+            names[node.id] = f"{base}({index}:{kept})"
+    return names
+
+
 def format_table(result: RunResult) -> str:
-    """The final table: one row per node (indented by nesting), phase, duration, outputs."""
+    """The final table: one row per node, under its parent (indented by nesting), phase,
+    duration, outputs."""
     depths = _depths(result.nodes)
+    names = _distinct_names(result.nodes)
     rows = [("NODE", "PHASE", "DURATION", "OUTPUTS")]
-    for node in result.nodes:
+    for node in _tree_order(result.nodes):
         if node.type in _QUIET_TYPES:
             continue
-        label = "  " * depths[node.id] + shown_name(node.display_name)
+        label = "  " * depths[node.id] + shown_name(names.get(node.id, node.display_name))
         duration = "-" if node.duration_s is None else f"{node.duration_s:.1f}s"
         # Paths are what a user copies from here: never shortened.
         outputs = ", ".join(f"{k}={v if v.startswith('/') and ' ' not in v else _truncate(v)}"

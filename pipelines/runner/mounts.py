@@ -298,7 +298,7 @@ def _mirror_entry(steps: list[tuple], rootb: bytes, entry: os.DirEntry, folder: 
         steps.append(("symlink", os.fsencode(os.readlink(source)), target))
         return
     steps.append(("mkdir" if stat.S_ISDIR(mode) else "touch", target))
-    steps.append(("bind", os.fsencode(source), target))
+    steps.append(("mirror", os.fsencode(source), target))
 
 
 # --------------------------------------------------------------------------- in the child
@@ -359,6 +359,11 @@ def _run_step(libc: _Libc, step: tuple) -> None:
     elif kind == "bind":
         _check(libc, libc.mount(step[1], step[2], None, _MS_BIND | _MS_REC, None),
                f"bind {os.fsdecode(step[1])}")
+    elif kind == "mirror":  # a host entry listed when the pod was planned
+        # removed since by its owner (another program's file in /tmp): not the pod's business
+        with contextlib.suppress(FileNotFoundError):
+            _check(libc, libc.mount(step[1], step[2], None, _MS_BIND | _MS_REC, None),
+                   f"bind {os.fsdecode(step[1])}")
     elif kind == "readonly":
         _check(libc, libc.mount(None, step[1], None,
                                 _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None),

@@ -13,6 +13,7 @@ needs in one value (see ``executor``). A pod with init containers, sidecars or a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -189,6 +190,10 @@ class PodRequest:
             # (e.g. the train step's entrypoint=examples/x/train.py) from there, as on a laptop.
             "SUBLIMATE_LOCAL_CWD": os.getcwd(),
             "SUBLIMATE_TERMINATION_LOG": str(self.termination_log),
+            # Each volume's folder here: a step's messages name a file by the path its user
+            # can open ($SUBLIMATE_HOME/volumes/...), not the one the step sees (/mnt/...).
+            "SUBLIMATE_LOCAL_VOLUMES": json.dumps(
+                {mount.path: str(mount.local) for mount in self.mounts if mount.volume}),
         }
 
     @cached_property
@@ -201,6 +206,17 @@ class PodRequest:
 
     def local(self, container_path: str) -> Path:
         return self.paths.local(container_path)
+
+    def message_paths(self) -> PathMap:
+        """The path map for the pod's message: its own folders read as the container's paths,
+        as on Argo; a volume that outlives it (the shared volume) keeps this machine's path,
+        where its user opens the file the message names (runtime.shown_path)."""
+        shared = {mount.local for mount in self.mounts if mount.shared}
+        paths = PathMap(self.folder / "fs")
+        for container, local in self.paths.entries.items():
+            if local not in shared:
+                paths.mount(container, local)
+        return paths
 
     def output_files(self) -> dict[str, Path]:
         """Output parameter name -> the local file the pod writes it to (``valueFrom.path``)."""

@@ -229,7 +229,7 @@ def _ending(outcome: PodOutcome, request: PodRequest, scope: CancelScope
     if outcome.exit_code != 0:
         message = f"Error (exit code {outcome.exit_code})"
         if outcome.message:  # Argo: "<reason> (exit code N): <termination message>"
-            message = f"{message}: {request.paths.restore(outcome.message)}"
+            message = f"{message}: {request.message_paths().restore(outcome.message)}"
         return NodePhase.FAILED, message
     return NodePhase.SUCCEEDED, ""
 

@@ -214,7 +214,8 @@ def test_bad_parameters_never_reach_the_server(argo: FakeArgoServer,
     # the train step's cross-setting rules, with the same one line as `sublimate run`
     assert main(["submit", "-p", "global-batch-size=65", *argo.flags()]) == 2
     assert capsys.readouterr().err == \
-        "error: global-batch-size 65 is not divisible by nodes x procs-per-node = 2\n"
+        "error: global-batch-size 65 is not divisible by nodes x procs-per-node = 2: " \
+        "use global-batch-size 64 or 66, or nodes 1\n"
     assert main(["submit", "-p", "algorithm=bmuf", "-p", "sync-period=0", *argo.flags()]) == 2
     assert capsys.readouterr().err == "error: parameter 'sync-period': 0 is below the minimum 1\n"
     assert argo.requests == []

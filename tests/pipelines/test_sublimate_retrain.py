@@ -110,7 +110,10 @@ def test_retraining_promotes_then_keeps_the_champion_and_rolls_back(
     assert registry.champion().id == champion  # the loser is published, not promoted
     loser = registry.get(worse["version"])
     lineage = loser.lineage
-    assert lineage["settings"]["epochs"] == "1" and lineage["settings"]["learning-rate"] == "0.0001"
+    # typed as declared, not texts
+    assert lineage["settings"]["epochs"] == 1 and lineage["settings"]["learning-rate"] == 0.0001
+    assert lineage["settings"]["eval-every-epoch"] is True
+    assert lineage["settings"]["block-momentum"] is None  # auto
     assert lineage["dataset"]["url"] == "digits"
     assert len(lineage["dataset"]["metadata_sha256"]) == 64
     assert lineage["workflow"]["name"].startswith("sublimate-retrain-")

@@ -273,6 +273,12 @@ def test_a_sweep_trains_every_point_and_reports_the_best(home: Path) -> None:
     text = report.read_text()
     assert "p00" in text and "p01" in text and "bmuf" in text
     assert list(report.parent.glob("*.png")), "the report has its plots"
+    # `sublimate report` on the sweep's name: its points and the best one.
+    printed = run_cli("report", name, home=home)
+    assert printed.returncode == 0, printed.stderr
+    assert f"  best {best['id']} (run {name}-{best['id']}): accuracy " in printed.stdout
+    assert "  p00  algorithm=sync: accuracy " in printed.stdout
+    assert "  p01  algorithm=bmuf: accuracy " in printed.stdout
 
 
 def test_a_failed_point_is_reported_and_the_sweep_goes_on(home: Path) -> None:

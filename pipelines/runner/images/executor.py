@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sublimate.components.base.runtime import DEFAULT_IMAGE
+
 from ..executor import PodHooks, PodOutcome, await_pod
 from ..local_process import KILL_GRACE_S, LocalProcess
 from ..mounts import SCRIPT_PATH, Bind
@@ -120,6 +122,9 @@ def missing_images_message(engine: Engine, missing: dict[str, str],
             line += (f"; present as {', '.join(similar)}: "
                      f"`{engine.name} tag {similar[0]} {image}` gives it this name")
         lines.append(line)
+    if DEFAULT_IMAGE in missing:  # sublimate's own pipelines' image: its script builds it
+        lines.append(f"{DEFAULT_IMAGE} is sublimate's runtime image: `images/build.sh` (in a "
+                     "sublimate checkout) builds it and gives it this name")
     lines.append(f"build it (`{engine.build_hint('NAME')}`) or pull it yourself "
                  f"(`{engine.pull_hint('NAME')}`), then run again")
     return "\n".join(lines)

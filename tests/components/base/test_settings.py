@@ -44,6 +44,26 @@ def test_cross_setting_rules(texts: dict[str, str], message: str) -> None:
     S.check(S.parse_values({}))  # the defaults are consistent
 
 
+@pytest.mark.parametrize(("texts", "advice"), [
+    # the README's example: 64 on 3 nodes
+    ({"nodes": "3"}, "use global-batch-size 63 or 66, or nodes 2 or 4"),
+    ({"nodes": "3", "procs-per-node": "2", "global-batch-size": "100"},
+     "use global-batch-size 96 or 102, or nodes 1 or 2"),
+    # elastic: a batch that every size from 2 to 3 nodes divides
+    ({"nodes": "2:3", "max-restarts": "1"}, "use global-batch-size 60 or 66"),
+    ({"nodes": "2", "procs-per-node": "2", "accumulation-steps": "3"},
+     "use global-batch-size 60 or 72"),
+])
+def test_a_batch_that_does_not_divide_is_refused_with_the_nearest_that_do(
+        texts: dict[str, str], advice: str) -> None:
+    with pytest.raises(S.SettingError) as refused:
+        S.check(S.parse_values(texts))
+    assert str(refused.value).endswith(": " + advice)
+    suggested = [int(word) for word in advice.split(", or")[0].split() if word.isdigit()]
+    for batch in suggested:  # each value it names passes
+        S.check(S.parse_values({**texts, "global-batch-size": str(batch)}))
+
+
 def test_accumulation_does_not_apply_to_async() -> None:
     S.check(S.parse_values({"algorithm": "async", "accumulation-steps": "3"}))
 

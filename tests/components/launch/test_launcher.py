@@ -242,7 +242,7 @@ def test_a_bad_flag_is_one_line_too(digits: Path, tmp_path: Path) -> None:
         ["sublimate.components.steps.train", "--data-dir", str(digits), "--run-dir",
          str(tmp_path / "run"), "--global-batch-size", "65"], tmp_path)
     assert line == "train: error: global-batch-size 65 is not divisible by nodes x " \
-                   "procs-per-node = 2"
+                   "procs-per-node = 2: use global-batch-size 64 or 66, or nodes 1"
     assert termination == line.removeprefix("train: error: ")
 
 
@@ -280,7 +280,8 @@ def test_the_template_passes_per_epoch_evaluation_on_by_default() -> None:
 
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--global-batch-size", "65"],
-     "global-batch-size 65 is not divisible by nodes x procs-per-node = 2"),
+     "global-batch-size 65 is not divisible by nodes x procs-per-node = 2: use global-batch-size "
+     "64 or 66, or nodes 1"),
     (["--sync-period", "0"], "argument --sync-period: 0 is below the minimum 1"),
 ])
 def test_the_launcher_and_the_worker_refuse_a_setting_in_the_same_words(

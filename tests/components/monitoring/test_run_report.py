@@ -362,3 +362,105 @@ def test_a_run_that_checked_and_found_no_straggler_says_so(tmp_path: Path) -> No
     assert "  stragglers: none in 3 epochs" in format_summary(report).splitlines()
     older = build_report(fake_run(tmp_path / "older"))  # recorded before straggler detection
     assert "stragglers" not in older and "straggler" not in format_summary(older)
+
+
+# --- every kind of run the product makes, with what it left ------------------------------------
+
+def _library_run(run_dir: Path, metrics: dict[str, object]) -> Path:
+    """What a loop of one's own on the library leaves: epoch records of every rank, a committed
+    checkpoint, its own metrics.json; no train-summary.json (the built-in loop writes that)."""
+    fake_run(run_dir)
+    (run_dir / "train-summary.json").unlink()
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "latest.json").write_text(
+        json.dumps({"algorithm": "bmuf", "step": 66, "world_size": 2}))
+    return run_dir
+
+
+def test_a_loop_on_the_library_is_described_from_its_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No `? on ? workers`, and no KeyError for a metrics.json that holds only an accuracy."""
+    monkeypatch.setenv("SUBLIMATE_HOME", str(tmp_path))
+    runs = tmp_path / "volumes" / "sublimate-data" / "runs"
+    _library_run(runs / "mine", {"accuracy": 0.9})
+    assert _report_cli("mine", "--no-plots") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "mine: bmuf on 2 workers, 3 epochs, 66 steps"
+    assert "test accuracy 0.9000" in out and "(loss" not in out
+    # the job's throughput: the mean of its epochs' (a repeated epoch counted once)
+    assert build_report(runs / "mine")["samples_per_second"] == pytest.approx(2000.0)
+
+
+def test_own_metrics_of_any_name_are_reported(tmp_path: Path) -> None:
+    from sublimate.components.monitoring.run_report import format_summary
+
+    report = build_report(_library_run(tmp_path / "detector", {"mAP": 0.625, "loss": 1.5}))
+    assert report["metrics"] == {"mAP": 0.625} and report["test"] == {"loss": 1.5}
+    assert "test loss 1.5000, mAP 0.6250" in format_summary(report)
+
+
+def test_a_plain_script_that_wrote_only_its_metrics_has_a_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SUBLIMATE_HOME", str(tmp_path))
+    run = tmp_path / "volumes" / "sublimate-data" / "runs" / "plain"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    assert _report_cli("plain", "--no-plots") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "plain: no training records (own code that does not use sublimate's reporter)",
+        "  test accuracy 0.5000"]
+
+
+def test_a_failed_run_reports_its_first_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that failed before its first epoch: the report names the rank and its error."""
+    from sublimate.components.base.elastic_errors import ERROR_FILE_ENV, write_failure
+
+    monkeypatch.setenv("SUBLIMATE_HOME", str(tmp_path))
+    run = tmp_path / "volumes" / "sublimate-data" / "runs" / "broken"
+    for rank, message in ((1, "ValueError: bad shape"), (0, "RuntimeError: peer closed")):
+        error_file = run / "logs" / "elastic" / f"node{rank}" / "job-1_9x_y8z7w" / \
+            "attempt_0" / "0" / "error.json"
+        error_file.parent.mkdir(parents=True)
+        monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
+        monkeypatch.setenv("RANK", str(rank))
+        write_failure(message)
+    assert _report_cli("broken", "--no-plots") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "broken: failed before its first epoch record"
+    assert out[1].startswith("  failed: rank 1 (node1): ValueError: bad shape (traceback: ")
+
+
+def test_a_sweep_is_reported_by_any_of_its_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`sublimate report` on a sweep (its run folder, its name, its report.md): its points and
+    the best one, not "has this run trained yet?"."""
+    monkeypatch.setenv("SUBLIMATE_HOME", str(tmp_path))
+    sweep = tmp_path / "volumes" / "sublimate-data" / "sweeps" / "sw"
+    sweep.mkdir(parents=True)
+    (sweep / "report.json").write_text(json.dumps({
+        "sweep": "sw", "metric": "accuracy", "goal": "max",
+        "best": {"id": "p01", "run-id": "sw-p01", "params": {"lr": 0.1}, "metric": 0.9},
+        "points": [
+            {"id": "p00", "params": {"lr": 0.5}, "status": "failed", "missing": "no metrics.json",
+             "metric": None},
+            {"id": "p01", "params": {"lr": 0.1}, "status": "ok", "metric": 0.9}]}))
+    runner = tmp_path / "runs" / "sw"
+    (runner / "outputs").mkdir(parents=True)
+    (runner / "status.json").write_text("{}")
+    (runner / "outputs" / "report").symlink_to(sweep / "report.md")
+    (sweep / "report.md").write_text("# Sweep sw\n")
+    for reference in ("sw", str(runner), str(sweep / "report.md")):
+        assert _report_cli(reference) == 0
+        assert capsys.readouterr().out.splitlines() == [
+            "sw: sweep of 2 points, 1 failed; accuracy, higher is better",
+            "  best p01 (run sw-p01): accuracy 0.9000",
+            "  p00  lr=0.5: failed: no metrics.json",
+            "  p01  lr=0.1: accuracy 0.9000",
+            f"  report: {sweep / 'report.md'}"]

@@ -157,3 +157,29 @@ def test_default_pipeline_under_namespaces(tmp_path: Path, host_untouched: None)
                      home=tmp_path / "home", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Succeeded" in result.stdout
+
+
+@needs_namespaces
+def test_a_host_entry_removed_after_planning_is_left_out(tmp_path: Path) -> None:
+    """A pod's root mirrors the host's folders, listed when it is planned; another program may
+    remove its file in /tmp before the pod starts. That entry is left out of the pod, which
+    starts (it failed with `mount namespace: bind /tmp/tmpXXXX: No such file or directory`);
+    the pod's own folders still must be there."""
+    import os
+
+    from sublimate.pipelines.runner.mounts import _resolve_libc, _run_step, plan
+
+    other = tmp_path / "someone-elses"
+    other.mkdir()
+    (other / "scratch").mkdir()
+    steps = plan([], tmp_path / "node", "/").steps
+    mirrored = [step for step in steps if step[0] == "mirror"]
+    assert mirrored and not [step for step in steps if step[0] == "bind"]
+    gone, target = os.fsencode(other / "scratch"), os.fsencode(tmp_path / "target")
+    os.mkdir(target)
+    (other / "scratch").rmdir()  # between the plan and the pod's start
+    libc = _resolve_libc()
+    _run_step(libc, ("mirror", gone, target))  # nothing mounted, nothing raised
+    with pytest.raises(FileNotFoundError):
+        _run_step(libc, ("bind", gone, target))
+    assert os.fsdecode(target) not in Path("/proc/self/mountinfo").read_text()

@@ -604,3 +604,20 @@ def test_an_image_known_only_at_run_time_is_looked_up_when_its_pod_starts(
     assert absent.message.startswith("image localhost/sublimate-test-absent:0 is not present "
                                      "locally for buildah (image not known); a local run never "
                                      "pulls")
+
+
+def test_the_missing_runtime_image_says_how_to_build_it() -> None:
+    """`sublimate run --containers` before `images/build.sh`: the message names the script."""
+    from sublimate.components.base.runtime import DEFAULT_IMAGE
+    from sublimate.pipelines.runner.images.executor import missing_images_message
+
+    class Bare(Buildah):  # an engine that holds no image at all
+        def local_images(self) -> list[str]:
+            return []
+
+    message = missing_images_message(Bare("buildah"), {DEFAULT_IMAGE: "image not known"},
+                                     {DEFAULT_IMAGE: ["stage-data", "train"]})
+    assert f"{DEFAULT_IMAGE} is sublimate's runtime image: `images/build.sh`" in message
+    other = missing_images_message(Bare("buildah"), {"ghcr.io/x/y:1": "image not known"},
+                                   {"ghcr.io/x/y:1": ["main"]})
+    assert "images/build.sh" not in other
