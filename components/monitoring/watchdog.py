@@ -289,6 +289,12 @@ class Watchdog:
             all_ranks=len(overdue) == len(unfinished),
             paused_for=paused[0] if paused else None)
 
+    def heard_from_any(self) -> bool:
+        """Whether some rank of this attempt wrote a heartbeat: own code that does not use the
+        training library writes none, and is watched only once it does. An earlier attempt's
+        files (a retried step, an earlier run on the same run id) do not count."""
+        return bool(read_heartbeats(self.run_dir, self.attempt, self.since))
+
     def clear(self) -> None:
         """Remove earlier heartbeats (the launcher, before submitting; optional: other
         attempts' files are ignored anyway)."""
