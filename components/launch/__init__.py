@@ -9,6 +9,7 @@ end. Never imports torch (everything before the job is submitted is the user's w
 - :mod:`.cluster_job`: the TorchX runner and the job's name on a cluster;
 - :mod:`.gpu_plan`: how simulated nodes share this host's GPUs;
 - :mod:`.run_lock`: one launcher per run folder;
+- :mod:`.job_reaper`: a ``local_cwd`` job's processes end with its launcher, however it ends;
 - :mod:`.netns_scheduler`: the ``local_netns`` TorchX scheduler (a cluster on one machine), and
   :mod:`.faults`: the faults it can inject.
 

@@ -242,20 +242,50 @@ def _command_line(pid: int) -> str:
     return "?"
 
 
-def test_a_killed_runner_leaves_no_training_process(home: Path, leftovers: list[int]) -> None:
+def _agents_started(home: Path) -> bool:
+    return any("processes.worker agent" in _command_line(pid) for pid in _processes_of(home))
+
+
+def _launcher_of(home: Path) -> int:
+    (launcher,) = [pid for pid in _processes_of(home)
+                   if "-m sublimate.components.steps.train " in _command_line(pid)]
+    return launcher
+
+
+@pytest.mark.parametrize(("moment", "victim", "sig"), [
+    ("rendezvous", "runner", signal.SIGKILL), ("rendezvous", "runner", signal.SIGINT),
+    # as the OOM killer, or the runner's SIGKILL after its grace period, would end it
+    ("rendezvous", "launcher", signal.SIGKILL),
+    ("training", "runner", signal.SIGKILL), ("training", "runner", signal.SIGINT)])
+def test_an_interrupted_run_leaves_no_training_process(
+        home: Path, leftovers: list[int], moment: str, victim: str, sig: int) -> None:
+    """Whatever moment the signal comes, while the torchrun agents meet (rendezvous) or while
+    they train, every process of the training job ends with the run (or with its launcher)."""
     # Enough epochs that training would go on for many minutes after its runner is gone.
     runner = start_run(home, "-p", "checkpoint-every=20", "-p", "epochs=2000")
     leftovers.append(runner.pid)
     try:
-        first_checkpoint(home, runner)
+        if moment == "rendezvous":
+            _wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
+        else:
+            first_checkpoint(home, runner)
         started = _processes_of(home)
         leftovers.extend(started)
         assert runner.pid in started and len(started) >= 4  # runner, launcher, 2 replicas...
-        runner.kill()
-        runner.communicate(timeout=30)
-        # The launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX job.
+        if victim == "runner":
+            runner.send_signal(sig)
+            # A SIGKILL: the launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX
+            # job; a SIGINT: the runner stops its steps. Either way, whatever the launcher
+            # manages before its own end, its job reaper ends what is left of the job.
+        else:
+            os.kill(_launcher_of(home), sig)  # nothing of the launcher runs after this
+        runner.communicate(timeout=60)
+        # 128 + N for a stop by signal N, 1 for a workflow whose train step failed
+        expected = {signal.SIGKILL: -sig, signal.SIGINT: 128 + sig}[sig] \
+            if victim == "runner" else 1
+        assert runner.returncode == expected
         try:
-            _wait_for(lambda: not _processes_of(home), 45, "the run's processes to end")
+            _wait_for(lambda: not _processes_of(home), 30, "the run's processes to end")
         except AssertionError as error:  # say which processes stayed, for whoever reads CI
             remaining = {pid: _command_line(pid) for pid in _processes_of(home)}
             raise AssertionError(f"{error}; still running: {remaining}") from None
