@@ -60,7 +60,7 @@ from torchx.schedulers.local_scheduler import (
 from torchx.specs.api import AppDef, AppState, ReplicaStatus, RoleStatus, runopts
 
 from sublimate.components.base.process_identity import start_ticks
-from sublimate.components.launch import faults
+from sublimate.components.launch import cpu_cgroups, faults
 from sublimate.components.launch.faults import CLUSTER_FILE, Cluster, Node
 from sublimate.components.launch.job_reaper import MARK_ENV, JobReaper
 
@@ -72,7 +72,6 @@ NODE_IFNAME = "eth0"  # every node's end of its link has this name, in its own n
 MAX_NODES = 253
 # Serializes the choice of a free subnet between launchers (an empty file on tmpfs).
 LOCK_FILE = Path("/run/lock/sublimate-netns.lock")
-CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "nsenter": "util-linux",
          "setpriv": "util-linux", "mount": "mount"}
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
@@ -397,15 +396,9 @@ def _child_of(parent: int, what: str) -> int:
 
 
 def _own_cpu_cgroup() -> Path | None:
-    """This process's cgroup v1 ``cpu`` group, where the nodes' groups go (so they stay within
-    whatever limits the launcher has), or None without a writable cpu controller."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            group = CGROUP_CPU_ROOT / path.lstrip("/")
-            if (group / "cgroup.procs").is_file() and os.access(group, os.W_OK):
-                return group
-    return None
+    """The group the nodes' cpu groups go in, on cgroup v1 or v2 (:mod:`.cpu_cgroups`), or
+    None without a cpu controller this launcher can use."""
+    return cpu_cgroups.node_parent()
 
 
 # ---------------------------------------------------------------------------------------------
