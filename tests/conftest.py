@@ -13,9 +13,24 @@ from types import ModuleType
 
 import pytest
 
+from sublimate.components.launch.job_reaper import JobReaper
 from tests.s3_server import S3Server, seaweedfs, weed_binary
 
 REPO = Path(__file__).resolve().parents[1]
+# Every process a test starts (a server, a run, a helper, and whatever those start) inherits
+# this test session's mark in its environment, and a reaper outside the session SIGKILLs every
+# marked process when pytest ends, however it ends: a CI time limit's SIGKILL included.
+TEST_MARK_ENV = "SUBLIMATE_TEST_SESSION"
+_session_reaper = JobReaper(TEST_MARK_ENV)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _session_reaper.start()  # before the mark is set: the reaper itself is not marked
+    os.environ[TEST_MARK_ENV] = _session_reaper.mark
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _session_reaper.close()  # what a test left running ends now, not at the machine's reboot
 
 
 def in_ci() -> bool:

@@ -18,8 +18,10 @@ rename, and nobody is left to report on a graceful end. ``local_netns`` needs no
 each node is a PID namespace whose holder dies with the launcher (``PR_SET_PDEATHSIG``), and
 the kernel ends every process of a namespace whose init died.
 
-The reaper runs this file as a script, ``python -I -S job_reaper.py MARK``: only the standard
-library, so it starts in a few tens of milliseconds and costs the job's start-up nothing.
+The reaper runs this file as a script, ``python -I -S job_reaper.py VARIABLE MARK``: only the
+standard library, so it starts in a few tens of milliseconds and costs the job's start-up
+nothing. The test suite uses the same reaper, with a variable of its own, for every process a
+test starts (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ REAP_SECONDS = 10.0
 CLOSE_SECONDS = REAP_SECONDS + 5.0
 
 
-def marked_processes(mark: str) -> list[int]:
-    """The pids of the running processes whose environment holds ``MARK_ENV=mark`` (a process
+def marked_processes(mark: str, variable: str = MARK_ENV) -> list[int]:
+    """The pids of the running processes whose environment holds ``variable=mark`` (a process
     that is a zombie already has no environment to read)."""
-    entry = f"\0{MARK_ENV}={mark}\0".encode()
+    entry = f"\0{variable}={mark}\0".encode()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
@@ -55,12 +57,12 @@ def marked_processes(mark: str) -> list[int]:
     return found
 
 
-def reap(mark: str, seconds: float = REAP_SECONDS) -> int:
-    """SIGKILL every process marked ``mark`` until none is left (or ``seconds`` passed);
-    returns how many were killed."""
+def reap(mark: str, variable: str = MARK_ENV, seconds: float = REAP_SECONDS) -> int:
+    """SIGKILL every process marked ``variable=mark`` until none is left (or ``seconds``
+    passed); returns how many were killed."""
     killed: set[int] = set()
     deadline = time.monotonic() + seconds
-    while (found := marked_processes(mark)) and time.monotonic() < deadline:
+    while (found := marked_processes(mark, variable)) and time.monotonic() < deadline:
         for pid in found:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -69,7 +71,7 @@ def reap(mark: str, seconds: float = REAP_SECONDS) -> int:
     return len(killed)
 
 
-def watch(mark: str) -> None:
+def watch(mark: str, variable: str = MARK_ENV) -> None:
     """The reaper's life: wait for the end of stdin (the launcher's end), then :func:`reap`.
 
     Started in its own session, so the runner's stop (a signal to the launcher's process group)
@@ -79,13 +81,19 @@ def watch(mark: str) -> None:
         signal.signal(signum, signal.SIG_IGN)
     while sys.stdin.buffer.read(4096):
         pass
-    reap(mark)
+    reap(mark, variable)
 
 
 class JobReaper:
-    """The launcher's side: the mark for the job's replicas, and the reaper process."""
+    """The starter's side: the mark for the processes to end with it, and the reaper process.
 
-    def __init__(self) -> None:
+    ``variable``: the environment variable that carries the mark (the launcher's jobs use
+    :data:`MARK_ENV`; another starter, such as the test suite, uses its own, so that the two
+    kinds of marks never hide each other).
+    """
+
+    def __init__(self, variable: str = MARK_ENV) -> None:
+        self.variable = variable
         self.mark = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -96,7 +104,8 @@ class JobReaper:
         # The pipe's write end stays in this process alone (non-inheritable, and every
         # subprocess closes its other descriptors), so its end is this process's end.
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(Path(__file__).resolve()), self.mark],
+            [sys.executable, "-I", "-S", str(Path(__file__).resolve()), self.variable,
+             self.mark],
             stdin=subprocess.PIPE, start_new_session=True)
 
     def close(self) -> None:
@@ -111,8 +120,8 @@ class JobReaper:
             self.process.wait()
 
 
-# the reaper: python -I -S job_reaper.py MARK
+# the reaper: python -I -S job_reaper.py VARIABLE MARK
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -I -S job_reaper.py MARK")
-    watch(sys.argv[1])
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -I -S job_reaper.py VARIABLE MARK")
+    watch(sys.argv[2], sys.argv[1])
