@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch.job_reaper import MARK_ENV, JobReaper, marked_processes
+from tests.conftest import wait_for
 
 # A launcher in miniature: it starts the reaper, then three "nodes" in sessions of their own
 # (as TorchX's local_cwd does), marked: one that forks a worker, one that ignores SIGTERM and
@@ -38,15 +38,6 @@ LAUNCHER = textwrap.dedent("""
     open(os.path.join(folder, "ready"), "w").write("yes")
     time.sleep(600)
 """)
-
-
-def _wait_for(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def _kill_all(pids: list[int]) -> None:
@@ -80,15 +71,15 @@ def test_a_launcher_killed_outright_leaves_none_of_its_job(tmp_path: Path) -> No
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
     job: list[int] = []
     try:
-        _wait_for(lambda: (tmp_path / "ready").exists(), 60, "the launcher's job to start")
-        job = _wait_for(lambda: len(found := _marked_by(launcher.pid)) >= 5 and found, 30,
+        wait_for(lambda: (tmp_path / "ready").exists(), 60, "the launcher's job to start")
+        job = wait_for(lambda: len(found := _marked_by(launcher.pid)) >= 5 and found, 30,
                         "the nodes and the worker")  # 3 nodes, a forked worker, a sleep
         reaper = int((tmp_path / "reaper").read_text())
         launcher.kill()
         launcher.wait()
-        _wait_for(lambda: not any(start_ticks(pid) for pid in job), 15,
+        wait_for(lambda: not any(start_ticks(pid) for pid in job), 15,
                   "every process of the job to end")
-        _wait_for(lambda: start_ticks(reaper) is None, 15, "the reaper to exit")
+        wait_for(lambda: start_ticks(reaper) is None, 15, "the reaper to exit")
     finally:
         launcher.kill()
         launcher.wait()
@@ -102,7 +93,7 @@ def test_closing_ends_what_is_left_and_spares_other_marks() -> None:
     left = [subprocess.Popen(["sleep", "600"], env={**os.environ, MARK_ENV: mark},
                              start_new_session=True) for mark in (reaper.mark, other.mark)]
     try:
-        _wait_for(lambda: marked_processes(reaper.mark) == [left[0].pid], 10, "the mark")
+        wait_for(lambda: marked_processes(reaper.mark) == [left[0].pid], 10, "the mark")
         reaper.close()  # returns once the reaper has done its work
         assert left[0].poll() == -signal.SIGKILL
         assert left[1].poll() is None

@@ -11,15 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run
+from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run, wait_for
 
 STOP_THEN_EXIT_HANDLER = """
 apiVersion: argoproj.io/v1alpha1
@@ -72,8 +70,6 @@ spec:
         time.sleep(120)
 """
 
-T = TypeVar("T")
-
 TRIVIAL = """
 apiVersion: argoproj.io/v1alpha1
 kind: Workflow
@@ -91,15 +87,6 @@ def _cli(home: Path, manifest: Path) -> subprocess.Popen[str]:
         [sys.executable, "-m", "sublimate.pipelines", "run", str(manifest), "--quiet"], cwd=REPO,
         env={**os.environ, "SUBLIMATE_HOME": str(home)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
@@ -138,7 +125,7 @@ def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
     runner = _cli(home, _written_manifest(tmp_path, STOP_THEN_EXIT_HANDLER))
     leftovers.append(runner.pid)
     try:
-        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
         leftovers.append(step)
         runner.send_signal(sig)
         out, err = runner.communicate(timeout=60)
@@ -163,12 +150,12 @@ def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]
     runner = _cli(home, _written_manifest(tmp_path, TERMINATE))
     leftovers.append(runner.pid)
     try:
-        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
         leftovers.append(step)
         runner.send_signal(signal.SIGINT)
         # The step ignores SIGTERM: it ends by SIGKILL after the grace, then the exit handler
         # starts, and runs for 5 minutes unless the run is terminated.
-        handler = _wait_for(lambda: _pid_in(home / "runs" / "stop", "onExit"), 60,
+        handler = wait_for(lambda: _pid_in(home / "runs" / "stop", "onExit"), 60,
                             "the exit handler")
         leftovers.append(handler)
         assert not _runs(step)
@@ -183,7 +170,7 @@ def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]
     assert (status["phase"], status["message"]) == ("Failed", "terminated")
     onexit = next(node for node in status["nodes"] if node["display_name"] == "onExit")
     assert onexit["phase"] == "Failed"
-    _wait_for(lambda: not _runs(handler), 10, "the exit handler to be killed")
+    wait_for(lambda: not _runs(handler), 10, "the exit handler to be killed")
 
 
 def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
@@ -193,14 +180,14 @@ def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
     leftovers.append(runner.pid)
     run_dir = home / "runs" / "orphan"
     try:
-        step = _wait_for(lambda: _pid_in(run_dir, "orphan-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(run_dir, "orphan-"), 60, "the step")
         leftovers.append(step)
         before = json.loads((run_dir / "status.json").read_text())
         assert before["phase"] == "Running" and before["runner"]["pid"] == runner.pid
         runner.kill()
         runner.communicate(timeout=30)
         # PR_SET_PDEATHSIG: the step gets the SIGTERM that a stop would have sent it.
-        _wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
+        wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
         assert (next(run_dir.glob("nodes/orphan*/got-sigterm"))).read_text() == "yes"
     finally:
         if runner.poll() is None:
@@ -266,7 +253,7 @@ def test_an_interrupted_run_leaves_no_training_process(
     leftovers.append(runner.pid)
     try:
         if moment == "rendezvous":
-            _wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
+            wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
         else:
             first_checkpoint(home, runner)
         started = _processes_of(home)
@@ -285,7 +272,7 @@ def test_an_interrupted_run_leaves_no_training_process(
             if victim == "runner" else 1
         assert runner.returncode == expected
         try:
-            _wait_for(lambda: not _processes_of(home), 30, "the run's processes to end")
+            wait_for(lambda: not _processes_of(home), 30, "the run's processes to end")
         except AssertionError as error:  # say which processes stayed, for whoever reads CI
             remaining = {pid: _command_line(pid) for pid in _processes_of(home)}
             raise AssertionError(f"{error}; still running: {remaining}") from None
