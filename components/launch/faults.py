@@ -23,8 +23,8 @@ from its run folder. This module reads that file and acts on the cluster it desc
 
 Everything here needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN). Processes are addressed by pid
 *and* start time (:mod:`sublimate.components.base.process_identity`), so a recycled pid is never
-signalled. This module imports only the standard library besides that: the supervisor and
-``sublimate fault`` start in milliseconds.
+signalled. This module imports only the standard library besides that and :mod:`.cpu_cgroups`
+(standard library only too): the supervisor and ``sublimate fault`` start in milliseconds.
 """
 
 from __future__ import annotations
