@@ -17,7 +17,8 @@ from tests.conftest import wait_for
 
 # A launcher in miniature: it starts the reaper, then three "nodes" in sessions of their own
 # (as TorchX's local_cwd does), marked: one that forks a worker, one that ignores SIGTERM and
-# SIGINT, one that is a shell running a command. It writes every pid, then waits to be killed.
+# SIGINT, one that is a shell running a command. It writes the mark and the reaper's pid,
+# then waits to be killed.
 LAUNCHER = textwrap.dedent("""
     import os, subprocess, sys, time
     from sublimate.components.launch.job_reaper import MARK_ENV, JobReaper
@@ -34,32 +35,15 @@ LAUNCHER = textwrap.dedent("""
                for code in nodes]
     started.append(subprocess.Popen(["sh", "-c", "sleep 600 & wait"], env=env,
                                     start_new_session=True))
-    open(os.path.join(folder, "reaper"), "w").write(str(reaper.process.pid))
-    open(os.path.join(folder, "ready"), "w").write("yes")
+    with open(os.path.join(folder, ".ready"), "w") as ready:
+        ready.write(f"{reaper.mark} {reaper.process.pid}")
+    os.rename(os.path.join(folder, ".ready"), os.path.join(folder, "ready"))
     time.sleep(600)
 """)
 
 
-def _kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _marked_by(launcher: int) -> list[int]:
-    """The processes marked by the reaper of ``launcher`` (its mark starts with its pid)."""
-    return [pid for pid in _all_marked() if _mark_of(pid).startswith(f"{launcher}-")]
-
-
-def _all_marked() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _mark_of(int(entry.name)) and start_ticks(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
 def _mark_of(pid: int) -> str:
+    """The job mark in ``pid``'s environment (the test's own reading of it), "" for none."""
     with contextlib.suppress(OSError):
         for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
             if item.startswith(f"{MARK_ENV}=".encode()):
@@ -67,23 +51,37 @@ def _mark_of(pid: int) -> str:
     return ""
 
 
+def _marked(mark: str) -> dict[int, int | None]:
+    """The running processes that carry ``mark``, by pid and start time."""
+    return {int(entry.name): start_ticks(int(entry.name)) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _mark_of(int(entry.name)) == mark
+            and start_ticks(int(entry.name))}
+
+
+def _running(processes: dict[int, int | None]) -> list[int]:
+    # by start time too: pids come back within seconds on a busy machine
+    return [pid for pid, ticks in processes.items() if start_ticks(pid) == ticks]
+
+
 def test_a_launcher_killed_outright_leaves_none_of_its_job(tmp_path: Path) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)])
-    job: list[int] = []
+    mark = ""
     try:
         wait_for(lambda: (tmp_path / "ready").exists(), 60, "the launcher's job to start")
-        job = wait_for(lambda: len(found := _marked_by(launcher.pid)) >= 5 and found, 30,
-                        "the nodes and the worker")  # 3 nodes, a forked worker, a sleep
-        reaper = int((tmp_path / "reaper").read_text())
+        mark, reaper = (tmp_path / "ready").read_text().split()
+        job = wait_for(lambda: len(found := _marked(mark)) >= 5 and found, 30,
+                       "the nodes and the worker")  # 3 nodes, a forked worker, a sleep
+        reaper_process = {int(reaper): start_ticks(int(reaper))}
         launcher.kill()
         launcher.wait()
-        wait_for(lambda: not any(start_ticks(pid) for pid in job), 15,
-                  "every process of the job to end")
-        wait_for(lambda: start_ticks(reaper) is None, 15, "the reaper to exit")
+        wait_for(lambda: not _running(job), 15, "every process of the job to end")
+        wait_for(lambda: not _running(reaper_process), 15, "the reaper to exit")
     finally:
         launcher.kill()
         launcher.wait()
-        _kill_all(job)
+        for pid in _marked(mark) if mark else {}:  # a failed test's cleanup, by mark
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_closing_ends_what_is_left_and_spares_other_marks() -> None:

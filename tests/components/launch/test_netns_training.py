@@ -76,9 +76,6 @@ def test_three_nodes_on_shaped_links_train_like_local_cwd_at_the_links_rate(
               f"{steps:.2f} s ({split[rank]['comm_seconds']:.2f} s communicating), the bytes "
               f"{at_rate:.2f} s at {RATE}")
         assert steps >= 0.9 * at_rate
-    # On local_cwd the same job never leaves loopback: no link carried anything.
-    local = json.loads((results_folder(tmp_path / "cwd") / "report" / "report.json").read_text())
-    assert all(bytes_sent < floor / 100 for bytes_sent in local["net_sent_bytes"].values())
     # The job's cluster was torn down with it (tests/components/launch/test_netns_scheduler.py
     # checks for leaks of namespaces, links and processes in every way a job can end).
     (state_file,) = results.glob("logs/**/cluster.json")

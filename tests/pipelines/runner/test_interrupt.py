@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,21 +106,40 @@ def _written_manifest(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:
     return path
 
 
+class Leftovers:
+    """Processes a test saw started, each by its pid and start time: pids are reused within
+    seconds on a busy machine (pid_max can be 32768), and a pid that names another process by
+    the test's end must not be killed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int | None] = {}
+
+    def append(self, pid: int) -> None:
+        self.seen.setdefault(pid, start_ticks(pid))
+
+    def extend(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.append(pid)
+
+    def kill(self) -> None:
+        for pid, ticks in self.seen.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if ticks is not None and start_ticks(pid) == ticks:
+                    os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
-def leftovers() -> Iterator[list[int]]:
-    """Pids a test saw started; any still running at the end are killed (a failed test must not
-    leave processes behind)."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if _runs(pid):
-                os.kill(pid, signal.SIGKILL)
+def leftovers() -> Iterator[Leftovers]:
+    """Processes a test saw started; those still running at the end are killed (a failed test
+    must not leave processes behind)."""
+    seen = Leftovers()
+    yield seen
+    seen.kill()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
-        tmp_path: Path, sig: int, leftovers: list[int]) -> None:
+        tmp_path: Path, sig: int, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, STOP_THEN_EXIT_HANDLER))
     leftovers.append(runner.pid)
@@ -145,7 +164,7 @@ def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
     assert "onExit" in out  # the final table is printed for a stopped run too
 
 
-def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]) -> None:
+def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, TERMINATE))
     leftovers.append(runner.pid)
@@ -174,7 +193,7 @@ def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]
 
 
 def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
-        tmp_path: Path, leftovers: list[int]) -> None:
+        tmp_path: Path, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, TERM_AWARE))
     leftovers.append(runner.pid)
@@ -245,7 +264,7 @@ def _launcher_of(home: Path) -> int:
     ("rendezvous", "launcher", signal.SIGKILL),
     ("training", "runner", signal.SIGKILL), ("training", "runner", signal.SIGINT)])
 def test_an_interrupted_run_leaves_no_training_process(
-        home: Path, leftovers: list[int], moment: str, victim: str, sig: int) -> None:
+        home: Path, leftovers: Leftovers, moment: str, victim: str, sig: int) -> None:
     """Whatever moment the signal comes, while the torchrun agents meet (rendezvous) or while
     they train, every process of the training job ends with the run (or with its launcher)."""
     # Enough epochs that training would go on for many minutes after its runner is gone.
