@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +49,7 @@ from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
 from .mounts import resolve as resolve_mounts
 from .parameter_resolution import resolve_parameters
-from .plan import Layout, template_deadline, template_kind
+from .plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
 from .pod import run_pod
 from .retry import run_with_retries
 from .run_folder import RunRecord, make_run_dir
@@ -296,19 +297,30 @@ class Run:
         node = self.record.add_node(name, display, template_name,
                                     NodeType.RETRY if retried else kind, parent)
         try:
-            inputs = resolve_inputs(template, arguments, node.id)
+            inputs = resolve_inputs(template, arguments, node.id, self.live_globals())
         except NodeError as exc:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         inputs.update(extra or {})
         art_args = arguments.get("artifacts") or {}
         locks: list[str] | None = []
         if self.sync is not None:  # operator.go executeTemplate: TryAcquire before it starts
+            try:
+                limit = pending_limit(template, {**self.live_globals(), **inputs})
+            except NodeError as exc:
+                return self.record.finish(node, NodePhase.ERROR, str(exc))
+            give_up = None if limit is None else time.monotonic() + limit
+
+            def stopped() -> str | None:
+                if give_up is not None and time.monotonic() >= give_up:
+                    return PENDING_TIMEOUT  # still Pending past pendingTimeout
+                return scope.stop_reason()
+
             locks = self.sync.acquire(
                 template_name, lambda message: self.record.transition(node, NodePhase.PENDING,
                                                                       message),
-                scope.stop_reason)
+                stopped)
             if locks is None:
-                return self.record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
+                return self.record.finish(node, NodePhase.FAILED, stopped() or "")
             if locks and node.message.startswith("Waiting for "):
                 node.message = ""  # acquired: Argo clears the waiting status
         try:

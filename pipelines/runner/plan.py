@@ -223,6 +223,22 @@ def template_deadline(template: dict, local: Vars) -> float | None:
     return min(limits) if limits else None
 
 
+PENDING_TIMEOUT = "timeout"  # operator.go ErrTimeout's text, the node's message
+
+
+def pending_limit(template: dict, local: Vars) -> float | None:
+    """``pendingTimeout`` in seconds (``ParseStringToDuration``), or None: how long the node
+    may stay Pending, from its start (operator.go ``checkTemplateTimeouts``). Locally a node
+    is Pending only while it waits for a synchronization lock."""
+    if template.get("pendingTimeout") is None:
+        return None
+    text = substitute_text(str(template["pendingTimeout"]), local, "pendingTimeout")
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise NodeError(f"pendingTimeout: invalid timeout format {exc}") from None
+
+
 def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, display_name: str,
              layout: Layout, art_args: dict[str, dict] | None = None) -> PodRequest:
     """Resolve a container/script template invocation; ``NodeError`` when it cannot be."""
@@ -230,6 +246,7 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     body_key = "script" if "script" in template else "container"
     if "containerSet" in template:
         body_key = "containerSet"
+    local = {**local, **path_variables(template, local, where)}
     # Cluster-only fields (metrics use Argo's {{duration}}/{{status}}, ...) are not ours to
     # resolve: they mean nothing locally.
     tmpl: dict = substitute({k: v for k, v in template.items()  # type: ignore[assignment]
@@ -283,6 +300,35 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         mounts_note=mounts_note,
         in_image=in_image,
     )
+
+
+def path_variables(template: dict, local: Vars, where: str) -> Vars:
+    """``{{outputs.parameters.<name>.path}}``, ``{{outputs.artifacts.<name>.path}}`` and
+    ``{{inputs.artifacts.<name>.path}}`` as Argo's ``SubstituteParams`` sets them for a pod
+    template: each path as written, after the pass with the globals and locals but not the
+    inputs (a tag that pass cannot resolve stays in the value, and values are not scanned
+    again), so the pod sees the same text it would on Argo."""
+    first_pass = {k: v for k, v in local.items() if not k.startswith("inputs.")}
+    found: Vars = {}
+
+    def add(name: str, path: object, field: str) -> None:
+        found[name] = substitute_text(str(path), first_pass, f"{where}.{field}",
+                                      keep_unresolved=True)
+
+    for index, art in enumerate((template.get("inputs") or {}).get("artifacts") or []):
+        if art.get("path"):
+            add(f"inputs.artifacts.{art['name']}.path", art["path"],
+                f"inputs.artifacts[{index}].path")
+    outputs = template.get("outputs") or {}
+    for index, art in enumerate(outputs.get("artifacts") or []):
+        if art.get("path"):
+            add(f"outputs.artifacts.{art['name']}.path", art["path"],
+                f"outputs.artifacts[{index}].path")
+    for index, param in enumerate(outputs.get("parameters") or []):
+        if (param.get("valueFrom") or {}).get("path"):
+            add(f"outputs.parameters.{param['name']}.path", param["valueFrom"]["path"],
+                f"outputs.parameters[{index}].valueFrom.path")
+    return found
 
 
 def _input_paths(tmpl: dict) -> list[str]:

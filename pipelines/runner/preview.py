@@ -89,7 +89,7 @@ class _Planner:
             return
         wf = self.preview.name
         try:
-            inputs = resolve_inputs(template, arguments, node_id(wf, name))
+            inputs = resolve_inputs(template, arguments, node_id(wf, name), self.globals)
             if template.get("retryStrategy"):
                 policy = retry_policy(template["retryStrategy"], {**self.globals, **inputs},
                                       template_name)

@@ -73,6 +73,40 @@ def test_a_mutex_lets_one_task_run_at_a_time(tmp_path: Path) -> None:
                "Waiting for default/Mutex/one lock. Lock status: 0/1" for e in events)
 
 
+def test_pending_timeout_fails_a_node_still_waiting_for_its_lock(tmp_path: Path) -> None:
+    # operator.go checkTemplateTimeouts: Pending past StartedAt + pendingTimeout -> Failed
+    # "timeout". Two tasks want one mutex: the first holds it for 2 s, the second may wait 0.5 s.
+    text = wf("""
+        - name: main
+          dag:
+            tasks:
+            - {name: a, template: work}
+            - {name: b, template: work}
+        - name: work
+          pendingTimeout: 500ms
+          synchronization: {mutexes: [{name: one}]}
+          container: {command: [sleep, "2"]}
+        """)
+    result = run(text, tmp_path / "home")
+    ran, waited = sorted((result.node("a"), result.node("b")),
+                         key=lambda n: n.phase != NodePhase.SUCCEEDED)
+    assert ran.phase == NodePhase.SUCCEEDED
+    assert waited.phase == NodePhase.FAILED and waited.message == "timeout", result.nodes
+    assert waited.finished_at < ran.finished_at  # gave up while the lock was still held
+
+
+def test_pending_timeout_is_refused_on_a_dag_template(tmp_path: Path) -> None:
+    text = wf("""
+        - name: main
+          pendingTimeout: 1m
+          dag: {tasks: [{name: a, template: leaf}]}
+        - name: leaf
+          container: {command: [echo]}
+        """)
+    with pytest.raises(ManifestError, match="DAG template doesn't support pendingTimeout field"):
+        run(text, tmp_path / "home")
+
+
 def test_a_semaphore_of_two_runs_at_most_two(tmp_path: Path) -> None:
     tasks = "\n".join(f"    - {{name: t{i}, template: work}}" for i in range(4))
     sync = "{semaphores: [{configMapKeyRef: {name: limits, key: work}}]}"
