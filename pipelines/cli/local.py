@@ -49,11 +49,15 @@ def add_local_commands(commands: Any) -> None:
                      help="a folder of WorkflowTemplates and ClusterWorkflowTemplates the "
                           "manifest refers to (repeatable; the manifest's own folder is always "
                           "searched)")
-    run.add_argument("--mounts", choices=["auto", "namespace", "rewrite"], default="auto",
-                     help="how steps find the manifest's absolute paths (volumes, outputs, the "
-                          "script): namespace mounts the run's folders there in a private "
-                          "mount namespace (Linux: root or user namespaces), rewrite rewrites "
-                          "the paths where written; auto: namespace where possible")
+    run.add_argument("--mounts", choices=["auto", "overlay", "namespace", "rewrite"],
+                     default="auto",
+                     help="how steps see files: overlay gives each step a private view of the "
+                          "whole tree (its writes its own, as a container's root filesystem; "
+                          "its volumes, inputs and script at the manifest's paths; Linux, "
+                          "root), namespace mounts the run's folders at the manifest's paths "
+                          "in a private mount namespace, sharing this machine's files (root or "
+                          "user namespaces), rewrite rewrites the paths where written; auto: "
+                          "the first of these that works here")
     run.add_argument("--containers", action="store_true",
                      help="run each step in its template's image, as Argo would, through the "
                           "first container engine that works here (docker, podman, buildah); "
@@ -113,6 +117,8 @@ def semaphore_limits(workflow: dict[str, Any], args: argparse.Namespace) -> dict
     the manifest's folder and ``--templates`` folders (read only when a semaphore is used)."""
     semaphores = getattr(args, "semaphore", None) or []
     limits: dict[str, int] = {}
+    if not semaphores and "semaphores" not in json.dumps(workflow.get("spec") or {}):
+        return limits  # nothing to read: the module stays unloaded
     from sublimate.pipelines.runner.synchronization import (
         configmap_limits,
         parse_semaphore_option,
@@ -131,16 +137,16 @@ def semaphore_limits(workflow: dict[str, Any], args: argparse.Namespace) -> dict
 
 
 def command_run(args: argparse.Namespace) -> int:
-    from sublimate.pipelines.lint import semantic_problems
+    from sublimate.pipelines.lint.semantics import semantic_problems
     from sublimate.pipelines.runner import (
         ManifestError,
         ParameterError,
         RunInterrupted,
         RunOptions,
-        console_reporter,
-        run_workflow,
         settle_interrupted_runs,
     )
+    from sublimate.pipelines.runner.display import console_reporter
+    from sublimate.pipelines.runner.engine import run_workflow
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
@@ -152,12 +158,13 @@ def command_run(args: argparse.Namespace) -> int:
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
-    if args.mounts == "namespace":
-        from sublimate.pipelines.runner.mounts import unavailable
+    if args.mounts in ("overlay", "namespace"):  # before a run folder exists
+        from sublimate.pipelines.runner.mounts import NamespaceError, resolve
 
-        if reason := unavailable():
-            raise UsageError(f"--mounts namespace: mount namespaces are not available here "
-                             f"({reason}); use --mounts rewrite")
+        try:
+            resolve(args.mounts, True, args.home, args.home)
+        except NamespaceError as error:
+            raise UsageError(str(error)) from error
     if args.dry_run:
         if containers is not None:
             print("note: --dry-run shows the steps as local processes; --containers runs the "

@@ -144,7 +144,7 @@ def main_container(request: PodRequest) -> Container:
 
     return Container(MAIN, "main", list(request.argv), dict(request.env), request.cwd,
                      request.folder, tuple(request.mounts), tuple(request.from_environment),
-                     in_image=request.in_image)
+                     in_image=request.in_image, view=request.view)
 
 
 def _outcome(ends: dict[str, ContainerEnd], stdout: dict[str, str], pod: _Pod) -> PodOutcome:

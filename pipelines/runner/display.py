@@ -35,6 +35,8 @@ def console_reporter(
             if not follow_logs or event.node is None:
                 return
             text = f"{shown_name(event.node.display_name)} | {event.line}"
+        elif event.kind == "note":
+            text = f"note: {event.message}"
         elif event.kind == "node" and event.node is not None:
             if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
                 return  # the root node's phase is the workflow's, reported on its own

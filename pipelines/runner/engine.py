@@ -47,7 +47,7 @@ from .library import ANNOTATION_SCHEDULED_TIME
 from .local_executor import LocalExecutor
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .mounts import resolve as resolve_mounts
+from .mounts import Mode, resolve_soon
 from .parameter_resolution import resolve_parameters
 from .plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
 from .pod import run_pod
@@ -154,12 +154,28 @@ class Run:
         limit = options.parallelism or self.spec.get("parallelism")
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
-        self.layout = Layout.of(home, self.run_dir, self.spec, mounts or resolve_mounts(
-            options.mounts, options.executor is None))
+        self._mode = (resolve_soon(options.mounts, options.executor is None, self.run_dir, home)
+                      if mounts is None else lambda: Mode(mounts))
+        self._layout: Layout | None = None
+        self._home = home
         # Lifecycle hooks watch nodes' phase changes (``hooks``): the reporter is wrapped only
         # once something watches, so a workflow without hooks pays nothing for them.
         self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
         self._all_watcher: Callable[[RunEvent], None] | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """Where the run's files live, and how pods see them: known once the mounts probe
+        (started with the run) has answered; what it found that the user should know is said
+        once, here."""
+        if self._layout is None:
+            with self.lock:
+                if self._layout is None:
+                    mode = self._mode()
+                    if mode.note:
+                        self.record.emit(RunEvent("note", self.name, now(), message=mode.note))
+                    self._layout = Layout.of(self._home, self.run_dir, self.spec, mode.name)
+        return self._layout
 
     # ------------------------------------------------------------------------ watchers
 

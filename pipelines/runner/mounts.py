@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 from .errors import ManifestError
 
-MODES = ("auto", "namespace", "rewrite")
+MODES = ("auto", "overlay", "namespace", "rewrite")
 # Argo's script path (workflow/common/common.go: ExecutorScriptSourcePath).
 SCRIPT_PATH = "/argo/staging/script"
 # Exit status of a step whose namespace could not be built (a shell's "cannot execute").
@@ -128,21 +128,70 @@ def _probe() -> str:
     return message or "the probe failed"
 
 
-def resolve(mode: str, local_executor: bool) -> str:
-    """The mode a run uses: ``namespace`` or ``rewrite``. ``auto`` is ``namespace`` where the
-    machine allows it and the pods run as local processes (a test's fake executor starts none);
-    ``namespace`` where it cannot be done is a ``NamespaceError`` saying why."""
+class Mode(NamedTuple):
+    """How a run's pods find the manifest's paths, and what to tell the user about it once."""
+
+    name: str  # "overlay", "namespace" or "rewrite"
+    note: str = ""
+
+
+# In the home: that pods can have private views on this machine, so a run need not probe.
+VIEWS_PROBE_FILE = ".private-views"
+
+
+def resolve(mode: str, local_executor: bool, folder: Path, home: Path | None = None) -> Mode:
+    """The mode a run uses. ``auto`` is ``overlay`` (a private view of the whole tree per pod:
+    ``views``) where the machine allows it with the run's layers in ``folder``, else
+    ``namespace`` (this module: real paths, the host's files shared), else ``rewrite``, saying
+    why in ``note``; pods that are not local processes (a test's fake executor) use
+    ``rewrite``. A mode asked for where it cannot be done is a ``NamespaceError`` saying why."""
     if mode not in MODES:
         raise NamespaceError(f"--mounts must be one of {', '.join(MODES)}, not {mode!r}")
     if mode == "rewrite" or (mode == "auto" and not local_executor):
-        return "rewrite"
+        return Mode("rewrite")
+    no_view = ""
+    if mode in ("auto", "overlay"):
+        from .views import probe  # deferred: only a run that may use views pays for it
+
+        no_view = probe(folder, home / VIEWS_PROBE_FILE if home is not None else None)
+        if not no_view:
+            return Mode("overlay")
+        if mode == "overlay":
+            raise NamespaceError(f"--mounts overlay: pods cannot have private views here "
+                                 f"({no_view}); use --mounts namespace or rewrite")
     reason = unavailable()
     if not reason:
-        return "namespace"
+        return Mode("namespace", f"pods share this machine's files (no private view per pod "
+                                 f"here: {no_view}); outputs are read where they were written"
+                    if no_view else "")
     if mode == "namespace":
         raise NamespaceError(f"--mounts namespace: mount namespaces are not available here "
                              f"({reason}); use --mounts rewrite")
-    return "rewrite"
+    return Mode("rewrite", f"pods share this machine's files and see the manifest's paths "
+                           f"only where written (no private view: {no_view}; no mount "
+                           f"namespace: {reason})")
+
+
+def resolve_soon(mode: str, local_executor: bool, folder: Path, home: Path
+                 ) -> Callable[[], Mode]:
+    """``resolve`` while the run starts: ``auto`` probes in a thread (each probe forks a child
+    that builds a namespace, a few ms, more on a busy machine) and the first pod waits for it;
+    a mode asked for is resolved now, so that one this machine cannot give stops the run
+    before it starts."""
+    if mode != "auto" or not local_executor:
+        known = resolve(mode, local_executor, folder, home)
+        return lambda: known
+    found: list[Mode] = []
+    thread = threading.Thread(target=lambda: found.append(resolve(mode, True, folder, home)),
+                              name="mounts-probe", daemon=True)
+    thread.start()
+
+    def result() -> Mode:
+        thread.join()
+        return found[0] if found else Mode("rewrite", "pods see the manifest's paths only "
+                                                     "where written (the probe failed)")
+
+    return result
 
 
 def _check(libc: _Libc, result: int, what: str) -> None:
@@ -177,6 +226,8 @@ class Bind(NamedTuple):
     target: str
     source: Path
     read_only: bool = False
+    recursive: bool = True  # with the mounts below the source (a private view's node folder:
+    # not, since its mount point holds the view)
 
 
 class Namespace(NamedTuple):
@@ -291,14 +342,20 @@ def plan(binds: list[Bind], folder: Path, cwd: str) -> Namespace:
 
 
 def _mirror_entry(steps: list[tuple], rootb: bytes, entry: os.DirEntry, folder: str) -> None:
+    """One host entry brought back into its mirrored folder. Another process may remove it
+    at any time (``/tmp`` is everybody's): one gone by now is left out, and one gone by the
+    time the pod starts is skipped there (the ``mirror`` steps)."""
     source = os.path.join(folder, entry.name)
     target = rootb + os.fsencode(source)
-    mode = entry.stat(follow_symlinks=False).st_mode
-    if stat.S_ISLNK(mode):
-        steps.append(("symlink", os.fsencode(os.readlink(source)), target))
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            steps.append(("symlink", os.fsencode(os.readlink(source)), target))
+            return
+    except FileNotFoundError:
         return
-    steps.append(("mkdir" if stat.S_ISDIR(mode) else "touch", target))
-    steps.append(("bind", os.fsencode(source), target))
+    steps.append(("mirror", ("mkdir" if stat.S_ISDIR(mode) else "touch", target),
+                  ("bind", os.fsencode(source), target)))
 
 
 # --------------------------------------------------------------------------- in the child
@@ -353,7 +410,13 @@ def setup(namespace: Namespace, termination_log: Path) -> Callable[[], None]:
 
 def _run_step(libc: _Libc, step: tuple) -> None:
     kind = step[0]
-    if kind == "tmpfs":
+    if kind == "mirror":
+        # A host entry listed when the pod was planned: removed since, it is not there for the
+        # pod either (ENOENT), which is no reason to fail the pod.
+        with contextlib.suppress(FileNotFoundError):
+            for inner in step[1:]:
+                _run_step(libc, inner)
+    elif kind == "tmpfs":
         _check(libc, libc.mount(b"tmpfs", step[1], b"tmpfs", 0, b"mode=755"),
                f"tmpfs on {os.fsdecode(step[1])}")
     elif kind == "bind":

@@ -32,6 +32,7 @@ from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
     from .images.spec import InImage
+    from .views import View
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
 # `sublimate run` defines them at start-up, and a NamedTuple costs a sixth as much to define.
@@ -57,9 +58,11 @@ class Layout(NamedTuple):
     run_dir: Path
     volumes: tuple[dict, ...] = ()
     claims: tuple[tuple[str, Path], ...] = ()
-    # "namespace": pods see their folders mounted at the manifest's paths (``mounts``);
-    # "rewrite": the paths are rewritten to local folders (``paths``); "image": each pod runs
-    # in its template's image (``images``), its folders bound at the manifest's paths.
+    # "overlay": each pod has a private view of the whole tree, its folders bound at the
+    # manifest's paths (``views``); "namespace": pods see their folders mounted at the
+    # manifest's paths, sharing this machine's files (``mounts``); "rewrite": the paths are
+    # rewritten to local folders (``paths``); "image": each pod runs in its template's image
+    # (``images``), its folders bound at the manifest's paths.
     mounts: str = "rewrite"
     # spec.securityContext: the pods' own unless a template sets one (container mode).
     pod_security: dict | None = None
@@ -102,6 +105,7 @@ class Container(NamedTuple):
     from_environment: tuple[str, ...] = ()
     dependencies: tuple[str, ...] = ()  # containerSet only: names that must succeed first
     in_image: InImage | None = None  # container mode: what it runs in its image
+    view: View | None = None  # overlay mode: its own private view (``views``)
 
     @property
     def log(self) -> Path:
@@ -152,6 +156,8 @@ class PodRequest:
     mounts_note: str = ""
     # Container mode (``images``): what the pod's main container runs in its image.
     in_image: InImage | None = None
+    # Overlay mode (``views``): the main container's private view of the whole tree.
+    view: View | None = None
 
     @property
     def log(self) -> Path:
@@ -188,6 +194,14 @@ class PodRequest:
 
     def local(self, container_path: str) -> Path:
         return self.paths.local(container_path)
+
+    def written(self, container_path: str) -> Path | None:
+        """Where the pod left a file or folder it was to write (an output), None if nowhere:
+        in overlay mode its view says (a whiteout is a removal), else its local path."""
+        if self.view is not None:
+            return self.view.find(container_path)
+        local = self.local(container_path)
+        return local if os.path.lexists(local) else None
 
     def output_files(self) -> dict[str, Path]:
         """Output parameter name -> the local file the pod writes it to (``valueFrom.path``)."""
@@ -258,8 +272,16 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     for mount in mounts:
         paths.mount(mount.path, mount.local)
     binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
-    # In a namespace or in the image, the manifest's paths are real: commands keep them.
-    as_written = binds is not None or layout.mounts == "image"
+    view = None
+    if layout.mounts == "overlay":
+        from .views import plan_view  # deferred: only overlay mode pays for it
+
+        view = plan_view(folder, mounts, declared_outputs(tmpl),
+                         str(body.get("workingDir") or folder), folder,
+                         folder / "script" if body_key == "script" and body.get("source")
+                         else None)
+    # In a view, a namespace or the image, the manifest's paths are real: commands keep them.
+    as_written = binds is not None or view is not None or layout.mounts == "image"
     text = PathMap(folder / "fs") if as_written else paths
     argv = [text.rewrite(str(a)) for a in body.get("command") or []]
     script = None
@@ -283,7 +305,9 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         template=template["name"],
         argv=argv,
         env=env,
-        cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
+        # in a view, the process starts in the node folder and its view moves it (``views``)
+        cwd=paths.local(body["workingDir"]) if body.get("workingDir") and view is None
+        else folder,
         folder=folder,
         run_dir=layout.run_dir,
         mounts=mounts,
@@ -293,12 +317,13 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         outputs=tmpl.get("outputs") or {},
         deadline_s=template_deadline(template, local),
         containers=plan_containers(tmpl, body, mounts, folder, layout,
-                                   template.get("securityContext") or layout.pod_security),
+                                   template.get("securityContext") or layout.pod_security, view),
         set_retry=set_retry(tmpl),
         binds=binds,
         working_dir=str(body.get("workingDir") or folder) if binds is not None else "",
         mounts_note=mounts_note,
         in_image=in_image,
+        view=view,
     )
 
 
@@ -331,6 +356,16 @@ def path_variables(template: dict, local: Vars, where: str) -> Vars:
     return found
 
 
+def declared_outputs(tmpl: dict) -> list[str]:
+    """The container paths of a template's output parameters (``valueFrom.path``) and
+    artifacts."""
+    outputs = tmpl.get("outputs") or {}
+    found = [str((p.get("valueFrom") or {}).get("path") or "")
+             for p in outputs.get("parameters") or []]
+    found += [str(a.get("path") or "") for a in outputs.get("artifacts") or []]
+    return [path for path in found if path.startswith("/")]
+
+
 def _input_paths(tmpl: dict) -> list[str]:
     """The container paths of a template's input artifacts."""
     return [str(a["path"]) for a in (tmpl.get("inputs") or {}).get("artifacts") or []
@@ -344,7 +379,8 @@ def namespace_binds(tmpl: dict, body: dict, body_key: str, mounts: list[Mount], 
     if layout.mounts != "namespace":
         return None, ""
     if tmpl.get("initContainers") or tmpl.get("sidecars") or body_key == "containerSet":
-        return None, "paths rewritten: a pod of several containers runs without a namespace"
+        return None, ("paths rewritten: a pod of several containers runs without a namespace "
+                      "(overlay mode gives each container its own view)")
     working_dir = str(body.get("workingDir") or "")
     binds, why = binds_for(mounts, folder, working_dir,
                            body_key == "script" and bool(body.get("source")))
@@ -387,11 +423,14 @@ def set_retry(tmpl: dict) -> SetRetry | None:
 
 
 def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Path,
-                    layout: Layout, pod_security: dict | None = None) -> list[Container]:
+                    layout: Layout, pod_security: dict | None = None,
+                    main_view: View | None = None) -> list[Container]:
     """Init containers (in order), then a containerSet's containers, then sidecars; in
     container mode each with what it runs in its own image (``pod_security``: the pod's
-    securityContext)."""
+    securityContext); in overlay mode each with its own view (the set's ``main`` with the
+    pod's, ``main_view``)."""
     images = layout.mounts == "image"
+    views = main_view is not None
     volumes_only = {"volumes": tmpl.get("volumes") or []}
     # mirrorVolumeMounts: the main container's volume mounts, input artifacts included
     # (workflowpod.go addInitContainers/addSidecars -> mirrorVolumeMounts, called "after all
@@ -405,8 +444,9 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
 
     def plan(body: dict, role: str) -> Container:
         name = str(body.get("name") or "")
+        view = None
         if name == "main" and role == "set":
-            mounts, paths = main_mounts, main_paths
+            mounts, paths, view = main_mounts, main_paths, main_view
         else:
             root = folder / "ctr" / name / "fs"
             mounts = _mounts(volumes_only, body, folder, layout, fs_root=root)
@@ -415,7 +455,13 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             paths = PathMap(root)
             for mount in mounts:
                 paths.mount(mount.path, mount.local)
-        text = PathMap(folder / "fs") if images else paths  # in its image: as written
+            if views:
+                from .views import plan_view
+
+                view = plan_view(root.parent, mounts, [], str(body.get("workingDir") or folder),
+                                 folder)
+        # in its image or its view: as written
+        text = PathMap(folder / "fs") if images or views else paths
         env, from_environment = _environment(body, text)
         in_image = None
         if images:
@@ -429,10 +475,11 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             argv=[text.rewrite(str(a)) for a in body.get("command") or []]
             + [text.rewrite(as_text(a)) for a in body.get("args") or []],
             env=env,
-            cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
+            cwd=paths.local(body["workingDir"]) if body.get("workingDir") and not views
+            else folder,
             folder=folder, mounts=tuple(mounts), from_environment=tuple(from_environment),
             dependencies=tuple(str(d) for d in body.get("dependencies") or []),
-            in_image=in_image)
+            in_image=in_image, view=view)
 
     found = [plan(c, "init") for c in tmpl.get("initContainers") or []]
     container_set = tmpl.get("containerSet")
