@@ -30,17 +30,31 @@ at run time (``os.path.join("/mnt", "x")``) are not rewritten.
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .display import console_reporter, format_table
 from .errors import ManifestError, ParameterError, RunInterrupted
 from .executor import Executor, PodHooks, PodOutcome
 from .fields import CLUSTER_ONLY_FIELDS
-from .harness import NodeView, WorkflowRun, run, run_workflow
 from .local_executor import LocalExecutor
 from .manifest import load_manifest, unsupported_fields
 from .parameter_resolution import resolve_parameters
 from .plan import Mount, PodRequest
 from .run_folder import InterruptedRun, settle_interrupted_runs
 from .run_types import NodeResult, RunEvent, RunOptions, RunResult
+
+# Loaded on first use (PEP 562): `sublimate run FILE` needs neither the harness (Hera, test
+# runs) nor, with -o json, the table.
+_LAZY = {"console_reporter": "display", "format_table": "display", "NodeView": "harness",
+         "WorkflowRun": "harness", "run": "harness", "run_workflow": "harness"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",
