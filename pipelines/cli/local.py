@@ -159,7 +159,7 @@ def command_run(args: argparse.Namespace) -> int:
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
     if args.mounts in ("overlay", "namespace"):  # before a run folder exists
-        from sublimate.pipelines.runner.mounts import NamespaceError, resolve
+        from sublimate.pipelines.runner.mount_modes import NamespaceError, resolve
 
         try:
             resolve(args.mounts, True, args.home, args.home)

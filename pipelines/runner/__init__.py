@@ -23,9 +23,10 @@ volumes live in ``<home>/volumes/<claimName>`` and persist across runs.
 returns a ``WorkflowRun`` to assert on; ``run_workflow`` takes a Hera object too, its parameters
 and options optional (a temporary home). ``sublimate.pipelines.testing`` is the pytest fixture.
 
-Container paths are mapped onto local folders by rewriting the literal paths in commands,
-args, env values, script sources and working directories (see ``paths``); paths computed
-at run time (``os.path.join("/mnt", "x")``) are not rewritten.
+Each pod sees the whole tree through a private writable layer, its folders at the manifest's
+paths (``views``); where that cannot be, in a mount namespace sharing this machine's files
+(``mounts``), or, last, with the literal paths in commands, args, env values, script sources and
+working directories rewritten to local folders (``paths``).
 """
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType

@@ -47,7 +47,7 @@ from .library import ANNOTATION_SCHEDULED_TIME
 from .local_executor import LocalExecutor
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .mounts import Mode, resolve_soon
+from .mount_modes import Mode, resolve_soon
 from .parameter_resolution import resolve_parameters
 from .plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
 from .pod import run_pod

@@ -1,10 +1,14 @@
-"""Real mount paths: a pod in a private mount namespace, its folders at the manifest's paths.
+"""The ``namespace`` mode (``mount_modes``): a pod in a private mount namespace, its folders at
+the manifest's paths, sharing this machine's files.
 
 On Argo a container sees its volumes at their ``mountPath``s, its output files where the
 template declares them, and a script template's source at ``/argo/staging/script``
-(``ExecutorScriptSourcePath``, workflow/common/common.go). The fallback (``paths.PathMap``)
-rewrites those paths where they are spelt out; this module makes them real, so a path built
-at run time (``os.path.join("/mnt", "data")``) or a look at ``/proc/mounts`` finds the mount.
+(``ExecutorScriptSourcePath``, workflow/common/common.go). The ``overlay`` mode (``views``, the
+default where it can be) gives each pod a private view of the whole tree; where it cannot, this
+module's namespaces make the paths real all the same, so a path built at run time
+(``os.path.join("/mnt", "data")``) or a look at ``/proc/mounts`` finds the mount, but the pods
+share the host's files; the last resort (``paths.PathMap``) rewrites the paths where they are
+spelt out.
 
 How (Linux; root, or unprivileged user namespaces):
 
@@ -23,7 +27,9 @@ How (Linux; root, or unprivileged user namespaces):
   the parent hides the host's entries. The cost is one bind per entry of a mirrored folder;
 - the namespace ends with the step's last process: its mounts go with it, on the host there is
   nothing to unmount. The prepared root's mount point is an empty folder in the node folder,
-  removed when the pod ends.
+  removed when the pod ends;
+- the host's entries are listed when the pod is planned: one that another process removes
+  before the pod starts is skipped (``mirror`` steps), not a reason to fail the pod.
 
 All the planning (which folders to mirror, what to bind where) happens in the runner; the
 child only makes system calls through libc functions resolved beforehand, as
@@ -42,9 +48,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import ManifestError
-
-MODES = ("auto", "overlay", "namespace", "rewrite")
 # Argo's script path (workflow/common/common.go: ExecutorScriptSourcePath).
 SCRIPT_PATH = "/argo/staging/script"
 # Exit status of a step whose namespace could not be built (a shell's "cannot execute").
@@ -58,10 +61,6 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
-
-
-class NamespaceError(ManifestError):
-    """``--mounts namespace`` was asked for where this machine cannot make mount namespaces."""
 
 
 class _Libc(NamedTuple):
@@ -126,72 +125,6 @@ def _probe() -> str:
     if os.waitstatus_to_exitcode(status) == 0:
         return ""
     return message or "the probe failed"
-
-
-class Mode(NamedTuple):
-    """How a run's pods find the manifest's paths, and what to tell the user about it once."""
-
-    name: str  # "overlay", "namespace" or "rewrite"
-    note: str = ""
-
-
-# In the home: that pods can have private views on this machine, so a run need not probe.
-VIEWS_PROBE_FILE = ".private-views"
-
-
-def resolve(mode: str, local_executor: bool, folder: Path, home: Path | None = None) -> Mode:
-    """The mode a run uses. ``auto`` is ``overlay`` (a private view of the whole tree per pod:
-    ``views``) where the machine allows it with the run's layers in ``folder``, else
-    ``namespace`` (this module: real paths, the host's files shared), else ``rewrite``, saying
-    why in ``note``; pods that are not local processes (a test's fake executor) use
-    ``rewrite``. A mode asked for where it cannot be done is a ``NamespaceError`` saying why."""
-    if mode not in MODES:
-        raise NamespaceError(f"--mounts must be one of {', '.join(MODES)}, not {mode!r}")
-    if mode == "rewrite" or (mode == "auto" and not local_executor):
-        return Mode("rewrite")
-    no_view = ""
-    if mode in ("auto", "overlay"):
-        from .views import probe  # deferred: only a run that may use views pays for it
-
-        no_view = probe(folder, home / VIEWS_PROBE_FILE if home is not None else None)
-        if not no_view:
-            return Mode("overlay")
-        if mode == "overlay":
-            raise NamespaceError(f"--mounts overlay: pods cannot have private views here "
-                                 f"({no_view}); use --mounts namespace or rewrite")
-    reason = unavailable()
-    if not reason:
-        return Mode("namespace", f"pods share this machine's files (no private view per pod "
-                                 f"here: {no_view}); outputs are read where they were written"
-                    if no_view else "")
-    if mode == "namespace":
-        raise NamespaceError(f"--mounts namespace: mount namespaces are not available here "
-                             f"({reason}); use --mounts rewrite")
-    return Mode("rewrite", f"pods share this machine's files and see the manifest's paths "
-                           f"only where written (no private view: {no_view}; no mount "
-                           f"namespace: {reason})")
-
-
-def resolve_soon(mode: str, local_executor: bool, folder: Path, home: Path
-                 ) -> Callable[[], Mode]:
-    """``resolve`` while the run starts: ``auto`` probes in a thread (each probe forks a child
-    that builds a namespace, a few ms, more on a busy machine) and the first pod waits for it;
-    a mode asked for is resolved now, so that one this machine cannot give stops the run
-    before it starts."""
-    if mode != "auto" or not local_executor:
-        known = resolve(mode, local_executor, folder, home)
-        return lambda: known
-    found: list[Mode] = []
-    thread = threading.Thread(target=lambda: found.append(resolve(mode, True, folder, home)),
-                              name="mounts-probe", daemon=True)
-    thread.start()
-
-    def result() -> Mode:
-        thread.join()
-        return found[0] if found else Mode("rewrite", "pods see the manifest's paths only "
-                                                     "where written (the probe failed)")
-
-    return result
 
 
 def _check(libc: _Libc, result: int, what: str) -> None:

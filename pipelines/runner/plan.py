@@ -1,8 +1,9 @@
 """What a pod runs, as plain data: one container/script template invocation, fully resolved.
 
 ``plan_pod`` turns a template, its variables and the run's folder layout into a ``PodRequest``:
-the command line with its ``{{...}}`` variables substituted and its container paths rewritten to
-local folders (see ``paths``), the environment the template sets, the working directory, the
+the command line with its ``{{...}}`` variables substituted (its container paths as written
+where the pod sees them at those paths: its private view, ``views``; else rewritten to local
+folders, ``paths``), the environment the template sets, the working directory, the
 mounts, the input artifacts to place, the outputs to read back and the deadline. It reads and
 writes nothing, so a dry run shows exactly what a run would start, and an executor gets all it
 needs in one value (see ``executor``). A pod with init containers, sidecars or a

@@ -8,12 +8,14 @@ namespace of its own (``--mounts overlay``, the default where the machine allows
 - the host's filesystems read-only under a writable layer of the pod's own (overlayfs:
   ``lowerdir`` the host's folder, ``upperdir`` the pod's ``fs/`` in its node folder, mount
   option ``volatile``: the layer is disposable, so its unmount never waits for the disk). The
-  root filesystem gets one, and so does every other disk or tmpfs filesystem mounted on the
-  host (``/tmp`` on a tmpfs, ``/home`` on its own disk); what is not a plain folder tree
-  (``/proc``, ``/sys``, ``/dev``, a file mounted over a file) is bound as it is;
-- the template's volumes, input artifacts, the script (``/argo/staging/script``) and the
-  termination-message file bound at their real paths (a mount point the view lacks is made in
-  the view, so in the pod's layer: nothing is created on the host);
+  root filesystem gets one, and so does every other disk or tmpfs filesystem mounted whole on
+  the host (``/tmp`` on a tmpfs, ``/home`` on its own disk); anything else (``/proc``, ``/sys``,
+  ``/dev``, a folder or file bound from elsewhere) is bound as it is;
+- the template's volumes, the script (``/argo/staging/script``) and the node folder (the
+  default working directory, which holds the termination-message file) bound at their real
+  paths (a mount point the view lacks is made in the view, so in the pod's layer: nothing is
+  created on the host); input artifacts are loaded into the pod's layer at their paths (a
+  sidecar sees the main container's through binds);
 - a declared output (``outputs.parameters[].valueFrom.path``, ``outputs.artifacts[].path``)
   that exists on the host is masked before the pod starts (a whiteout for a file, an empty
   opaque folder for a folder): a fresh image would not have it, so an output the pod does not
@@ -23,7 +25,9 @@ namespace of its own (``--mounts overlay``, the default where the machine allows
 A pod's writes outside its volumes land in its ``fs/`` (the upper layer, laid out by container
 path), and the pod sees nobody else's. The runner reads outputs there afterwards (``find``:
 under a bound folder, at its host folder; elsewhere in ``fs/``, a whiteout meaning removed),
-and ``fs/`` stays in the node folder for a look at what the pod wrote.
+and ``fs/`` stays in the node folder for a look at what the pod wrote. The mount point and the
+overlay's work folders stay too, in ``.view/``: nothing waits for the kernel to tear a pod's
+namespace down (an rmdir of the mount point would, tens of ms on a busy machine).
 
 Nothing about the host's folders is listed when a pod is planned (today's fallback, ``mounts``,
 binds each entry of a host folder it mirrors, which races with whoever removes one), so a run

@@ -143,7 +143,7 @@ def test_a_file_directly_in_a_host_folder_is_rewritten(tmp_path: Path,
 
 
 def test_auto_with_a_fake_executor_rewrites(tmp_path: Path) -> None:
-    from sublimate.pipelines.runner.mounts import resolve
+    from sublimate.pipelines.runner.mount_modes import resolve
     from sublimate.pipelines.runner.views import probe
 
     assert resolve("auto", False, tmp_path).name == "rewrite"

@@ -23,6 +23,7 @@ from sublimate.pipelines.runner import (
     RunEvent,
     RunOptions,
     load_manifest,
+    mount_modes,
     mounts,
     run_workflow,
     views,
@@ -39,18 +40,20 @@ def overlay(tmp_path: Path) -> None:
     require(not _probe(tmp_path), f"no private views here: {_probe(tmp_path)}")
 
 
-def _mountinfo() -> list[str]:
-    return sorted(Path("/proc/self/mountinfo").read_text().splitlines())
+WATCHED = ("/result.txt", "/mnt/out", "/tmp/shared-by-nobody", "/outputs")
 
 
 @pytest.fixture
-def host_untouched() -> Iterator[None]:
-    """Nothing mounted, and nothing made at the paths these manifests write, by a run."""
-    watched = [Path(p) for p in ("/result.txt", "/mnt/out", "/tmp/shared-by-nobody",
-                                 "/outputs")]
-    before = _mountinfo(), [p.exists() for p in watched]
+def host_untouched(tmp_path: Path) -> Iterator[None]:
+    """Nothing made at the paths these manifests write, and nothing of a run mounted on the
+    host (its views live in their pods' namespaces). Other mounts may come and go: the machine
+    is shared."""
+    before = [Path(p).exists() for p in WATCHED]
     yield
-    assert (_mountinfo(), [p.exists() for p in watched]) == before
+    assert [Path(p).exists() for p in WATCHED] == before
+    mounted = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+               if str(tmp_path) in line or any(f" {p} " in line for p in WATCHED)]
+    assert mounted == []
 
 
 def _run(text: str, home: Path, mode: str = "auto", events: list[RunEvent] | None = None):
@@ -202,22 +205,53 @@ def test_containers_of_a_pod_share_volumes_not_files(tmp_path: Path, overlay: No
 
 def test_overlay_asked_for_where_it_cannot_be_is_refused(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(views, "probe", lambda folder: "no overlayfs in this kernel")
-    with pytest.raises(mounts.NamespaceError, match="no overlayfs in this kernel"):
-        mounts.resolve("overlay", True, tmp_path)
+    monkeypatch.setattr(mount_modes, "probe", lambda *_: "no overlayfs in this kernel")
+    with pytest.raises(mount_modes.NamespaceError, match="no overlayfs in this kernel"):
+        mount_modes.resolve("overlay", True, tmp_path)
 
 
+SHARED = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {{name: shared}}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    steps:
+    - - name: each
+        template: write
+        arguments: {{parameters: [{{name: n, value: "{{{{item}}}}"}}]}}
+        withItems: [a, b]
+  - name: write
+    inputs: {{parameters: [{{name: n}}]}}
+    container:
+      command: [sh, -c]
+      args: ["mkdir -p {folder} && touch {folder}/{{{{inputs.parameters.n}}}} && sleep 0.5 &&
+              ls {folder} | wc -l"]
+"""
+
+
+@pytest.mark.parametrize("views_here", [True, False])
 def test_without_views_the_run_falls_back_and_says_so_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(views, "probe", lambda folder: "no overlayfs in this kernel")
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, views_here: bool,
+        host_untouched: None) -> None:
+    if views_here:
+        require(not _probe(tmp_path), f"no private views here: {_probe(tmp_path)}")
+    else:
+        monkeypatch.setattr(mount_modes, "probe", lambda *_: "no overlayfs in this kernel")
     events: list[RunEvent] = []
-    result = _run(LOOP, tmp_path, events=events)
+    result = _run(SHARED.format(folder=tmp_path / "seen"), tmp_path / "home", events=events)
+    assert result.phase == "Succeeded", result.message
     notes = [e.message for e in events if e.kind == "note"]
-    assert len(notes) == 1 and "no overlayfs in this kernel" in notes[0]
-    assert "pods share this machine's files" in notes[0]
-    # today's behaviour: the output's folder is made for the pod, so its mkdir fails
-    assert result.phase == "Failed"
-    assert "File exists" in (result.run_dir / "nodes").glob("map*/main.log").__next__().read_text()
+    seen = {n.result for n in result.nodes if n.display_name.startswith("each(")}
+    if views_here:
+        assert notes == [] and seen == {"1"}  # each pod sees only its own file
+        assert not (tmp_path / "seen").exists()
+    else:
+        assert len(notes) == 1 and "no overlayfs in this kernel" in notes[0]
+        assert "pods share this machine's files" in notes[0]
+        assert seen == {"2"}  # today's behaviour: both write the host's folder
 
 
 @pytest.mark.parametrize("mode", ["auto", "namespace"])
