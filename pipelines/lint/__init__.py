@@ -11,23 +11,10 @@ difflib are imported inside the functions that need them.
 
 from sublimate.pipelines.argo_terms import DEPENDS_RESULTS
 
+from .files import is_argo_document, lint_document, lint_files, lint_paths
 from .problems import ARGO_KINDS, LintProblem
-
-# Loaded on first use (PEP 562): `sublimate run` checks a manifest's semantics only, and
-# importing them must not bring the file reader and the schema layer along.
-_LAZY = {"is_argo_document": "files", "lint_document": "files", "lint_files": "files",
-         "lint_paths": "files", "schema_problems": "schema", "semantic_problems": "semantics"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from .schema import schema_problems
+from .semantics import semantic_problems
 
 __all__ = [
     "ARGO_KINDS",

@@ -100,10 +100,18 @@ def _probe() -> str:
     if not hasattr(os, "fork") or not Path("/proc/self/mountinfo").exists():
         return "not Linux"
     try:
-        libc = _resolve_libc()
+        _resolve_libc()
     except (OSError, AttributeError) as exc:
         return f"no libc mount functions ({exc})"
-    uid, gid = os.geteuid(), os.getegid()
+    return try_in_child([("tmpfs", b"/proc"), ("bind", b"/dev", b"/proc")], _run_step,
+                        os.geteuid(), os.getegid())
+
+
+def try_in_child(steps: list[tuple], run_step: Callable[[_Libc, tuple], None], uid: int,
+                 gid: int) -> str:
+    """Run the steps in a forked child that leaves the runner's mount namespace first (what a
+    probe does): "" when they all worked, else what failed."""
+    libc = _resolve_libc()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -111,8 +119,8 @@ def _probe() -> str:
         try:
             os.close(read_fd)
             _enter(libc, uid, gid)
-            _check(libc, libc.mount(b"none", b"/proc", b"tmpfs", 0, None), "tmpfs")
-            _check(libc, libc.mount(b"/dev", b"/proc", None, _MS_BIND | _MS_REC, None), "bind")
+            for step in steps:
+                run_step(libc, step)
             code = 0
         except OSError as exc:
             os.write(write_fd, str(exc).encode())
@@ -317,18 +325,26 @@ def setup(namespace: Namespace, termination_log: Path) -> Callable[[], None]:
     """The function the forked child runs before ``exec`` (after ``PR_SET_PDEATHSIG``): it
     builds the namespace; on failure it says why on stderr and in the termination log and
     exits with ``SETUP_FAILED``, so the node fails with that message."""
+    return in_child(namespace.steps, _run_step, termination_log, "mount namespace",
+                    os.geteuid(), os.getegid())
+
+
+def in_child(steps: tuple | list, run_step: Callable[[_Libc, tuple], None],
+             termination_log: Path, what: str, uid: int, gid: int) -> Callable[[], None]:
+    """The function a forked child runs before ``exec``: leave the runner's mount namespace,
+    then ``run_step`` each planned step; on failure say why (``what: ...``) on stderr and in
+    the termination log and exit with ``SETUP_FAILED``, so the node fails with that message.
+    Everything it uses is resolved here, in the runner."""
     libc = _resolve_libc()
-    uid, gid = os.geteuid(), os.getegid()
-    steps = namespace.steps
     log = os.fsencode(termination_log)
 
     def build() -> None:
         try:
             _enter(libc, uid, gid)
             for step in steps:
-                _run_step(libc, step)
+                run_step(libc, step)
         except OSError as exc:
-            message = f"mount namespace: {exc}\n".encode()
+            message = f"{what}: {exc}\n".encode()
             os.write(2, message)
             try:
                 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

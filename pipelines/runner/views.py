@@ -55,17 +55,15 @@ from typing import NamedTuple
 from .artifacts import Input, load_input
 from .mounts import (
     _MS_BIND,
-    _MS_RDONLY,
-    _MS_REC,
-    _MS_REMOUNT,
     SCRIPT_PATH,
-    SETUP_FAILED,
     Bind,
     _check,
-    _enter,
     _Libc,
     _resolve_libc,
+    in_child,
+    try_in_child,
 )
+from .mounts import _run_step as run_mount_step
 
 # Filesystems a private layer goes over (a plain tree of folders and files, writable, mounted
 # whole); any other mount (proc, sysfs, devtmpfs, cgroup, a read-only, special or bind mount) is
@@ -273,7 +271,7 @@ def _probe(folder: Path) -> str:
         with open("/proc/filesystems", encoding="utf-8") as known:
             if "overlay" not in known.read().split():
                 return "no overlayfs in this kernel"
-        libc = _resolve_libc()
+        _resolve_libc()
         mounts = run_host_mounts()
     except (OSError, AttributeError) as exc:
         return f"cannot read this machine's mounts ({exc})"
@@ -284,28 +282,9 @@ def _probe(folder: Path) -> str:
     except OSError as exc:
         shutil.rmtree(view.folder, ignore_errors=True)
         return f"cannot make a layer in {folder} ({exc.strerror or exc})"
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        code = 1
-        try:
-            os.close(read_fd)
-            _enter(libc, 0, 0)
-            for step in steps:
-                _run_step(libc, step)
-            code = 0
-        except OSError as exc:
-            os.write(write_fd, str(exc).encode())
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        message = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
+    failed = try_in_child(steps, _run_step, 0, 0)
     _remove_later(view.folder)
-    if os.waitstatus_to_exitcode(status) == 0:
-        return ""
-    return message or "the probe failed"
+    return failed
 
 
 def _remove_later(folder: Path) -> None:
@@ -393,7 +372,7 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
         point = os.fsencode(mount.point)
         target = root if mount.point == "/" else root + point
         if not mount.layered:
-            steps.append(("host", point, target))
+            steps.append(("host-bind", point, target))
             continue
         layer = upper if mount.point == "/" else upper + point
         layer_work = work / str(index)
@@ -407,70 +386,47 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
         resolved = os.path.join(os.path.realpath(os.path.dirname(bind.target.rstrip("/"))),
                                 os.path.basename(bind.target.rstrip("/")))
         target = root + os.fsencode(resolved)
-        steps.append(("mkdir" if bind.source.is_dir() else "touch", target))
-        # Not recursive for the node folder: its mount point .root holds the view itself.
+        steps.append(("mkdirs" if bind.source.is_dir() else "touch-path", target))
+        # Not recursive for the node folder: its .view/root holds the view itself.
         steps.append(("bind" if bind.recursive else "flat-bind", os.fsencode(bind.source),
                       target))
         if bind.read_only:
             steps.append(("readonly", target))
     steps.append(("chroot", root))
-    steps.append(("mkdir", os.fsencode(view.cwd)))
+    steps.append(("mkdirs", os.fsencode(view.cwd)))
     steps.append(("chdir", os.fsencode(view.cwd)))
     return steps
 
 
 def setup(view: View, termination_log: Path) -> Callable[[], None]:
-    """Prepare the view (the layer, the masks) and return what the forked child runs before
+    """Prepare the view (the layers, the masks) and return what the forked child runs before
     ``exec`` (after ``PR_SET_PDEATHSIG``): it builds the view; on failure it says why on stderr
     and in the termination log and exits with ``SETUP_FAILED``, so the node fails with it."""
-    libc = _resolve_libc()
     mounts = run_host_mounts()
     _prepare(view, mounts)
-    steps = _steps(view, mounts, _fresh_work(view))
-    log = os.fsencode(termination_log)
-
-    def build() -> None:
-        try:
-            _enter(libc, 0, 0)
-            for step in steps:
-                _run_step(libc, step)
-        except OSError as exc:
-            message = f"private view: {exc}\n".encode()
-            os.write(2, message)
-            try:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.write(fd, message)
-                os.close(fd)
-            except OSError:
-                pass
-            os._exit(SETUP_FAILED)
-
-    return build
+    return in_child(_steps(view, mounts, _fresh_work(view)), _run_step, termination_log,
+                    "private view", 0, 0)
 
 
 def _run_step(libc: _Libc, step: tuple) -> None:
+    """One step in the child; binds, read-only remounts, ``chroot`` and ``chdir`` as the
+    mirrored namespaces make them (``mounts``)."""
     kind = step[0]
-    if kind.startswith("host"):
+    if kind.startswith("host-"):
         # A mount of the host's listed when the run began: one unmounted since is gone from
         # the view too, as it is from the host (ENOENT), not a reason to fail the pod.
         with contextlib.suppress(FileNotFoundError):
-            _run_step(libc, (kind.removeprefix("host").lstrip("-") or "rbind", *step[1:]))
+            _run_step(libc, (kind.removeprefix("host-"), *step[1:]))
     elif kind == "overlay":
         _check(libc, libc.mount(b"overlay", step[1], b"overlay", 0, step[2]),
                f"overlay on {os.fsdecode(step[1])}")
-    elif kind in ("rbind", "bind", "flat-bind"):
-        flags = _MS_BIND if kind == "flat-bind" else _MS_BIND | _MS_REC
-        _check(libc, libc.mount(step[1], step[2], None, flags, None),
+    elif kind == "flat-bind":
+        _check(libc, libc.mount(step[1], step[2], None, _MS_BIND, None),
                f"bind {os.fsdecode(step[1])}")
-    elif kind == "readonly":
-        _check(libc, libc.mount(None, step[1], None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None),
-               f"read-only {os.fsdecode(step[1])}")
-    elif kind == "mkdir":
+    elif kind == "mkdirs":
         os.makedirs(step[1], 0o755, exist_ok=True)
-    elif kind == "touch":
+    elif kind == "touch-path":
         os.makedirs(os.path.dirname(step[1]), 0o755, exist_ok=True)
         os.close(os.open(step[1], os.O_WRONLY | os.O_CREAT, 0o644))
-    elif kind == "chroot":
-        _check(libc, libc.chroot(step[1]), "chroot")
-    elif kind == "chdir":
-        os.chdir(step[1])
+    else:
+        run_mount_step(libc, step)
