@@ -138,8 +138,9 @@ def run_host_mounts() -> tuple[HostMount, ...]:
 
 
 class View(NamedTuple):
-    """One container's private view: its folder (``fs/``, the upper layer, and the mount point
-    ``.root``), what is bound where, the declared outputs to mask, and the working directory."""
+    """One container's private view: its folder (``fs/``, its layer; ``.view/``, the mount
+    point and the work folders), what is bound where, the declared outputs (masked where the
+    host has them, read from the layer), and the working directory."""
 
     folder: Path
     binds: tuple[Bind, ...]
