@@ -167,8 +167,6 @@ class Bind(NamedTuple):
     target: str
     source: Path
     read_only: bool = False
-    recursive: bool = True  # with the mounts below the source (a private view's node folder:
-    # not, since its mount point holds the view)
 
 
 class Namespace(NamedTuple):

@@ -277,8 +277,8 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     if layout.mounts == "overlay":
         from .views import plan_view  # deferred: only overlay mode pays for it
 
-        view = plan_view(folder, mounts, declared_outputs(tmpl),
-                         str(body.get("workingDir") or folder), folder,
+        view = plan_view(folder, mounts, declared_outputs(tmpl), str(body.get("workingDir") or ""),
+                         folder / "termination-log",
                          folder / "script" if body_key == "script" and body.get("source")
                          else None)
     # In a view, a namespace or the image, the manifest's paths are real: commands keep them.
@@ -459,8 +459,8 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             if views:
                 from .views import plan_view
 
-                view = plan_view(root.parent, mounts, [], str(body.get("workingDir") or folder),
-                                 folder)
+                view = plan_view(root.parent, mounts, [], str(body.get("workingDir") or ""),
+                                 folder / f"{name}.termination-log")
         # in its image or its view: as written
         text = PathMap(folder / "fs") if images or views else paths
         env, from_environment = _environment(body, text)

@@ -11,16 +11,16 @@ namespace of its own (``--mounts overlay``, the default where the machine allows
   root filesystem gets one, and so does every other disk or tmpfs filesystem mounted whole on
   the host (``/tmp`` on a tmpfs, ``/home`` on its own disk); anything else (``/proc``, ``/sys``,
   ``/dev``, a folder or file bound from elsewhere) is bound as it is;
-- the template's volumes, the script (``/argo/staging/script``) and the node folder (the
-  default working directory, which holds the termination-message file) bound at their real
-  paths (a mount point the view lacks is made in the view, so in the pod's layer: nothing is
-  created on the host); input artifacts are loaded into the pod's layer at their paths (a
-  sidecar sees the main container's through binds);
+- the template's volumes, the script (``/argo/staging/script``) and the termination-message
+  file bound at their real paths (a mount point the view lacks is made in the view, so in the
+  pod's layer: nothing is created on the host); input artifacts are loaded into the pod's
+  layer at their paths (a sidecar sees the main container's through binds);
 - a declared output (``outputs.parameters[].valueFrom.path``, ``outputs.artifacts[].path``)
   that exists on the host is masked before the pod starts (a whiteout for a file, an empty
   opaque folder for a folder): a fresh image would not have it, so an output the pod does not
   write is missing, as on Argo, rather than read from the host;
-- ``chroot`` into the view, then the working directory (made in the view if need be).
+- ``chroot`` into the view, then the working directory: ``workingDir``, else ``/`` as in an
+  image that sets none (made in the view if need be).
 
 A pod's writes outside its volumes land in its ``fs/`` (the upper layer, laid out by container
 path), and the pod sees nobody else's. The runner reads outputs there afterwards (``find``:
@@ -54,7 +54,6 @@ from typing import NamedTuple
 
 from .artifacts import Input, load_input
 from .mounts import (
-    _MS_BIND,
     SCRIPT_PATH,
     Bind,
     _check,
@@ -182,23 +181,24 @@ class View(NamedTuple):
         return current
 
 
-def plan_view(folder: Path, mounts: list, outputs: list[str], cwd: str, node: Path,
-              script: Path | None = None) -> View:
+def plan_view(folder: Path, mounts: list, outputs: list[str], working_dir: str,
+              termination_log: Path, script: Path | None = None) -> View:
     """A container's view, planned from what its template declares (``mounts``:
-    ``plan.Mount``s; ``folder`` holds its layer: the node folder ``node`` for a pod's main
-    container). Bound: the node folder itself, so that what a step writes in its default
-    working directory (and its termination message) stays in the run folder, as before; what
-    lives elsewhere than its layer (volumes, a main container's input artifacts seen from a
-    sidecar); the script. Outputs not under a bind are masked where the host has them."""
+    ``plan.Mount``s; ``folder`` holds its layer, the node folder for a pod's main container).
+    Bound: what lives elsewhere than its layer (volumes, a main container's input artifacts
+    seen from a sidecar), the script, and the termination-message file (at its own path, which
+    ``$SUBLIMATE_TERMINATION_LOG`` names). The working directory is ``workingDir``, else ``/``,
+    as in an image that sets none (Argo's examples write ``result.txt`` there and declare
+    ``/result.txt``). Outputs not under a bind are masked where the host has them."""
     upper = folder / "fs"
-    binds = [Bind(str(node), node, recursive=False)]
-    binds += [Bind(m.path, m.local, m.read_only) for m in mounts
-              if not m.local.is_relative_to(upper)]
+    binds = [Bind(m.path, m.local, m.read_only) for m in mounts
+             if not m.local.is_relative_to(upper)]
+    binds.append(Bind(str(termination_log), termination_log))
     if script is not None:
         binds.append(Bind(SCRIPT_PATH, script, read_only=True))
     kept = sorted(binds, key=lambda b: (b.target.rstrip("/").count("/"), b.target))
     outputs = [path for path in outputs if not any(_under(path, b.target) for b in kept)]
-    return View(folder, tuple(kept), tuple(dict.fromkeys(outputs)), cwd or "/")
+    return View(folder, tuple(kept), tuple(dict.fromkeys(outputs)), working_dir or "/")
 
 
 def _under(path: str, folder: str) -> bool:
@@ -388,9 +388,7 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
                                 os.path.basename(bind.target.rstrip("/")))
         target = root + os.fsencode(resolved)
         steps.append(("mkdirs" if bind.source.is_dir() else "touch-path", target))
-        # Not recursive for the node folder: its .view/root holds the view itself.
-        steps.append(("bind" if bind.recursive else "flat-bind", os.fsencode(bind.source),
-                      target))
+        steps.append(("bind", os.fsencode(bind.source), target))
         if bind.read_only:
             steps.append(("readonly", target))
     steps.append(("chroot", root))
@@ -405,6 +403,7 @@ def setup(view: View, termination_log: Path) -> Callable[[], None]:
     and in the termination log and exits with ``SETUP_FAILED``, so the node fails with it."""
     mounts = run_host_mounts()
     _prepare(view, mounts)
+    termination_log.touch()  # bound in the view: what the pod writes there reaches the host
     return in_child(_steps(view, mounts, _fresh_work(view)), _run_step, termination_log,
                     "private view", 0, 0)
 
@@ -421,9 +420,6 @@ def _run_step(libc: _Libc, step: tuple) -> None:
     elif kind == "overlay":
         _check(libc, libc.mount(b"overlay", step[1], b"overlay", 0, step[2]),
                f"overlay on {os.fsdecode(step[1])}")
-    elif kind == "flat-bind":
-        _check(libc, libc.mount(step[1], step[2], None, _MS_BIND, None),
-               f"bind {os.fsdecode(step[1])}")
     elif kind == "mkdirs":
         os.makedirs(step[1], 0o755, exist_ok=True)
     elif kind == "touch-path":

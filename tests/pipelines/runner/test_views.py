@@ -75,10 +75,16 @@ spec:
       - {name: said, valueFrom: {path: /result.txt}}
       artifacts:
       - {name: result, path: /result.txt, archive: {none: {}}}
-    container:
-      image: alpine
-      command: [sh, -c]
-      args: ["echo 'hello from the root' | tee /tmp/shared-by-nobody > /result.txt"]
+    script:
+      image: python:alpine3.23
+      command: [python]
+      # as Argo's conditional-artifacts example: a relative path, in the image's working
+      # directory (/), declared as /result.txt
+      source: |
+        import os
+        open("result.txt", "w").write("hello from the root\\n")
+        open("/tmp/shared-by-nobody", "w").write(open("/result.txt").read())
+        print(os.getcwd())
 """
 
 
@@ -87,6 +93,7 @@ def test_a_step_writes_its_output_artifact_at_the_root(tmp_path: Path, overlay: 
     result = _run(RESULT_FILE, tmp_path)
     assert result.phase == "Succeeded", result.message
     node = result.node("result")
+    assert node.result == "/"
     assert node.parameters == {"said": "hello from the root"}
     assert Path(node.artifacts["result"]).read_text() == "hello from the root\n"
     # what the pod wrote outside its volumes is in its own layer, by container path
