@@ -14,7 +14,10 @@ alike), and prints medians with their spread:
   of its own:
   ``python -m venv .venv-kfp && .venv-kfp/bin/pip install kfp``;
 - with ``--baseline-python PY``: ``sublimate run`` again under another interpreter whose
-  ``sublimate`` is an older tree (a before/after comparison in one run).
+  ``sublimate`` is an older tree (a before/after comparison in one run). One way:
+  ``git archive REV | tar -x -C /tmp/old``, ``python -m venv /tmp/old/.venv``,
+  ``/tmp/old/.venv/bin/pip install --no-deps -e /tmp/old`` and a ``.pth`` file in its
+  site-packages naming this venv's site-packages (for the dependencies).
 
 The ratio that matters is ``sublimate run`` (echo steps) over KFP local, computed per round (both
 ran within a second of each other) and given as the median of those ratios. The machines are
@@ -198,20 +201,19 @@ def main() -> None:
     print(f"three trivial steps, {args.repeat} interleaved rounds, median [IQR; min-max] in s")
     print(f"load average (1, 5, 15 min): {before} before, {after} after")
     for name, values in times.items():
-        print(f"  {name:30s} {statistics.median(values):6.3f}  {spread(values)}")
-    echo = times["sublimate run, echo steps"]
-    for other in ("kfp.local, python steps", "baseline, echo steps"):
-        if other in times:
-            ratios = [a / b for a, b in zip(echo, times[other], strict=True)]
-            print(f"  sublimate (echo) / {other:24s} {statistics.median(ratios):5.2f}  "
+        print(f"  {name:42s} {statistics.median(values):5.3f}  {spread(values)}")
+    kfp = times.get("kfp.local, python steps")
+    for name in ("sublimate run, echo steps", "sublimate run, python steps",
+                 "baseline, echo steps"):
+        if kfp is not None and name in times:
+            ratios = [a / b for a, b in zip(times[name], kfp, strict=True)]
+            print(f"  {name + ' / kfp.local':42s} {statistics.median(ratios):5.2f}  "
                   f"[{min(ratios):.2f}-{max(ratios):.2f}] per round")
-    if "kfp.local, python steps" in times:
-        python_steps = times["sublimate run, python steps"]
-        ratios = [a / b for a, b in zip(python_steps, times["kfp.local, python steps"],
-                                        strict=True)]
-        print(f"  sublimate (python) / kfp.local            {statistics.median(ratios):5.2f}  "
+    if "baseline, echo steps" in times:
+        ratios = [a / b for a, b in zip(times["sublimate run, echo steps"],
+                                        times["baseline, echo steps"], strict=True)]
+        print(f"  {'sublimate run / baseline, echo steps':42s} {statistics.median(ratios):5.2f}  "
               f"[{min(ratios):.2f}-{max(ratios):.2f}] per round")
-
 
 if __name__ == "__main__":
     main()
