@@ -89,8 +89,15 @@ def _cli(home: Path, manifest: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _in_working_dir(run_dir: Path, node_prefix: str, name: str) -> list[Path]:
+    """A file a step wrote in its working directory: ``/`` in its view (so in its layer,
+    ``fs/``), its node folder where it shares this machine's files."""
+    return [*run_dir.glob(f"nodes/{node_prefix}*/fs/{name}"),
+            *run_dir.glob(f"nodes/{node_prefix}*/{name}")]
+
+
 def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
-    for path in run_dir.glob(f"nodes/{node_prefix}*/pid"):
+    for path in _in_working_dir(run_dir, node_prefix, "pid"):
         with contextlib.suppress(ValueError, OSError):
             return int(path.read_text())
     return None
@@ -207,7 +214,7 @@ def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
         runner.communicate(timeout=30)
         # PR_SET_PDEATHSIG: the step gets the SIGTERM that a stop would have sent it.
         wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
-        assert (next(run_dir.glob("nodes/orphan*/got-sigterm"))).read_text() == "yes"
+        assert _in_working_dir(run_dir, "orphan", "got-sigterm")[0].read_text() == "yes"
     finally:
         if runner.poll() is None:
             runner.kill()
