@@ -8,6 +8,7 @@ the ``{{...}}`` tag pattern, and the annotation that carries sublimate's paramet
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -64,6 +65,22 @@ FAILURE_HANDLING_RESULTS = frozenset({"Failed", "Errored", "AnySucceeded", "AllF
 TAG = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 # `{{=...}}`: an expression tag (expr-lang), not a plain variable reference.
 EXPRESSION_TAG = re.compile(r"\{\{=")
+
+# validate.go paramRegex: a DAG target holding a simple tag is checked once substituted.
+PARAMETER_TAG = re.compile(r"\{\{[-a-zA-Z0-9]+(\.[-a-zA-Z0-9_]+)*\}\}")
+
+
+def unknown_targets(target: str, tasks: Iterable[str]) -> list[str]:
+    """The names in a DAG's ``target`` that name no task, as Argo reads them (validate.go
+    ``validateDAGTargets``, dag.go ``executeDAG``): split on single spaces, so two spaces (or
+    one at either end) give an empty name, which names no task; a name holding a parameter tag
+    is skipped (it is checked once substituted)."""
+    if not target:
+        return []
+    known = set(tasks)
+    return [name for name in target.split(" ")
+            if name not in known and not PARAMETER_TAG.search(name)]
+
 
 # Workflow annotation with the JSON types and bounds of the parameters (Argo ignores it; the
 # local runner and `sublimate submit` check it before a run starts).

@@ -7,15 +7,32 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import pytest
 
+from sublimate.components.launch.job_reaper import JobReaper
 from tests.s3_server import S3Server, seaweedfs, weed_binary
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+# Every process a test starts (a server, a run, a helper, and whatever those start) inherits
+# this test session's mark in its environment, and a reaper outside the session SIGKILLs every
+# marked process when pytest ends, however it ends: a CI time limit's SIGKILL included.
+TEST_MARK_ENV = "SUBLIMATE_TEST_SESSION"
+_session_reaper = JobReaper(TEST_MARK_ENV)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _session_reaper.start()  # before the mark is set: the reaper itself is not marked
+    os.environ[TEST_MARK_ENV] = _session_reaper.mark
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _session_reaper.close()  # what a test left running ends now, not at the machine's reboot
 
 
 def in_ci() -> bool:
@@ -49,6 +66,17 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "home"
     monkeypatch.setenv("SUBLIMATE_HOME", str(folder))
     return folder
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll ``condition`` until it returns something true, and return that; fail after
+    ``timeout`` seconds (a cap on a failure's wait, never how long things take)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,

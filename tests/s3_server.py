@@ -90,8 +90,11 @@ def seaweedfs(workdir: Path, timeout: float = 30.0) -> Iterator[S3Server]:
         f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
     ]
     log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - closed in finally
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    # SIGKILLed by the kernel when the thread that starts it ends (PR_SET_PDEATHSIG): a killed
+    # benchmark leaves no server behind either (a test run's reaper, tests/conftest.py, would
+    # end it anyway).
+    process = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *command], stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{s3}")
     try:
         _wait_ready(server, process, timeout, workdir / "weed.log")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,8 @@ def replace_atomically(path: Path, write: Any) -> None:
     """Write ``path`` by calling ``write(stream)`` on a binary temporary file beside it; flush
     it, rename it over ``path`` and flush the folder. A crash at any moment leaves the old file
     or the new one, never a part; the temporary file is removed when ``write`` raises."""
+    import tempfile  # here: the local runner imports this module and never calls this
+
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

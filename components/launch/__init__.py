@@ -9,8 +9,10 @@ end. Never imports torch (everything before the job is submitted is the user's w
 - :mod:`.cluster_job`: the TorchX runner and the job's name on a cluster;
 - :mod:`.gpu_plan`: how simulated nodes share this host's GPUs;
 - :mod:`.run_lock`: one launcher per run folder;
-- :mod:`.netns_scheduler`: the ``local_netns`` TorchX scheduler (a cluster on one machine), and
-  :mod:`.faults`: the faults it can inject.
+- :mod:`.job_reaper`: a ``local_cwd`` job's processes end with its launcher, however it ends;
+- :mod:`.netns_scheduler`: the ``local_netns`` TorchX scheduler (a cluster on one machine),
+  :mod:`.cpu_cgroups`: its nodes' cpu groups (cgroup v1 or v2), and :mod:`.faults`: the faults
+  it can inject.
 
 A launcher feature (a process beside the job, a restart policy) is a module here, wired into
 :func:`.launcher.launch` or :func:`.launcher.run_attempt`.

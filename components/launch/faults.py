@@ -13,17 +13,18 @@ from its run folder. This module reads that file and acts on the cluster it desc
   node with it (the replica fails);
 * :func:`cut_link` (blocks) or :func:`link_down` / :func:`link_up` -- take a node's link down on
   the bridge side, so nothing reaches the node and nothing leaves it, then bring it back;
-* :func:`slow_node` / :func:`restore_node` -- a CPU quota (cgroup v1 ``cpu`` controller) on every
-  process of the node, present and future, or extra delay on its link where the kernel has
-  ``netem``; :func:`restore_node` undoes both, and the job's end always does;
+* :func:`slow_node` / :func:`restore_node` -- a CPU quota (cgroup v1 or v2:
+  :mod:`.cpu_cgroups`) on every process of the node, present and future, or extra delay on its
+  link where the kernel has ``netem``; :func:`restore_node` undoes both, and the job's end
+  always does;
 * :func:`list_nodes` -- each node's address, liveness and active faults;
 * :func:`teardown` -- remove everything a job created (the scheduler calls it when the job ends,
   and a small supervisor process calls it when the launcher was killed).
 
 Everything here needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN). Processes are addressed by pid
 *and* start time (:mod:`sublimate.components.base.process_identity`), so a recycled pid is never
-signalled. This module imports only the standard library besides that: the supervisor and
-``sublimate fault`` start in milliseconds.
+signalled. This module imports only the standard library besides that and :mod:`.cpu_cgroups`
+(standard library only too): the supervisor and ``sublimate fault`` start in milliseconds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.launch import cpu_cgroups
 
 CLUSTER_FILE = "cluster.json"
 FORMAT_VERSION = 1
@@ -51,7 +53,6 @@ FORMAT_VERSION = 1
 STARTING, RUNNING, ENDED = "starting", "running", "ended"
 # How long teardown waits for the kernel to reap killed processes before removing their cgroups.
 REAP_SECONDS = 10.0
-CFS_PERIOD_US = 100_000
 
 
 class FaultError(Exception):
@@ -76,7 +77,7 @@ class Node:
     init_start: int
     veth: str = "eth0"  # the node's end of its link, inside the node
     bridge_veth: str = ""  # the other end, on the bridge (in the bridge's namespace)
-    cgroup: str | None = None  # cgroup v1 cpu group holding every process of the node
+    cgroup: str | None = None  # cpu group (cgroup v1 or v2) holding every process of the node
     state: str = RUNNING  # running | killed | ended
     faults: dict[str, Any] = field(default_factory=dict)  # cut: bool, cpu: float, delay: str
 
@@ -379,11 +380,11 @@ def slow_node(cluster: Cluster, index: int, cpu: float | None = None,
         if not 0.01 <= cpu <= os.cpu_count():  # type: ignore[operator]
             raise FaultError(f"--cpu {cpu:g}: expected cores between 0.01 and {os.cpu_count()}")
         if not node.cgroup or not Path(node.cgroup).is_dir():
-            raise FaultError(f"node {index} has no cpu cgroup (is cgroup v1's cpu controller "
-                             "mounted and writable at /sys/fs/cgroup/cpu?)")
-        quota = max(1000, int(cpu * CFS_PERIOD_US))  # the kernel's minimum quota is 1 ms
-        Path(node.cgroup, "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-        Path(node.cgroup, "cpu.cfs_quota_us").write_text(str(quota))
+            raise FaultError(f"node {index} has no cpu cgroup: the launcher found no cpu "
+                             "controller it could use (cgroup v1's cpu mount, or a cgroup v2 "
+                             "group of its ancestry with cpu in cgroup.subtree_control; "
+                             "docs/local-cluster.md)")
+        cpu_cgroups.set_quota(Path(node.cgroup), cpu)
     if delay is not None:
         try:
             check_link_options(None, delay, None)
@@ -407,7 +408,7 @@ def restore_node(cluster: Cluster, index: int) -> None:
     link up."""
     node = _running_node(cluster, index)
     if node.cgroup and Path(node.cgroup).is_dir():
-        Path(node.cgroup, "cpu.cfs_quota_us").write_text("-1")
+        cpu_cgroups.set_quota(Path(node.cgroup), None)
     if node.faults.get("delay"):
         link = cluster.link
         in_netns(node.init_pid, qdisc_script(node.veth, link.get("rate"), link.get("delay"),

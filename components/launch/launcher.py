@@ -210,7 +210,7 @@ def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
     heartbeats, so its watchdog waits for the first one."""
     if dog is None:
         return False
-    return not args.entrypoint or any(watchdog.progress_dir(args.run_dir).glob("rank-*.json"))
+    return not args.entrypoint or dog.heard_from_any()
 
 
 

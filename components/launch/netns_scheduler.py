@@ -62,8 +62,9 @@ from torchx.specs.api import AppDef, AppState, ReplicaStatus, RoleStatus, runopt
 
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.base.replica_groups import volcano_hosts_env
-from sublimate.components.launch import faults
+from sublimate.components.launch import cpu_cgroups, faults
 from sublimate.components.launch.faults import CLUSTER_FILE, Cluster, Node
+from sublimate.components.launch.job_reaper import MARK_ENV, JobReaper
 
 NAME = "local_netns"
 # Nodes' subnets are 10.213.<y>.0/24, one per running job; nodes are .1, .2, ..., the host .254.
@@ -73,7 +74,6 @@ NODE_IFNAME = "eth0"  # every node's end of its link has this name, in its own n
 MAX_NODES = 253
 # Serializes the choice of a free subnet between launchers (an empty file on tmpfs).
 LOCK_FILE = Path("/run/lock/sublimate-netns.lock")
-CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "nsenter": "util-linux",
          "setpriv": "util-linux", "mount": "mount"}
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
@@ -407,15 +407,9 @@ def _child_of(parent: int, what: str) -> int:
 
 
 def _own_cpu_cgroup() -> Path | None:
-    """This process's cgroup v1 ``cpu`` group, where the nodes' groups go (so they stay within
-    whatever limits the launcher has), or None without a writable cpu controller."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            group = CGROUP_CPU_ROOT / path.lstrip("/")
-            if (group / "cgroup.procs").is_file() and os.access(group, os.W_OK):
-                return group
-    return None
+    """The group the nodes' cpu groups go in, on cgroup v1 or v2 (:mod:`.cpu_cgroups`), or
+    None without a cpu controller this launcher can use."""
+    return cpu_cgroups.node_parent()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,7 +437,9 @@ class HostGpuLocalScheduler(LocalScheduler):
     ``i`` of a role with ``g`` GPUs gets ``g*i .. g*i+g-1``), so simulated nodes, which all have
     ``LOCAL_RANK`` 0, stop picking the same ``cuda:0``. It asks the host for the count itself;
     ``gpu_count`` makes it the launcher's count, the one the launcher checked the job against
-    (and lets a test stand in for a GPU host).
+    (and lets a test stand in for a GPU host). Every job it schedules is marked for a
+    :class:`~sublimate.components.launch.job_reaper.JobReaper`, which ends whatever of it is
+    left when this scheduler closes or its launcher dies.
     """
 
     def __init__(self, session_name: str, cache_size: int = 100,
@@ -454,6 +450,7 @@ class HostGpuLocalScheduler(LocalScheduler):
         self._requests: dict[str, PopenRequest] = {}  # by app: to start a replica again
         self._appending = False  # while a replica starts again: its logs are appended to
         self._restarts: dict[str, dict[int, int]] = {}  # by app and node: times started again
+        self.reaper = JobReaper()  # the job's processes end with this launcher (job_reaper)
 
     def _cuda_device_count(self) -> int:
         return host_gpu_count() if self.gpu_count is None else self.gpu_count
@@ -474,6 +471,10 @@ class HostGpuLocalScheduler(LocalScheduler):
         return request
 
     def schedule(self, dryrun_info: AppDryRunInfo[PopenRequest]) -> str:
+        self.reaper.start()
+        for replicas in dryrun_info.request.role_params.values():
+            for params in replicas:
+                params.env[MARK_ENV] = self.reaper.mark
         app_id = super().schedule(dryrun_info)
         self._requests[app_id] = dryrun_info.request
         return app_id
@@ -510,6 +511,12 @@ class HostGpuLocalScheduler(LocalScheduler):
         if file and self._appending:
             return open(file, "ab", buffering=0)
         return super()._get_file_io(file)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.reaper.close()
 
 
 def create_local_cwd_scheduler(session_name: str, cache_size: int = 100,

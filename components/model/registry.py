@@ -13,7 +13,8 @@ Layout (docs/registry.md says why each part is safe under concurrent writers)::
 Nothing is ever overwritten, and nothing relies on a rename (S3 has none): a version appears at the
 single PUT of its ``model.json``, the champion changes at the single PUT of a new log entry, and two
 writers racing for the same name are told apart by the store itself (``O_EXCL``-like hard links
-locally, ``If-None-Match: *`` on S3). S3 credentials and endpoint come from the environment, as for
+locally, ``If-None-Match: *`` on S3; other stores, which cannot, are read but never written).
+S3 credentials and endpoint come from the environment, as for
 staging (:mod:`sublimate.components.data.object_store`). Import cost: no torch, no Hera.
 """
 
@@ -306,6 +307,7 @@ class Registry:
         and nothing changes: a gate that compared against yesterday's champion never replaces
         one promoted meanwhile by a concurrent pipeline (a compare-and-set on the log's head).
         """
+        self._check_exclusive_create()  # a store that cannot take the entry is said first
         version = self.get(version_id)
 
         def entry(seq: int, head: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -488,18 +490,7 @@ class Registry:
         with self._storage(f"writing {path.rsplit('/', 1)[-1]}"):
             if self._local:
                 return self._create_exclusive_local(path, data)
-            if self._s3:
-                return self._create_exclusive_s3(path, data)
-            try:
-                with self._fs.open(path, "xb") as out:
-                    out.write(data)
-                return True
-            except FileExistsError:
-                return False
-            except (ValueError, NotImplementedError) as error:
-                raise self._error(f"its filesystem ({self._fs.protocol}) cannot create a file "
-                                  "exclusively, which the registry needs; use a local folder "
-                                  "or s3://") from error
+            return self._create_exclusive_s3(path, data)  # _check_exclusive_create: S3
 
     def _create_exclusive_local(self, path: str, data: bytes) -> bool:
         # Written and flushed under a temporary name, then hard-linked into place: link(2)
@@ -547,10 +538,24 @@ class Registry:
         raise AssertionError("unreachable")
 
     def _check_exclusive_create(self) -> None:
-        """Refuse to write to an S3 store that ignores ``If-None-Match: *`` (old MinIO and
-        others): there, two promoters could both 'win' the same entry."""
-        if not self._s3:
+        """Refuse to write where a name cannot be created exclusively: any store but a local
+        (or mounted) folder and S3, and an S3 store that ignores ``If-None-Match: *`` (old MinIO
+        and others). There, two promoters could both 'win' the same entry.
+
+        Other fsspec backends accept ``open(path, "xb")`` but most implement it as a write that
+        overwrites, or at best as a look-then-write that two writers both pass; a probe cannot
+        tell the second kind from a real exclusive create, so they are refused outright (their
+        registries can still be read).
+        """
+        if self._local:
             return
+        if not self._s3:
+            protocol = "/".join(self._fs.protocol) if isinstance(self._fs.protocol, tuple) \
+                else self._fs.protocol
+            raise self._error(f"cannot publish, promote or roll back on a '{protocol}' store: "
+                              "the registry needs a create that fails when the name exists, "
+                              "which only a local or mounted folder (link(2)) and S3 "
+                              "(If-None-Match: *) give it; use a shared folder or s3://")
         key = (object_store.endpoint(), self._root.split("/", 1)[0])
         if key in _EXCLUSIVE_CHECKED:
             return

@@ -23,8 +23,8 @@ A rank is a straggler when both hold:
 
 * ``work(r) >= THRESHOLD x median(work)`` (1.5: half again the typical rank's work), and
 * ``work(r) - median(work) >= MIN_EXCESS_SECONDS`` per step (2 ms): on a small CPU model a step's
-  work is well under a millisecond, and scheduler noise alone makes one rank 1.5x another; a
-  millisecond per step is more than that noise on local runs and nothing on real models.
+  work is well under a millisecond, and scheduler noise alone makes one rank 1.5x another; two
+  milliseconds per step are more than that noise on local runs and nothing on real models.
 
 The median, not the mean, is the reference, so one straggler does not drag the yardstick
 towards itself (with two ranks the median is their mean: a rank must then be noticeably slower

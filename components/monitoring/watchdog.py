@@ -21,16 +21,19 @@ launcher on every role), ``restart`` torchrun's restart count.
 **The decision** (:class:`Watchdog`, in the launcher): a rank is overdue when its last heartbeat
 is older than its allowance:
 
-* ``running`` and ``paused``: ``stall_seconds`` (the step-progress rule). It must exceed the
-  longest pause between two ``step()`` calls that is not announced (a slow step, an epoch's end
-  with rank 0's evaluation, plus the reporter's own interval) and the longest evaluation or
-  checkpoint (announced with :meth:`ProgressReporter.pause`): a rank frozen inside a checkpoint's
-  barrier is a stall, not a pause that lasts as long as a start-up;
+* ``running``: ``stall_seconds`` (the step-progress rule). It must exceed the longest pause
+  between two ``step()`` calls that is not announced (a slow step, plus the reporter's own
+  interval);
+* ``paused`` (an evaluation or a checkpoint, announced with :meth:`ProgressReporter.pause`):
+  ``startup_seconds``, the long allowance, as the ``startup-seconds`` setting promises: an
+  evaluation of a large test set or a checkpoint to a slow volume may take longer than any step,
+  and a short ``stall-seconds`` must not kill it. A rank frozen inside a checkpoint's barrier is
+  therefore found after the long allowance, not the short one;
 * ``starting``, or no heartbeat yet (counted from the watchdog's start, i.e. the
-  job's submission): ``startup_seconds``, the longer start-up allowance. Start-up (scheduling,
-  image pull, rendezvous, imports, data loading) takes minutes on a cluster and can never be
-  judged by the step-progress rule; a torchrun restart writes ``starting`` again, so a restarted
-  worker gets the start-up allowance again;
+  job's submission): ``startup_seconds`` too. Start-up (scheduling, image pull, rendezvous,
+  imports, data loading) takes minutes on a cluster and can never be judged by the
+  step-progress rule; a torchrun restart writes ``starting`` again, so a restarted worker gets
+  the start-up allowance again;
 * ``finished``: never overdue.
 
 While any rank is in a long phase (``starting`` or ``paused``, within its allowance), overdue
@@ -63,7 +66,7 @@ from sublimate.components.base import run_files
 ATTEMPT_ENV = "SUBLIMATE_ATTEMPT"  # the launch's id, set by the launcher on every role
 EVERY_SECONDS = 5.0  # a rank's heartbeat interval while it steps
 STALL_SECONDS = 300.0  # no step progress for this long while running: a stall
-STARTUP_SECONDS = 900.0  # allowance for start-up, restarts and announced pauses
+STARTUP_SECONDS = 900.0  # allowance for start-up, restarts and announced pauses (long phases)
 CHECK_EVERY_SECONDS = 2.0  # how often the launcher should call Watchdog.check
 STARTING, RUNNING, PAUSED, FINISHED = "starting", "running", "paused", "finished"
 LONG_PHASES = (STARTING, PAUSED)  # their peers are waiting for them, not stalled
@@ -256,9 +259,8 @@ class Watchdog:
             if beat is not None and beat.state == FINISHED:
                 continue
             long_phase = beat is None or beat.state in LONG_PHASES
-            starting = beat is None or beat.state == STARTING
             silent = now - (self.since if beat is None else beat.time)
-            if silent > (self.startup_seconds if starting else self.stall_seconds):
+            if silent > (self.startup_seconds if long_phase else self.stall_seconds):
                 overdue.append((rank, silent, beat))
             elif long_phase and beat is not None:
                 in_long_phase = True
@@ -286,6 +288,12 @@ class Watchdog:
             job_step=max(job_steps) if job_steps else None,
             all_ranks=len(overdue) == len(unfinished),
             paused_for=paused[0] if paused else None)
+
+    def heard_from_any(self) -> bool:
+        """Whether some rank of this attempt wrote a heartbeat: own code that does not use the
+        training library writes none, and is watched only once it does. An earlier attempt's
+        files (a retried step, an earlier run on the same run id) do not count."""
+        return bool(read_heartbeats(self.run_dir, self.attempt, self.since))
 
     def clear(self) -> None:
         """Remove earlier heartbeats (the launcher, before submitting; optional: other

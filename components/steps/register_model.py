@@ -4,6 +4,9 @@ Every challenger becomes an immutable version in the registry, winner or not, so
 (what data, which settings, which code, which workflow, what it scored) is there when someone
 asks why the champion is what it is, or wants to roll forward to a model that narrowly lost.
 The champion pointer moves only when the gate's ``promote`` is true, with the gate's reason.
+Like every step it is safe to re-run: a retried attempt finds the version its workflow already
+published of the same files (:func:`published_before`) and promotes that one (promoting the
+champion again writes nothing), instead of publishing a second copy.
 
 The version holds the run folder's results (the model, ``metrics.json``, the training summary and
 whatever a user's code wrote beside them), not its bookkeeping: checkpoints, per-epoch logs,
@@ -23,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
@@ -31,6 +34,9 @@ from sublimate.components.base.contract import user_location
 from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.steps import gate
+
+if TYPE_CHECKING:
+    from sublimate.components.model.registry import ModelVersion, Registry
 
 STEP = "register-model"
 RECORD = "registered.json"  # what was published, in the run's folder (read by notify)
@@ -178,8 +184,31 @@ def collect_files(model_dir: Path, into: Path) -> list[str]:
     return names
 
 
+def published_before(registry: Registry, workflow_uid: str, files: Path) -> ModelVersion | None:
+    """The version this workflow already published of exactly these files, if any.
+
+    A step is retried (Argo's retryStrategy, ``argo retry``) when it failed after its publish
+    (a promotion that failed, a lost pod): publishing again would leave a second version of
+    one model. A version is this workflow's when its lineage carries the workflow's uid, and
+    the same model when every file has the size and SHA-256 the version recorded (a workflow
+    retried after its training ran again publishes the new model).
+    """
+    if not workflow_uid:  # run by hand, without a workflow to tell attempts apart
+        return None
+    digests = {path.relative_to(files).as_posix(): {"size": path.stat().st_size,
+                                                    "sha256": _sha256(path)}
+               for path in sorted(files.rglob("*")) if path.is_file()}
+    for version in reversed(registry.versions()):  # the newest first
+        workflow = version.lineage.get("workflow")
+        if isinstance(workflow, dict) and workflow.get("uid") == workflow_uid \
+                and version.files == digests:
+            return version
+    return None
+
+
 def register(args: Any) -> dict[str, Any]:
-    """Publish, then promote when the gate said so; the record of what was done."""
+    """Publish (once per workflow: a retried step reuses its version), then promote when the
+    gate said so; the record of what was done."""
     from sublimate.components.data.object_store import public_url
     from sublimate.components.model.registry import ChampionMoved, Registry
 
@@ -192,9 +221,15 @@ def register(args: Any) -> dict[str, Any]:
         files = Path(work) / "files"
         files.mkdir()
         names = collect_files(args.model_dir, files)
-        version = registry.publish(files, lineage(args))
-    print(f"{STEP}: published {version.id} to {public_url(args.registry)} "
-          f"({', '.join(names)})", flush=True)
+        version = published_before(registry, args.workflow_uid, files)
+        if version is not None:
+            print(f"{STEP}: {version.id} in {public_url(args.registry)} is this model, "
+                  "published by an earlier attempt of this workflow: not published again",
+                  flush=True)
+        else:
+            version = registry.publish(files, lineage(args))
+            print(f"{STEP}: published {version.id} to {public_url(args.registry)} "
+                  f"({', '.join(names)})", flush=True)
     promoted = args.promote
     if promoted:
         try:

@@ -1,7 +1,8 @@
 """The library a training loop uses to run under sublimate; the built-in loop is one of its users.
 
 A loop of your own (under ``sublimate run -p entrypoint=my.module``) gets the paradigms, the
-checkpoints and the monitoring of the built-in loop with a few lines::
+checkpoints and the monitoring of the built-in loop with a few lines (the outline of one
+epoch; ``tests/test_documented_examples.py`` runs it)::
 
     from sublimate.components import training
 
@@ -10,11 +11,11 @@ checkpoints and the monitoring of the built-in loop with a few lines::
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     paradigm = job.paradigm(model, optimizer, "bmuf", sync_period=8)
     step, extra = job.checkpoints.restore(model, optimizer, paradigm)   # 0 on a fresh start
-    reporter = job.reporter(paradigm.training_model(), total_steps)
+    reporter = job.reporter(paradigm.training_model(), total_steps, local_batch)
     ...                                  # forward/backward on paradigm.training_model()
-    optimizer.step(); paradigm.after_step(step)
+    optimizer.step(); step += 1; paradigm.after_step(step)
     reporter.step(step, data_seconds, compute_seconds, comm_seconds)
-    reporter.end_epoch(epoch, step, mean_loss, epoch_seconds)          # a collective
+    reporter.end_epoch(epoch, step, mean_loss, epoch_seconds, epoch_steps)   # a collective
     paradigm.finish(step)                  # after the last step: bmuf/easgd sync the remainder
     job.checkpoints.save(step, model, optimizer, paradigm)             # a collective
     job.finish(paradigm.result_model())                                # model.pt on rank 0

@@ -15,8 +15,6 @@ import os
 import signal
 import sys
 
-from sublimate.pipelines.argo_server import ArgoServerError
-
 from .common import (
     DEFAULT_PIPELINE,
     EXIT_FAILED,
@@ -83,7 +81,12 @@ def _main(argv: list[str] | None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except ArgoServerError as error:
+    except Exception as error:
+        # The Argo Server client is imported only by the commands that talk to a server: an
+        # error of its kind can only come from there (a local run never loads it).
+        argo_server = sys.modules.get("sublimate.pipelines.argo_server")
+        if argo_server is None or not isinstance(error, argo_server.ArgoServerError):
+            raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -55,13 +55,13 @@ def check_settings(workflow: dict[str, Any], parameters: dict[str, str]) -> None
     """For a sublimate pipeline: its parameters as the runner resolves them, then its
     cross-setting rules, so a bad combination is refused in one line before any step runs or a
     run folder exists. Other manifests are checked by the runner itself."""
-    from sublimate.components.base.settings import SettingError
     from sublimate.pipelines.render import parameter_check
-    from sublimate.pipelines.runner import ParameterError, resolve_parameters
 
     check = parameter_check(workflow)
     if check is None:
         return
+    from sublimate.components.base.settings import SettingError
+    from sublimate.pipelines.runner import ParameterError, resolve_parameters
     try:
         check(resolve_parameters(workflow, parameters))
     except (ParameterError, SettingError) as error:

@@ -15,7 +15,6 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -250,6 +249,8 @@ def command_restore(args: argparse.Namespace) -> int:
 
 
 def command_list(args: argparse.Namespace) -> int:
+    from dataclasses import asdict  # only this command needs it
+
     from sublimate.components.launch import faults
 
     cluster = _cluster(args, running=False)

@@ -9,7 +9,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     DEFAULT_PIPELINE,
@@ -19,6 +19,9 @@ from .common import (
     parse_parameter_flags,
     read_parameter_file,
 )
+
+if TYPE_CHECKING:
+    from sublimate.pipelines.runner.k8s_objects import ObjectLibrary
 
 
 def add_local_commands(commands: Any) -> None:
@@ -54,11 +57,15 @@ def add_local_commands(commands: Any) -> None:
                      help="a folder of WorkflowTemplates and ClusterWorkflowTemplates the "
                           "manifest refers to (repeatable; the manifest's own folder is always "
                           "searched)")
-    run.add_argument("--mounts", choices=["auto", "namespace", "rewrite"], default="auto",
-                     help="how steps find the manifest's absolute paths (volumes, outputs, the "
-                          "script): namespace mounts the run's folders there in a private "
-                          "mount namespace (Linux: root or user namespaces), rewrite rewrites "
-                          "the paths where written; auto: namespace where possible")
+    run.add_argument("--mounts", choices=["auto", "overlay", "namespace", "rewrite"],
+                     default="auto",
+                     help="how steps see files: overlay gives each step a private view of the "
+                          "whole tree (its writes its own, as a container's root filesystem; "
+                          "its volumes, inputs and script at the manifest's paths; Linux, "
+                          "root), namespace mounts the run's folders at the manifest's paths "
+                          "in a private mount namespace, sharing this machine's files (root or "
+                          "user namespaces), rewrite rewrites the paths where written; auto: "
+                          "the first of these that works here")
     run.add_argument("--containers", action="store_true",
                      help="run each step in its template's image, as Argo would, through the "
                           "first container engine that works here (docker, podman, buildah); "
@@ -117,10 +124,13 @@ def load_workflow(target: str, template_dirs: list[Path] | None = None,
 
 def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     """``--semaphore`` limits (the runner falls back on the ConfigMap manifests it finds)."""
+    limits: dict[str, int] = {}
+    semaphores = getattr(args, "semaphore", None) or []
+    if not semaphores:
+        return limits  # nothing to parse: the module stays unloaded
     from sublimate.pipelines.runner.synchronization import parse_semaphore_option
 
-    limits: dict[str, int] = {}
-    for text in getattr(args, "semaphore", None) or []:
+    for text in semaphores:
         try:
             name, limit = parse_semaphore_option(text)
         except ValueError as error:
@@ -129,17 +139,33 @@ def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     return limits
 
 
+def kube_objects(workflow: dict[str, Any], args: argparse.Namespace) -> ObjectLibrary | None:
+    """The Secrets and ConfigMaps the steps and semaphores may read: beside the manifest, in
+    ``--templates`` and ``--objects`` folders (read only when a pod or semaphore names one).
+    None for a workflow that mentions neither kind and no ``--objects``: ``k8s_objects`` then
+    stays unloaded (a plain run imports only what it uses: tests/pipelines/cli/
+    test_run_imports.py)."""
+    text = json.dumps(workflow.get("spec") or {})
+    if not args.objects and '"secret' not in text and '"configMap' not in text:
+        return None
+    from sublimate.pipelines.runner.k8s_objects import manifest_objects
+
+    target = Path(args.target)
+    return manifest_objects(target if target.is_file() else None,
+                            [*args.templates, *args.objects])
+
+
 def command_run(args: argparse.Namespace) -> int:
-    from sublimate.pipelines.lint import semantic_problems
+    from sublimate.pipelines.lint.semantics import semantic_problems
     from sublimate.pipelines.runner import (
         ManifestError,
         ParameterError,
         RunInterrupted,
         RunOptions,
-        console_reporter,
-        run_workflow,
         settle_interrupted_runs,
     )
+    from sublimate.pipelines.runner.display import console_reporter
+    from sublimate.pipelines.runner.engine import run_workflow
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
@@ -151,12 +177,13 @@ def command_run(args: argparse.Namespace) -> int:
     if problems := semantic_problems(workflow, source=args.target):
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
-    if args.mounts == "namespace":
-        from sublimate.pipelines.runner.mounts import unavailable
+    if args.mounts in ("overlay", "namespace"):  # before a run folder exists
+        from sublimate.pipelines.runner.mount_modes import NamespaceError, resolve
 
-        if reason := unavailable():
-            raise UsageError(f"--mounts namespace: mount namespaces are not available here "
-                             f"({reason}); use --mounts rewrite")
+        try:
+            resolve(args.mounts, True, args.home, args.home)
+        except NamespaceError as error:
+            raise UsageError(str(error)) from error
     if args.dry_run:
         if containers is not None:
             print("note: --dry-run shows the steps as local processes; --containers runs the "
@@ -165,16 +192,11 @@ def command_run(args: argparse.Namespace) -> int:
     for folder in args.objects:
         if not folder.is_dir():
             raise UsageError(f"--objects {folder}: not a folder")
-    from sublimate.pipelines.runner.k8s_objects import manifest_objects
-
-    target = Path(args.target)
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
         semaphores=semaphore_limits(args),
-        # Secrets and ConfigMaps: beside the manifest, in --templates and --objects folders
-        objects=manifest_objects(target if target.is_file() else None,
-                                 [*args.templates, *args.objects]),
+        objects=kube_objects(workflow, args),
         # progress goes to stderr, so `-o json` keeps stdout machine-readable
         reporter=console_reporter(sys.stderr, follow_logs=not args.quiet),
         follow_logs=not args.quiet,
@@ -229,14 +251,10 @@ def dry_run(workflow: dict[str, Any], parameters: dict[str, str],
     """``run --dry-run``: what would start first and what decides the rest; runs nothing and
     creates no run folder."""
     from sublimate.pipelines.runner import ManifestError, ParameterError
-    from sublimate.pipelines.runner.k8s_objects import manifest_objects
     from sublimate.pipelines.runner.preview import format_preview, preview_workflow
 
-    target = Path(args.target)
-    objects = manifest_objects(target if target.is_file() else None,
-                               [*args.templates, *args.objects])
     try:
-        preview = preview_workflow(workflow, parameters, args.home, objects)
+        preview = preview_workflow(workflow, parameters, args.home, kube_objects(workflow, args))
     except (ManifestError, ParameterError) as error:
         raise UsageError(str(error)) from error
     print(format_preview(preview))

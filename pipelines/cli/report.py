@@ -8,17 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sublimate.pipelines.run_lookup import (
-    REPORT_DIR,
-    ReportError,
-    compare,
-    format_summary,
-    home,
-    resolve_run,
-    resolve_sweep,
-    write_report,
-)
-
 
 def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sublimate report RUN [RUN...]`` on the CLI's subparsers."""
@@ -42,9 +31,22 @@ def add_report_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def command_report(args: argparse.Namespace) -> int:
+    # Imported here: registering the command must not load the report (every CLI start does).
+    from sublimate.pipelines.run_lookup import (
+        REPORT_DIR,
+        ReportError,
+        compare,
+        format_summary,
+        home,
+        resolve_run,
+        resolve_sweep,
+        write_report,
+    )
+
     sweeps = [resolve_sweep(reference) for reference in args.runs]
     if any(sweeps):
         return _report_sweeps(args.runs, sweeps, args.json)
+
     try:
         run_dirs = [resolve_run(reference) for reference in args.runs]
         reports = [write_report(run_dir, plots=args.plots) for run_dir in run_dirs]

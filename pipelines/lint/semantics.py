@@ -14,6 +14,7 @@ from sublimate.pipelines.argo_terms import (
     ExpressionError,
     depends_references,
     parse_depends,
+    unknown_targets,
 )
 
 from .problems import (
@@ -365,9 +366,9 @@ def _check_dag(
         report.add(index[cycle[0]][0], f"dependency cycle: {' -> '.join(cycle)}")
     target = dag.get("target")
     if isinstance(target, str):
-        for name in target.split():
-            if name not in index:
-                report.add(f"{path}.target", f"target '{name}' is not a task in this DAG")
+        for name in unknown_targets(target, index):
+            report.add(f"{path}.target", f"target '{name}' is not a task in this DAG"
+                       + ("" if name else " (targets are separated by single spaces)"))
     nodes = {name: task for name, (_, task) in index.items()}
     ancestors = _ancestors(graph)
     for name, (tpath, task) in index.items():

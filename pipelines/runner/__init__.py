@@ -23,24 +23,39 @@ volumes live in ``<home>/volumes/<claimName>`` and persist across runs.
 returns a ``WorkflowRun`` to assert on; ``run_workflow`` takes a Hera object too, its parameters
 and options optional (a temporary home). ``sublimate.pipelines.testing`` is the pytest fixture.
 
-Container paths are mapped onto local folders by rewriting the literal paths in commands,
-args, env values, script sources and working directories (see ``paths``); paths computed
-at run time (``os.path.join("/mnt", "x")``) are not rewritten.
+Each pod sees the whole tree through a private writable layer, its folders at the manifest's
+paths (``views``); where that cannot be, in a mount namespace sharing this machine's files
+(``mounts``), or, last, with the literal paths in commands, args, env values, script sources and
+working directories rewritten to local folders (``paths``).
 """
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .display import console_reporter, format_table
 from .errors import ManifestError, ParameterError, RunInterrupted
 from .executor import Executor, PodHooks, PodOutcome
 from .fields import CLUSTER_ONLY_FIELDS
-from .harness import NodeView, WorkflowRun, run, run_workflow
 from .local_executor import LocalExecutor
 from .manifest import load_manifest, unsupported_fields
 from .parameter_resolution import resolve_parameters
 from .plan import Mount, PodRequest
 from .run_folder import InterruptedRun, settle_interrupted_runs
 from .run_types import NodeResult, RunEvent, RunOptions, RunResult
+
+# Loaded on first use (PEP 562): `sublimate run FILE` needs neither the harness (Hera, test
+# runs) nor, with -o json, the table.
+_LAZY = {"console_reporter": "display", "format_table": "display", "NodeView": "harness",
+         "WorkflowRun": "harness", "run": "harness", "run_workflow": "harness"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLUSTER_ONLY_FIELDS",

@@ -60,8 +60,10 @@ class _Pod:
         self.wake = threading.Condition(self.lock)
 
     def add(self, process: LocalProcess) -> bool:
+        """Count a started process in; False when the pod is stopping or being terminated
+        already (it started while the others were being ended: it is ended too)."""
         with self.lock:
-            if self.stopped.is_set():
+            if self.stopped.is_set() or self.ending.is_set():
                 return False
             self.processes.add(process)
             return True
@@ -144,7 +146,7 @@ def main_container(request: PodRequest) -> Container:
 
     return Container(MAIN, "main", list(request.argv), dict(request.env), request.cwd,
                      request.folder, tuple(request.mounts), tuple(request.from_environment),
-                     in_image=request.in_image)
+                     in_image=request.in_image, view=request.view)
 
 
 def _outcome(ends: dict[str, ContainerEnd], stdout: dict[str, str], pod: _Pod) -> PodOutcome:
@@ -180,8 +182,10 @@ def _run(request: PodRequest, container: Container, pod: _Pod, hooks: PodHooks, 
             end = end._replace(error=f"{container.name}: failed to start "
                                      f"{container.argv[0]!r}: {exc.strerror or exc}")
             break
-        if not pod.add(process):
-            process.stop()
+        if not pod.add(process) and pod.stopped.is_set():
+            process.stop()  # a stop (a deadline, Ctrl-C) came as it started
+        elif pod.ending.is_set() and process not in pod.processes:
+            process.stop(grace_s=GRACE_S)  # the pod is being terminated: as the others
         code, text = process.wait()
         pod.discard(process)
         out.append(text)

@@ -84,11 +84,11 @@ class DagPlan:
         target task is executed, and executeDAGTask executes its dependencies first; no other
         task gets a node)."""
         needed: set[str] = set()
-        pending = [t for t in targets if t]
+        pending = list(targets)  # an empty name (two spaces) names no task, as on Argo
         while pending:
             name = pending.pop()
             if name not in self.tasks:
-                raise ValueError(f"target {name!r} is not defined")
+                raise ValueError(f"target {name} does not exist")  # dag.go GetTask's panic
             if name not in needed:
                 needed.add(name)
                 pending += self.dependencies(name)

@@ -32,7 +32,8 @@ def console_reporter(
         if not start:
             start.append(event.time.timestamp())
         elapsed = event.time.timestamp() - start[0]
-        if event.kind == "note":  # said once by the runner (a variable from the environment)
+        if event.kind == "note":  # said once by the runner (a mounts fallback, a variable from
+            # the environment)
             text = f"note: {event.message}"
         elif event.kind == "log":
             if not follow_logs or event.node is None:

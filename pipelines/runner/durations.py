@@ -4,8 +4,8 @@
 ``"-2m"``, ``"0"``; units ns, us, µs, ms, s, m, h; no days, no bare numbers but ``0``): Argo
 uses it alone for ``memoize.maxAge``. ``parse_duration`` is Argo's ``ParseStringToDuration``
 (``pkg/apis/workflow/v1alpha1/utils.go``): an integer is seconds, anything else a Go duration;
-Argo uses it for ``timeout`` and ``retryStrategy.backoff``'s ``duration``, ``cap`` and
-``maxDuration`` (``workflow/controller/operator.go``).
+Argo uses it for ``timeout``, ``pendingTimeout`` and ``retryStrategy.backoff``'s ``duration``,
+``cap`` and ``maxDuration`` (``workflow/controller/operator.go``).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def is_integer(value: object) -> bool:
 
 def timing_problems(template: dict, path: str) -> list[str]:
     """What Argo's validate.go refuses in a template's timing fields, and what Go cannot parse:
-    ``timeout`` and ``activeDeadlineSeconds`` on leaf templates only (a DAG or steps template's
-    ``timeout`` would never apply: operator.go checks it on Pending nodes and pods), a
+    ``timeout``, ``pendingTimeout`` and ``activeDeadlineSeconds`` on leaf templates only (a DAG
+    or steps template's ``timeout`` would never apply: operator.go checks it on Pending nodes
+    and pods), a
     ``timeout`` that is not a whole number, ``parallelism`` on DAG and steps templates only,
     and ``retryStrategy.backoff``'s durations and integer ``factor``."""
     problems = []
@@ -74,6 +75,16 @@ def timing_problems(template: dict, path: str) -> list[str]:
                     parse_duration(timeout)
                 except ValueError as exc:
                     problems.append(f"{path}.timeout: {exc}")
+    pending = template.get("pendingTimeout")
+    if pending is not None:
+        if kind:
+            problems.append(f"{path}.pendingTimeout: {kind} template doesn't support "
+                            "pendingTimeout field")
+        elif "{{" not in str(pending):
+            try:
+                parse_duration(pending)
+            except ValueError as exc:
+                problems.append(f"{path}.pendingTimeout: {exc}")
     if kind and template.get("activeDeadlineSeconds") is not None:
         problems.append(f"{path}.activeDeadlineSeconds: templates.{template.get('name')}"
                         ".activeDeadlineSeconds is only valid for leaf templates")

@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -48,9 +49,9 @@ from .library import ANNOTATION_SCHEDULED_TIME
 from .local_executor import LocalExecutor
 from .loops import loop_items, run_loop
 from .manifest import check_workflow, normalise_workflow
-from .mounts import resolve as resolve_mounts
+from .mount_modes import Mode, resolve_soon
 from .parameter_resolution import resolve_parameters
-from .plan import Layout, template_deadline, template_kind
+from .plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
 from .pod import run_pod
 from .retry import retry_strategy, run_with_retries
 from .run_folder import RunRecord, make_run_dir
@@ -159,8 +160,11 @@ class Run:
         limit = options.parallelism or self.spec.get("parallelism")
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
-        self.layout = Layout.of(home, self.run_dir, self.spec, mounts or resolve_mounts(
-            options.mounts, options.executor is None), options.objects)
+        self._mode = (resolve_soon(options.mounts, options.executor is None, self.run_dir, home)
+                      if mounts is None else lambda: Mode(mounts))
+        self._layout: Layout | None = None
+        self._home = home
+        self._objects = options.objects
         if options.objects is not None:  # every value of a Secret it names is masked from now
             from .k8s_objects import referenced_secrets, secret_values
 
@@ -181,6 +185,21 @@ class Run:
         # once something watches, so a workflow without hooks pays nothing for them.
         self._node_watchers: dict[str, Callable[[RunEvent], None]] | None = None
         self._all_watcher: Callable[[RunEvent], None] | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """Where the run's files live, and how pods see them: known once the mounts probe
+        (started with the run) has answered; what it found that the user should know is said
+        once, here."""
+        if self._layout is None:
+            with self.lock:
+                if self._layout is None:
+                    mode = self._mode()
+                    if mode.note:
+                        self.record.note("mounts", mode.note)
+                    self._layout = Layout.of(self._home, self.run_dir, self.spec, mode.name,
+                                             self._objects)
+        return self._layout
 
     # ------------------------------------------------------------------------ watchers
 
@@ -248,7 +267,7 @@ class Run:
             close = getattr(self.executor, "close", None)  # container mode: the run's keeper
             if close is not None:
                 close()
-            if self.layout.objects is not None:
+            if self._objects is not None:  # (not the layout: it may wait for the probe)
                 from .k8s_objects import remove_secret_root
 
                 remove_secret_root(self.run_dir)
@@ -330,19 +349,30 @@ class Run:
         node = self.record.add_node(name, display, template_name,
                                     NodeType.RETRY if strategy else kind, parent)
         try:
-            inputs = resolve_inputs(template, arguments, node.id)
+            inputs = resolve_inputs(template, arguments, node.id, self.live_globals())
         except NodeError as exc:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         inputs.update(extra or {})
         art_args = arguments.get("artifacts") or {}
         locks: list[str] | None = []
         if self.sync is not None:  # operator.go executeTemplate: TryAcquire before it starts
+            try:
+                limit = pending_limit(template, {**self.live_globals(), **inputs})
+            except NodeError as exc:
+                return self.record.finish(node, NodePhase.ERROR, str(exc))
+            give_up = None if limit is None else time.monotonic() + limit
+
+            def stopped() -> str | None:
+                if give_up is not None and time.monotonic() >= give_up:
+                    return PENDING_TIMEOUT  # still Pending past pendingTimeout
+                return scope.stop_reason()
+
             locks = self.sync.acquire(
                 template_name, lambda message: self.record.transition(node, NodePhase.PENDING,
                                                                       message),
-                scope.stop_reason)
+                stopped)
             if locks is None:
-                return self.record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
+                return self.record.finish(node, NodePhase.FAILED, stopped() or "")
             if locks and node.message.startswith("Waiting for "):
                 node.message = ""  # acquired: Argo clears the waiting status
         try:

@@ -38,6 +38,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .conditions import ExpressionError
+from .gojson import go_string
 
 _GRAMMAR = r"""
 ?start: expr
@@ -137,6 +138,8 @@ def parse(source: str) -> Tree:
     if not isinstance(tree, Tree):  # a lone token cannot happen with this grammar
         raise ExpressionError(f"cannot parse {source!r}")
     _check(tree, source)
+    if "jsonpath" in text:
+        _check_json_paths(tree, source)
     return tree
 
 
@@ -794,8 +797,7 @@ def go_json(value: Any) -> str:
     if isinstance(value, float):
         return _go_float(value, json_style=True)
     if isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-        return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        return go_string(value)
     if isinstance(value, list):
         return "[" + ",".join(go_json(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -920,29 +922,34 @@ def _from_json(text: str) -> Any:
     return json.loads(text)
 
 
-def _json_path(document: str, path: str) -> Any:
-    """Argo's ``jsonpath(json, path)`` (evilmonkeyinc/jsonpath); definite paths only here:
-    ``$``, ``.name``, ``['name']``, ``[n]``."""
-    _strings(document, path)
-    value = json.loads(document)
-    if not path.startswith("$"):
-        raise ExpressionError(f"jsonpath {path!r}: must start with '$'")
-    for match in re.finditer(r"\.([A-Za-z_][\w-]*)|\[(-?\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]|(.)",
-                             path[1:]):
-        name, number, quoted, dquoted, other = match.groups()
-        if other is not None:
-            raise ExpressionError(f"jsonpath {path!r}: only $, .name, ['name'] and [n] are "
-                                  f"supported by the local runner")
-        if number is not None:
-            if not isinstance(value, list):
-                raise ExpressionError(f"jsonpath {path!r}: not an array")
-            value = value[int(number)]
-        else:
-            key = name if name is not None else quoted if quoted is not None else dquoted
-            if not isinstance(value, dict) or key not in value:
-                raise ExpressionError(f"jsonpath {path!r}: key {key!r} not found")
-            value = value[key]
-    return value
+def _json_path(document: Any, path: Any) -> Any:
+    """Argo's ``jsonpath(json, path)``: see ``jsonpath`` (loaded, with jsonpath-ng, only when
+    an expression calls it)."""
+    from .jsonpath import JsonPathError, jsonpath
+
+    try:
+        return jsonpath(document, path)
+    except JsonPathError as exc:
+        raise ExpressionError(str(exc)) from None
+
+
+def _check_json_paths(tree: Tree, source: str) -> None:
+    """A literal path given to ``jsonpath`` is checked when the manifest loads: one the local
+    runner refuses (or that does not parse) stops the run before anything starts."""
+    for node in tree.iter_subtrees():
+        if node.data != "call" or not isinstance(node.children[0], Tree) \
+                or node.children[0].data != "name" \
+                or str(node.children[0].children[0]) != "jsonpath":
+            continue
+        args = [a for a in node.children[1].children if a is not None] \
+            if isinstance(node.children[1], Tree) else []
+        if len(args) == 2 and isinstance(args[1], Tree) and args[1].data == "string":
+            from .jsonpath import JsonPathError, compile_path
+
+            try:
+                compile_path(_unquote(str(args[1].children[0])))
+            except JsonPathError as exc:
+                raise ExpressionError(f"{exc} (in {source!r})") from None
 
 
 BUILTINS: dict[str, Callable[..., Any]] = {

@@ -373,10 +373,12 @@ _TEMPLATE = {
     "memoize": _refused("memoize"),
     "podSpecPatch": _refused("podSpecPatch"),
     "hostAliases": _refused("hostAliases"),
-    "pendingTimeout": _refused("pendingTimeout"),
-    "podResources": _refused("pod-level resources"),
-    "resourceClaims": _refused("dynamic resource claims"),
+    # while the node waits for a synchronization lock (engine.Run.execute), as operator.go's
+    # checkTemplateTimeouts; locally a pod is never pending otherwise
+    "pendingTimeout": _YES,
     # cluster-only
+    "podResources": _cluster(_RESOURCES),
+    "resourceClaims": _cluster(_RESOURCES),
     "affinity": _cluster(_SCHEDULING),
     "nodeSelector": _cluster(_SCHEDULING),
     "tolerations": _cluster(_SCHEDULING),
@@ -430,9 +432,7 @@ _SPEC = {
     # refused
     "executorPlugins": _refused("executor plugins"),
     "hostAliases": _refused("hostAliases"),
-    "podResources": _refused("pod-level resources"),
     "podSpecPatch": _refused("podSpecPatch"),
-    "resourceClaims": _refused("dynamic resource claims"),
     "retryStrategy": _YES,  # the default of every template (pipelines/runner/retry.py)
     **_under("retryStrategy", _RETRY),
     "shutdown": _refused("spec.shutdown"),
@@ -440,6 +440,8 @@ _SPEC = {
     "templateDefaults": _refused("templateDefaults"),
     "volumeClaimGC": _refused("volumeClaimGC"),
     # cluster-only
+    "podResources": _cluster(_RESOURCES),
+    "resourceClaims": _cluster(_RESOURCES),
     "affinity": _cluster(_SCHEDULING),
     "nodeSelector": _cluster(_SCHEDULING),
     "tolerations": _cluster(_SCHEDULING),

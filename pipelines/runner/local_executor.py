@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .executor import PodHooks, PodOutcome, await_pod
@@ -35,14 +36,33 @@ class LocalExecutor:
         request.termination_log.unlink(missing_ok=True)
         if request.mounts_note:
             hooks.on_line(f"note: {request.mounts_note}")
-        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line,
-                               setup=namespace_setup(request), masked=request.masked)
+        setup, cleanup = _isolation(request)
+        process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line, setup=setup,
+                               masked=request.masked)
         try:
             process.start()
         except OSError as exc:
+            cleanup()
             return PodOutcome(exit_code=None,
                               error=f"failed to start {argv[0]!r}: {exc.strerror or exc}")
-        return await_pod(process, request, hooks, cleanup=lambda: namespace_cleanup(request))
+        return await_pod(process, request, hooks, cleanup=cleanup)
+
+
+def _isolation(request: PodRequest) -> tuple[Callable[[], None] | None, Callable[[], None]]:
+    """What the pod's child runs before ``exec`` to enter its view or namespace (None: it
+    shares the runner's), and what the runner does once the pod has ended."""
+    if request.view is not None:
+        from . import views  # deferred: only overlay mode pays for it
+
+        # Nothing to clean up: the view's mounts end with its namespace, and its mount point
+        # and work folders (in .view/) stay; removing them would wait for the kernel to tear
+        # the namespace down (see views).
+        return views.setup(request.view, request.termination_log), _nothing
+    return namespace_setup(request), partial(namespace_cleanup, request)
+
+
+def _nothing() -> None:
+    pass
 
 
 def start_container(request: PodRequest, container: Container,
@@ -59,7 +79,12 @@ def start_container(request: PodRequest, container: Container,
     env["SUBLIMATE_TERMINATION_LOG"] = str(container.termination_log)
     if not append:
         container.termination_log.unlink(missing_ok=True)
+    setup = None
+    if container.view is not None:
+        from .views import setup as view_setup
+
+        setup = view_setup(container.view, container.termination_log)
     process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append,
-                           masked=request.masked)
+                           setup=setup, masked=request.masked)
     process.start()
     return process

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO
 
 KILL_GRACE_S = 5.0
+PIPE_GRACE_S = 1.0  # after the process exits, for its pipes to close
 
 _PR_SET_PDEATHSIG = 1
 _prctl_lock = threading.Lock()
@@ -58,6 +60,15 @@ def _die_with_runner(prctl: Callable[..., int], runner_pid: int) -> Callable[[],
             os._exit(143)  # the runner is already gone: do not start a step nobody stops
 
     return preexec
+
+
+def _exit_notice(pid: int) -> int | None:
+    """A descriptor that becomes readable when the process ends (a pidfd, Linux 5.3), or None
+    where there is none (the waiter then looks at the process every 0.2 s)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _then(first: Callable[[], None] | None, then: Callable[[], None]) -> Callable[[], None]:
@@ -102,7 +113,6 @@ class LocalProcess:
         self.on_line = on_line
         self.proc: subprocess.Popen[bytes] | None = None
         self._stdout: list[bytes] = []
-        self._log_lock = threading.Lock()
         self._stopped = threading.Event()
 
     def start(self) -> None:
@@ -127,40 +137,69 @@ class LocalProcess:
             self._log.write(f"failed to start {self.argv[0]!r}: {exc}\n".encode())
             self._log.close()
             raise
-        self._readers = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, True), daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, False), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
 
-    def _pump(self, pipe: IO[bytes], is_stdout: bool) -> None:
-        for line in iter(pipe.readline, b""):
-            for secret in self.masked:
-                line = line.replace(secret, b"***")
-            if not is_stdout and self.engine_line is not None and \
-                    self.engine_line(line.decode("utf-8", "replace").rstrip("\r\n")):
-                continue
-            if is_stdout:
-                self._stdout.append(line)
-            with self._log_lock:
-                self._log.write(line)
-                self._log.flush()
-            if self.on_line is not None:
-                self.on_line(line.decode("utf-8", "replace").rstrip("\r\n"))
-        pipe.close()
+    def _line(self, line: bytes, is_stdout: bool) -> None:
+        """One line of the process's output (its newline kept), as it comes; a secret's value
+        in it is replaced by ``***`` before anything sees it."""
+        for secret in self.masked:
+            line = line.replace(secret, b"***")
+        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        if not is_stdout and self.engine_line is not None and self.engine_line(text):
+            return
+        if is_stdout:
+            self._stdout.append(line)
+        self._log.write(line)
+        if self.on_line is not None:
+            self.on_line(text)
 
     def wait(self) -> tuple[int, str]:
-        """Wait for the exit code and the captured stdout."""
-        assert self.proc is not None
+        """Read the output as it comes until the process has ended, then return its exit code
+        and the captured stdout. The waiting thread reads both pipes itself: a reader thread
+        per pipe would be two more threads, and wake-ups, per step. Once the process has
+        exited, its pipes get ``PIPE_GRACE_S`` to close; background children still holding
+        them are then killed, as Argo would have torn the pod down."""
+        assert self.proc is not None and self.proc.stdout and self.proc.stderr
+        streams = {self.proc.stdout.fileno(): True, self.proc.stderr.fileno(): False}
+        partial = dict.fromkeys(streams, b"")
+        exited = _exit_notice(self.proc.pid)
+        deadline: float | None = None  # set once the process has exited
+        killed = False
+        with selectors.DefaultSelector() as selector:
+            for fd in streams:
+                selector.register(fd, selectors.EVENT_READ)
+            if exited is not None:
+                selector.register(exited, selectors.EVENT_READ)
+            while any(fd in selector.get_map() for fd in streams):
+                if deadline is None:
+                    timeout = None if exited is not None else 0.2  # no pidfd: look now and then
+                else:
+                    timeout = None if killed else max(0.0, deadline - time.monotonic())
+                ready = selector.select(timeout)
+                if deadline is not None and not ready and not killed:
+                    self._signal(signal.SIGKILL)  # children kept the pipes open
+                    killed = True
+                for key, _ in ready:
+                    if key.fd == exited:
+                        selector.unregister(exited)
+                        deadline = time.monotonic() + PIPE_GRACE_S
+                        continue
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        selector.unregister(key.fd)
+                        if partial[key.fd]:
+                            self._line(partial[key.fd], streams[key.fd])
+                        continue
+                    *lines, partial[key.fd] = (partial[key.fd] + data).split(b"\n")
+                    for line in lines:
+                        self._line(line + b"\n", streams[key.fd])
+                    self._log.flush()
+                if deadline is None and exited is None and self.proc.poll() is not None:
+                    deadline = time.monotonic() + PIPE_GRACE_S
+        if exited is not None:
+            os.close(exited)
         code = self.proc.wait()
-        for reader in self._readers:
-            reader.join(timeout=1.0)
-        if any(reader.is_alive() for reader in self._readers):
-            # Background children still hold the pipes; Argo would have torn the pod down.
-            self._signal(signal.SIGKILL)
-            for reader in self._readers:
-                reader.join()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
         self._log.close()
         return code, b"".join(self._stdout).decode("utf-8", "replace")
 

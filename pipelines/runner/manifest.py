@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from sublimate.pipelines.argo_terms import unknown_targets
+
 from .conditions import ExpressionError, parse_depends
 from .durations import timing_problems
 from .errors import ManifestError
@@ -196,6 +198,7 @@ _TEMPLATE = {
     },
     "activeDeadlineSeconds": ANY,
     "timeout": ANY,
+    "pendingTimeout": ANY,
     "parallelism": ANY,
     "failFast": ANY,
     "volumes": _list(_VOLUME),
@@ -444,9 +447,8 @@ def _check_template(
                 if dep not in task_names:
                     problems.append(f"{path}.dag.tasks[{j}]: depends on unknown task {dep!r}")
         # validate.go validateDAGTargets: each literal target names a task.
-        for target in str(dag.get("target") or "").split(" "):
-            if target and "{{" not in target and target not in task_names:
-                problems.append(f"{path}.dag.target: target {target!r} is not defined")
+        for target in unknown_targets(str(dag.get("target") or ""), task_names):
+            problems.append(f"{path}.dag.target: target {target!r} is not defined")
     steps = template.get("steps")
     if isinstance(steps, list):
         for j, group in enumerate(steps):

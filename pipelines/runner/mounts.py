@@ -1,10 +1,14 @@
-"""Real mount paths: a pod in a private mount namespace, its folders at the manifest's paths.
+"""The ``namespace`` mode (``mount_modes``): a pod in a private mount namespace, its folders at
+the manifest's paths, sharing this machine's files.
 
 On Argo a container sees its volumes at their ``mountPath``s, its output files where the
 template declares them, and a script template's source at ``/argo/staging/script``
-(``ExecutorScriptSourcePath``, workflow/common/common.go). The fallback (``paths.PathMap``)
-rewrites those paths where they are spelt out; this module makes them real, so a path built
-at run time (``os.path.join("/mnt", "data")``) or a look at ``/proc/mounts`` finds the mount.
+(``ExecutorScriptSourcePath``, workflow/common/common.go). The ``overlay`` mode (``views``, the
+default where it can be) gives each pod a private view of the whole tree; where it cannot, this
+module's namespaces make the paths real all the same, so a path built at run time
+(``os.path.join("/mnt", "data")``) or a look at ``/proc/mounts`` finds the mount, but the pods
+share the host's files; the last resort (``paths.PathMap``) rewrites the paths where they are
+spelt out.
 
 How (Linux; root, or unprivileged user namespaces):
 
@@ -23,7 +27,9 @@ How (Linux; root, or unprivileged user namespaces):
   the parent hides the host's entries. The cost is one bind per entry of a mirrored folder;
 - the namespace ends with the step's last process: its mounts go with it, on the host there is
   nothing to unmount. The prepared root's mount point is an empty folder in the node folder,
-  removed when the pod ends.
+  removed when the pod ends;
+- the host's entries are listed when the pod is planned: one that another process removes
+  before the pod starts is skipped (``mirror`` steps), not a reason to fail the pod.
 
 All the planning (which folders to mirror, what to bind where) happens in the runner; the
 child only makes system calls through libc functions resolved beforehand, as
@@ -42,9 +48,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import ManifestError
-
-MODES = ("auto", "namespace", "rewrite")
 # Argo's script path (workflow/common/common.go: ExecutorScriptSourcePath).
 SCRIPT_PATH = "/argo/staging/script"
 # Exit status of a step whose namespace could not be built (a shell's "cannot execute").
@@ -58,10 +61,6 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
-
-
-class NamespaceError(ManifestError):
-    """``--mounts namespace`` was asked for where this machine cannot make mount namespaces."""
 
 
 class _Libc(NamedTuple):
@@ -101,10 +100,18 @@ def _probe() -> str:
     if not hasattr(os, "fork") or not Path("/proc/self/mountinfo").exists():
         return "not Linux"
     try:
-        libc = _resolve_libc()
+        _resolve_libc()
     except (OSError, AttributeError) as exc:
         return f"no libc mount functions ({exc})"
-    uid, gid = os.geteuid(), os.getegid()
+    return try_in_child([("tmpfs", b"/proc"), ("bind", b"/dev", b"/proc")], _run_step,
+                        os.geteuid(), os.getegid())
+
+
+def try_in_child(steps: list[tuple], run_step: Callable[[_Libc, tuple], None], uid: int,
+                 gid: int) -> str:
+    """Run the steps in a forked child that leaves the runner's mount namespace first (what a
+    probe does): "" when they all worked, else what failed."""
+    libc = _resolve_libc()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -112,8 +119,8 @@ def _probe() -> str:
         try:
             os.close(read_fd)
             _enter(libc, uid, gid)
-            _check(libc, libc.mount(b"none", b"/proc", b"tmpfs", 0, None), "tmpfs")
-            _check(libc, libc.mount(b"/dev", b"/proc", None, _MS_BIND | _MS_REC, None), "bind")
+            for step in steps:
+                run_step(libc, step)
             code = 0
         except OSError as exc:
             os.write(write_fd, str(exc).encode())
@@ -126,23 +133,6 @@ def _probe() -> str:
     if os.waitstatus_to_exitcode(status) == 0:
         return ""
     return message or "the probe failed"
-
-
-def resolve(mode: str, local_executor: bool) -> str:
-    """The mode a run uses: ``namespace`` or ``rewrite``. ``auto`` is ``namespace`` where the
-    machine allows it and the pods run as local processes (a test's fake executor starts none);
-    ``namespace`` where it cannot be done is a ``NamespaceError`` saying why."""
-    if mode not in MODES:
-        raise NamespaceError(f"--mounts must be one of {', '.join(MODES)}, not {mode!r}")
-    if mode == "rewrite" or (mode == "auto" and not local_executor):
-        return "rewrite"
-    reason = unavailable()
-    if not reason:
-        return "namespace"
-    if mode == "namespace":
-        raise NamespaceError(f"--mounts namespace: mount namespaces are not available here "
-                             f"({reason}); use --mounts rewrite")
-    return "rewrite"
 
 
 def _check(libc: _Libc, result: int, what: str) -> None:
@@ -291,14 +281,20 @@ def plan(binds: list[Bind], folder: Path, cwd: str) -> Namespace:
 
 
 def _mirror_entry(steps: list[tuple], rootb: bytes, entry: os.DirEntry, folder: str) -> None:
+    """One host entry brought back into its mirrored folder. Another process may remove it
+    at any time (``/tmp`` is everybody's): one gone by now is left out, and one gone by the
+    time the pod starts is skipped there (the ``mirror`` steps)."""
     source = os.path.join(folder, entry.name)
     target = rootb + os.fsencode(source)
-    mode = entry.stat(follow_symlinks=False).st_mode
-    if stat.S_ISLNK(mode):
-        steps.append(("symlink", os.fsencode(os.readlink(source)), target))
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            steps.append(("symlink", os.fsencode(os.readlink(source)), target))
+            return
+    except FileNotFoundError:
         return
-    steps.append(("mkdir" if stat.S_ISDIR(mode) else "touch", target))
-    steps.append(("mirror", os.fsencode(source), target))
+    steps.append(("mirror", ("mkdir" if stat.S_ISDIR(mode) else "touch", target),
+                  ("bind", os.fsencode(source), target)))
 
 
 # --------------------------------------------------------------------------- in the child
@@ -327,18 +323,26 @@ def setup(namespace: Namespace, termination_log: Path) -> Callable[[], None]:
     """The function the forked child runs before ``exec`` (after ``PR_SET_PDEATHSIG``): it
     builds the namespace; on failure it says why on stderr and in the termination log and
     exits with ``SETUP_FAILED``, so the node fails with that message."""
+    return in_child(namespace.steps, _run_step, termination_log, "mount namespace",
+                    os.geteuid(), os.getegid())
+
+
+def in_child(steps: tuple | list, run_step: Callable[[_Libc, tuple], None],
+             termination_log: Path, what: str, uid: int, gid: int) -> Callable[[], None]:
+    """The function a forked child runs before ``exec``: leave the runner's mount namespace,
+    then ``run_step`` each planned step; on failure say why (``what: ...``) on stderr and in
+    the termination log and exit with ``SETUP_FAILED``, so the node fails with that message.
+    Everything it uses is resolved here, in the runner."""
     libc = _resolve_libc()
-    uid, gid = os.geteuid(), os.getegid()
-    steps = namespace.steps
     log = os.fsencode(termination_log)
 
     def build() -> None:
         try:
             _enter(libc, uid, gid)
             for step in steps:
-                _run_step(libc, step)
+                run_step(libc, step)
         except OSError as exc:
-            message = f"mount namespace: {exc}\n".encode()
+            message = f"{what}: {exc}\n".encode()
             os.write(2, message)
             try:
                 fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -353,17 +357,18 @@ def setup(namespace: Namespace, termination_log: Path) -> Callable[[], None]:
 
 def _run_step(libc: _Libc, step: tuple) -> None:
     kind = step[0]
-    if kind == "tmpfs":
+    if kind == "mirror":
+        # A host entry listed when the pod was planned: removed since, it is not there for the
+        # pod either (ENOENT), which is no reason to fail the pod.
+        with contextlib.suppress(FileNotFoundError):
+            for inner in step[1:]:
+                _run_step(libc, inner)
+    elif kind == "tmpfs":
         _check(libc, libc.mount(b"tmpfs", step[1], b"tmpfs", 0, b"mode=755"),
                f"tmpfs on {os.fsdecode(step[1])}")
     elif kind == "bind":
         _check(libc, libc.mount(step[1], step[2], None, _MS_BIND | _MS_REC, None),
                f"bind {os.fsdecode(step[1])}")
-    elif kind == "mirror":  # a host entry listed when the pod was planned
-        # removed since by its owner (another program's file in /tmp): not the pod's business
-        with contextlib.suppress(FileNotFoundError):
-            _check(libc, libc.mount(step[1], step[2], None, _MS_BIND | _MS_REC, None),
-                   f"bind {os.fsdecode(step[1])}")
     elif kind == "readonly":
         _check(libc, libc.mount(None, step[1], None,
                                 _MS_BIND | _MS_REMOUNT | _MS_RDONLY, None),

@@ -1,8 +1,9 @@
 """What a pod runs, as plain data: one container/script template invocation, fully resolved.
 
 ``plan_pod`` turns a template, its variables and the run's folder layout into a ``PodRequest``:
-the command line with its ``{{...}}`` variables substituted and its container paths rewritten to
-local folders (see ``paths``), the environment the template sets, the working directory, the
+the command line with its ``{{...}}`` variables substituted (its container paths as written
+where the pod sees them at those paths: its private view, ``views``; else rewritten to local
+folders, ``paths``), the environment the template sets, the working directory, the
 mounts, the input artifacts to place, the outputs to read back and the deadline. It reads and
 writes nothing, so a dry run shows exactly what a run would start, and an executor gets all it
 needs in one value (see ``executor``). A pod with init containers, sidecars or a
@@ -35,6 +36,7 @@ from .substitution import Vars, as_text, substitute, substitute_text
 if TYPE_CHECKING:
     from .images.spec import InImage
     from .k8s_objects import ObjectLibrary, Projection
+    from .views import View
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
 # `sublimate run` defines them at start-up, and a NamedTuple costs a sixth as much to define.
@@ -60,9 +62,11 @@ class Layout(NamedTuple):
     run_dir: Path
     volumes: tuple[dict, ...] = ()
     claims: tuple[tuple[str, Path], ...] = ()
-    # "namespace": pods see their folders mounted at the manifest's paths (``mounts``);
-    # "rewrite": the paths are rewritten to local folders (``paths``); "image": each pod runs
-    # in its template's image (``images``), its folders bound at the manifest's paths.
+    # "overlay": each pod has a private view of the whole tree, its folders bound at the
+    # manifest's paths (``views``); "namespace": pods see their folders mounted at the
+    # manifest's paths, sharing this machine's files (``mounts``); "rewrite": the paths are
+    # rewritten to local folders (``paths``); "image": each pod runs in its template's image
+    # (``images``), its folders bound at the manifest's paths.
     mounts: str = "rewrite"
     # spec.securityContext: the pods' own unless a template sets one (container mode).
     pod_security: dict | None = None
@@ -108,6 +112,7 @@ class Container(NamedTuple):
     from_environment: tuple[str, ...] = ()
     dependencies: tuple[str, ...] = ()  # containerSet only: names that must succeed first
     in_image: InImage | None = None  # container mode: what it runs in its image
+    view: View | None = None  # overlay mode: its own private view (``views``)
 
     @property
     def log(self) -> Path:
@@ -166,6 +171,8 @@ class PodRequest:
     mounts_note: str = ""
     # Container mode (``images``): what the pod's main container runs in its image.
     in_image: InImage | None = None
+    # Overlay mode (``views``): the main container's private view of the whole tree.
+    view: View | None = None
 
     @property
     def log(self) -> Path:
@@ -218,6 +225,14 @@ class PodRequest:
                 paths.mount(container, local)
         return paths
 
+    def written(self, container_path: str) -> Path | None:
+        """Where the pod left a file or folder it was to write (an output), None if nowhere:
+        in overlay mode its view says (a whiteout is a removal), else its local path."""
+        if self.view is not None:
+            return self.view.find(container_path)
+        local = self.local(container_path)
+        return local if os.path.lexists(local) else None
+
     def output_files(self) -> dict[str, Path]:
         """Output parameter name -> the local file the pod writes it to (``valueFrom.path``)."""
         return {p["name"]: self.local(p["valueFrom"]["path"])
@@ -256,6 +271,22 @@ def template_deadline(template: dict, local: Vars) -> float | None:
     return min(limits) if limits else None
 
 
+PENDING_TIMEOUT = "timeout"  # operator.go ErrTimeout's text, the node's message
+
+
+def pending_limit(template: dict, local: Vars) -> float | None:
+    """``pendingTimeout`` in seconds (``ParseStringToDuration``), or None: how long the node
+    may stay Pending, from its start (operator.go ``checkTemplateTimeouts``). Locally a node
+    is Pending only while it waits for a synchronization lock."""
+    if template.get("pendingTimeout") is None:
+        return None
+    text = substitute_text(str(template["pendingTimeout"]), local, "pendingTimeout")
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise NodeError(f"pendingTimeout: invalid timeout format {exc}") from None
+
+
 def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, display_name: str,
              layout: Layout, art_args: dict[str, dict] | None = None) -> PodRequest:
     """Resolve a container/script template invocation; ``NodeError`` when it cannot be."""
@@ -263,6 +294,7 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     body_key = "script" if "script" in template else "container"
     if "containerSet" in template:
         body_key = "containerSet"
+    local = {**local, **path_variables(template, local, where)}
     # Cluster-only fields (metrics use Argo's {{duration}}/{{status}}, ...) are not ours to
     # resolve: they mean nothing locally.
     tmpl: dict = substitute({k: v for k, v in template.items()  # type: ignore[assignment]
@@ -274,8 +306,16 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     for mount in mounts:
         paths.mount(mount.path, mount.local)
     binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
-    # In a namespace or in the image, the manifest's paths are real: commands keep them.
-    as_written = binds is not None or layout.mounts == "image"
+    view = None
+    if layout.mounts == "overlay":
+        from .views import plan_view  # deferred: only overlay mode pays for it
+
+        view = plan_view(folder, mounts, declared_outputs(tmpl), str(body.get("workingDir") or ""),
+                         folder / "termination-log",
+                         folder / "script" if body_key == "script" and body.get("source")
+                         else None)
+    # In a view, a namespace or the image, the manifest's paths are real: commands keep them.
+    as_written = binds is not None or view is not None or layout.mounts == "image"
     text = PathMap(folder / "fs") if as_written else paths
     argv = [text.rewrite(str(a)) for a in body.get("command") or []]
     script = None
@@ -287,7 +327,7 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         argv.append(SCRIPT_PATH if as_written else str(folder / "script"))
     environment = _environment(body, text, layout.objects)
     containers = plan_containers(tmpl, body, mounts, folder, layout,
-                                 template.get("securityContext") or layout.pod_security)
+                                 template.get("securityContext") or layout.pod_security, view)
     projections, masked = _projections(tmpl, [mounts, *(c.mounts for c in containers)],
                                        folder, layout)
     masked |= _secret_forms(environment.env[name] for name in environment.secret)
@@ -304,7 +344,9 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         template=template["name"],
         argv=argv,
         env=environment.env,
-        cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
+        # in a view, the process starts in the node folder and its view moves it (``views``)
+        cwd=paths.local(body["workingDir"]) if body.get("workingDir") and view is None
+        else folder,
         folder=folder,
         run_dir=layout.run_dir,
         mounts=mounts,
@@ -322,7 +364,47 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         working_dir=str(body.get("workingDir") or folder) if binds is not None else "",
         mounts_note=mounts_note,
         in_image=in_image,
+        view=view,
     )
+
+
+def path_variables(template: dict, local: Vars, where: str) -> Vars:
+    """``{{outputs.parameters.<name>.path}}``, ``{{outputs.artifacts.<name>.path}}`` and
+    ``{{inputs.artifacts.<name>.path}}`` as Argo's ``SubstituteParams`` sets them for a pod
+    template: each path as written, after the pass with the globals and locals but not the
+    inputs (a tag that pass cannot resolve stays in the value, and values are not scanned
+    again), so the pod sees the same text it would on Argo."""
+    first_pass = {k: v for k, v in local.items() if not k.startswith("inputs.")}
+    found: Vars = {}
+
+    def add(name: str, path: object, field: str) -> None:
+        found[name] = substitute_text(str(path), first_pass, f"{where}.{field}",
+                                      keep_unresolved=True)
+
+    for index, art in enumerate((template.get("inputs") or {}).get("artifacts") or []):
+        if art.get("path"):
+            add(f"inputs.artifacts.{art['name']}.path", art["path"],
+                f"inputs.artifacts[{index}].path")
+    outputs = template.get("outputs") or {}
+    for index, art in enumerate(outputs.get("artifacts") or []):
+        if art.get("path"):
+            add(f"outputs.artifacts.{art['name']}.path", art["path"],
+                f"outputs.artifacts[{index}].path")
+    for index, param in enumerate(outputs.get("parameters") or []):
+        if (param.get("valueFrom") or {}).get("path"):
+            add(f"outputs.parameters.{param['name']}.path", param["valueFrom"]["path"],
+                f"outputs.parameters[{index}].valueFrom.path")
+    return found
+
+
+def declared_outputs(tmpl: dict) -> list[str]:
+    """The container paths of a template's output parameters (``valueFrom.path``) and
+    artifacts."""
+    outputs = tmpl.get("outputs") or {}
+    found = [str((p.get("valueFrom") or {}).get("path") or "")
+             for p in outputs.get("parameters") or []]
+    found += [str(a.get("path") or "") for a in outputs.get("artifacts") or []]
+    return [path for path in found if path.startswith("/")]
 
 
 def _input_paths(tmpl: dict) -> list[str]:
@@ -338,7 +420,8 @@ def namespace_binds(tmpl: dict, body: dict, body_key: str, mounts: list[Mount], 
     if layout.mounts != "namespace":
         return None, ""
     if tmpl.get("initContainers") or tmpl.get("sidecars") or body_key == "containerSet":
-        return None, "paths rewritten: a pod of several containers runs without a namespace"
+        return None, ("paths rewritten: a pod of several containers runs without a namespace "
+                      "(overlay mode gives each container its own view)")
     working_dir = str(body.get("workingDir") or "")
     binds, why = binds_for(mounts, folder, working_dir,
                            body_key == "script" and bool(body.get("source")))
@@ -381,11 +464,14 @@ def set_retry(tmpl: dict) -> SetRetry | None:
 
 
 def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Path,
-                    layout: Layout, pod_security: dict | None = None) -> list[Container]:
+                    layout: Layout, pod_security: dict | None = None,
+                    main_view: View | None = None) -> list[Container]:
     """Init containers (in order), then a containerSet's containers, then sidecars; in
     container mode each with what it runs in its own image (``pod_security``: the pod's
-    securityContext)."""
+    securityContext); in overlay mode each with its own view (the set's ``main`` with the
+    pod's, ``main_view``)."""
     images = layout.mounts == "image"
+    views = main_view is not None
     volumes_only = {"volumes": tmpl.get("volumes") or []}
     # mirrorVolumeMounts: the main container's volume mounts, input artifacts included
     # (workflowpod.go addInitContainers/addSidecars -> mirrorVolumeMounts, called "after all
@@ -399,8 +485,9 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
 
     def plan(body: dict, role: str) -> Container:
         name = str(body.get("name") or "")
+        view = None
         if name == "main" and role == "set":
-            mounts, paths = main_mounts, main_paths
+            mounts, paths, view = main_mounts, main_paths, main_view
         else:
             root = folder / "ctr" / name / "fs"
             mounts = _mounts(volumes_only, body, folder, layout, fs_root=root)
@@ -409,7 +496,13 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             paths = PathMap(root)
             for mount in mounts:
                 paths.mount(mount.path, mount.local)
-        text = PathMap(folder / "fs") if images else paths  # in its image: as written
+            if views:
+                from .views import plan_view
+
+                view = plan_view(root.parent, mounts, [], str(body.get("workingDir") or ""),
+                                 folder / f"{name}.termination-log")
+        # in its image or its view: as written
+        text = PathMap(folder / "fs") if images or views else paths
         environment = _environment(body, text, layout.objects)
         in_image = None
         if images:
@@ -423,11 +516,12 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             argv=[text.rewrite(str(a)) for a in body.get("command") or []]
             + [text.rewrite(as_text(a)) for a in body.get("args") or []],
             env=environment.env,
-            cwd=paths.local(body["workingDir"]) if body.get("workingDir") else folder,
+            cwd=paths.local(body["workingDir"]) if body.get("workingDir") and not views
+            else folder,
             folder=folder, mounts=tuple(mounts),
             from_environment=tuple(environment.from_environment),
             dependencies=tuple(str(d) for d in body.get("dependencies") or []),
-            in_image=in_image)
+            in_image=in_image, view=view)
 
     found = [plan(c, "init") for c in tmpl.get("initContainers") or []]
     container_set = tmpl.get("containerSet")

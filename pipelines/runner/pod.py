@@ -140,10 +140,16 @@ def stage(request: PodRequest, record: RunRecord) -> None:
         if mount.shared:  # outlives the pod: workflow outputs may point here
             with record.lock:
                 record.shared_mounts.mount(mount.path, mount.local)
-    for local in [*request.output_files().values(), *request.artifact_paths().values()]:
-        local.parent.mkdir(parents=True, exist_ok=True)
+    if request.view is None:  # in a view the pod's own layer holds them, made as it runs
+        for local in [*request.output_files().values(), *request.artifact_paths().values()]:
+            local.parent.mkdir(parents=True, exist_ok=True)
     for art in request.inputs:
-        artifacts.load_input(art)
+        if request.view is not None and art.target.is_relative_to(request.view.upper):
+            from .views import load_into_layer  # deferred: only overlay mode pays for it
+
+            load_into_layer(request.view, art)
+        else:
+            artifacts.load_input(art)
     request.cwd.mkdir(parents=True, exist_ok=True)
     for container in request.containers:  # init containers, sidecars, a containerSet's
         for mount in container.mounts:
@@ -247,7 +253,10 @@ def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> 
         if "path" not in source:
             continue
         try:
-            value = request.paths.restore(request.local(source["path"]).read_text().rstrip())
+            written = request.written(source["path"])
+            if written is None:
+                raise FileNotFoundError(source["path"])
+            value = request.paths.restore(written.read_text().rstrip())
         except OSError:
             if "default" not in source:
                 problem = problem or (f"output parameter {param['name']!r}: "
@@ -256,8 +265,8 @@ def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> 
             value = as_text(source["default"])
         set_param(run, node, param, value)
     for art in request.outputs.get("artifacts") or []:
-        local = request.local(art["path"])
-        if not local.exists():
+        local = request.written(art["path"])
+        if local is None or not local.exists():
             if not art.get("optional"):
                 problem = problem or f"output artifact {art['name']!r}: {art['path']} not found"
             continue

@@ -98,7 +98,7 @@ class _Planner:
             return
         wf = self.preview.name
         try:
-            inputs = resolve_inputs(template, arguments, node_id(wf, name))
+            inputs = resolve_inputs(template, arguments, node_id(wf, name), self.globals)
             strategy = retry_strategy(template, self.spec)
             if strategy:
                 policy = retry_policy(strategy, {**self.globals, **inputs}, template_name)

@@ -7,7 +7,12 @@ use without creating anything.
 
 ``status.json`` is written to a temporary file, fsynced, and renamed over the old one, so a crash
 (or a power cut) leaves the old status or the new one, never a torn or empty file; the folder is
-fsynced too when the run starts and ends, so those two renames survive a power cut.
+fsynced too when the run starts and ends, so those two renames survive a power cut. The writes
+while the run goes on are made by a thread of their own (``_StatusWriter``): a transition marks
+the status out of date and returns, and the thread writes the latest state (one write for all
+the transitions made meanwhile), so no step waits for the disk. The final status is written by
+the thread that concludes the run, before ``run_workflow`` returns; a status on disk lags the
+run by at most the write in progress.
 
 It also names the runner (``runner``: pid, start time in clock ticks since boot, host), so that a
 run whose runner was killed (SIGKILL, the OOM killer, a reboot) is not shown Running forever:
@@ -119,6 +124,7 @@ class RunRecord:
         # Secret values (``k8s_objects``): masked in status.json, results and events.
         self.secrets: frozenset[str] = frozenset()
         self._noted: set[str] = set()
+        self.writer = _StatusWriter(self)
 
     def remember_secrets(self, values: frozenset[str] | set[str]) -> frozenset[str]:
         """Add secret values to mask; returns every one the run knows."""
@@ -158,7 +164,7 @@ class RunRecord:
             node.phase = phase
             if message:
                 node.message = message
-            self.write_status()
+            self.status_changed()
         self.emit(RunEvent("node", self.name, stamp, phase=phase, node=node,
                            message=node.message))
 
@@ -198,7 +204,7 @@ class RunRecord:
     # ------------------------------------------------------------------ the workflow
 
     def started(self) -> None:
-        self.write_status(sync_folder=True)
+        self.writer.request(sync_folder=True)
         self.emit(RunEvent("workflow", self.name, self.started_at, phase=NodePhase.RUNNING))
 
     def conclude(self, phase: NodePhase, message: str) -> None:
@@ -217,6 +223,7 @@ class RunRecord:
             self.message = message
             self.finished_at = now()
             self._link_outputs()
+            self.writer.close()
             self.write_status(sync_folder=True)
         self.emit(RunEvent("workflow", self.name, self.finished_at, phase=phase,
                            message=message))
@@ -276,10 +283,15 @@ class RunRecord:
         return result
 
     def write_status(self, sync_folder: bool = False) -> None:
+        """Write the status now, from this thread (the run's conclusion)."""
         with self.lock:
             status = self.result().to_json()
-            write_durably(self.run_dir / STATUS_FILE, json.dumps(status, indent=1),
-                          sync_folder=sync_folder)
+            version = self.writer.changed()
+        self.writer.write(version, status, sync_folder)
+
+    def status_changed(self) -> None:
+        """The status on disk is out of date: the writer thread will write it."""
+        self.writer.request()
 
     def emit(self, event: RunEvent) -> None:
         if self.secrets and (event.message or event.line):
@@ -292,6 +304,73 @@ class RunRecord:
 
 
 STATUS_FILE = "status.json"
+
+
+class _StatusWriter:
+    """Writes a run's ``status.json`` off the threads that change it. ``request`` marks the
+    status out of date and wakes the writer thread, which takes a snapshot under the record's
+    lock, then writes it (temporary file, fsync, rename) outside it; transitions made while it
+    writes are in its next snapshot. Each write carries the version it snapshot, and an older
+    version never replaces a newer one (the conclusion, written by its own thread)."""
+
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
+        self.wake = threading.Condition()
+        self.file_lock = threading.Lock()
+        self.version = 0  # of the record's state; under the record's lock
+        self.requested = 0  # the version asked for (under ``wake``)
+        self.written = -1  # the version on disk (under ``file_lock``)
+        self.sync_folder = False
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def changed(self) -> int:
+        """A new version of the state (the caller holds the record's lock)."""
+        self.version += 1
+        return self.version
+
+    def request(self, sync_folder: bool = False) -> None:
+        with self.record.lock:
+            version = self.changed()
+        with self.wake:
+            if self.closed:
+                return
+            self.requested = version
+            self.sync_folder |= sync_folder
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="status-writer",
+                                               daemon=True)
+                self.thread.start()
+            self.wake.notify()
+
+    def _loop(self) -> None:
+        done = 0
+        while True:
+            with self.wake:
+                while self.requested == done and not self.closed:
+                    self.wake.wait()
+                if self.closed:
+                    return
+                done, sync_folder, self.sync_folder = self.requested, self.sync_folder, False
+            with self.record.lock:
+                version = self.version
+                status = self.record.result().to_json()
+            with contextlib.suppress(OSError):  # a full disk must not stop the run
+                self.write(version, status, sync_folder)
+
+    def write(self, version: int, status: dict, sync_folder: bool) -> None:
+        text = json.dumps(status, indent=1)
+        with self.file_lock:
+            if version <= self.written:
+                return  # a newer state is on disk already
+            write_durably(self.record.run_dir / STATUS_FILE, text, sync_folder=sync_folder)
+            self.written = version
+
+    def close(self) -> None:
+        """No more writes from the thread (the caller writes the last one itself)."""
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
 
 
 def host_name() -> str:

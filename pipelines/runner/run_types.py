@@ -27,8 +27,8 @@ def now() -> datetime:
 
 @dataclass
 class RunEvent:
-    """A progress event: ``kind`` is ``"workflow"``, ``"node"`` (phase change), ``"log"`` or
-    ``"note"`` (something the runner says once, in ``message``)."""
+    """A progress event: ``kind`` is ``"workflow"``, ``"node"`` (phase change), ``"log"``, or
+    ``"note"`` (something the runner says once about the run as a whole, in ``message``)."""
 
     kind: str
     workflow: str
@@ -60,9 +60,10 @@ class RunOptions:
     # What runs each pod: None is the local process executor. Tests pass a fake one, so that
     # DAG/steps semantics are checked without starting processes.
     executor: Executor | None = None
-    # Where pods find the manifest's absolute paths (``mounts``): "namespace" mounts the run's
-    # folders there in a private mount namespace, "rewrite" rewrites the paths as written,
-    # "auto" is "namespace" where this machine allows it (and pods are local processes).
+    # Where pods find the manifest's absolute paths (``mounts``): "overlay" gives each pod a
+    # private view of the whole tree (``views``), "namespace" mounts the run's folders there in
+    # a private mount namespace, the host's files shared, "rewrite" rewrites the paths as
+    # written, "auto" is the first of these this machine allows (for local processes).
     mounts: str = "auto"
     # ``--containers``: run each pod in its template's image through a container engine
     # (``images``): "auto" (the first of docker, podman, buildah that works) or one of them;

@@ -18,20 +18,31 @@ Vars = dict[str, str]
 _VARIABLE = re.compile(r"[A-Za-z_][\w\-]*(?:\.[\w\-]+)*")
 
 
-def substitute_text(text: str, scope: Mapping[str, str], where: str) -> str:
+def substitute_text(text: str, scope: Mapping[str, str], where: str,
+                    keep_unresolved: bool = False) -> str:
+    """``text`` with its tags replaced from ``scope``; a tag it cannot resolve is a
+    ``NodeError``, or, with ``keep_unresolved``, stays as written (Argo's first pass over a
+    template, ``template.Replace(..., allowUnresolved=true)``: an expression that fails or gives
+    nil stays too, for the pass that has the inputs)."""
     if "{{" not in text:
         return text
     missing: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
         if match.group(1).startswith("="):
+            if keep_unresolved:
+                try:
+                    return _expression_tag(match.group(1)[1:], scope, where)
+                except NodeError:
+                    return match.group(0)
             return _expression_tag(match.group(1)[1:], scope, where)
         name = match.group(1).strip()
         if not _VARIABLE.fullmatch(name):
             return match.group(0)
         value = scope.get(name)
         if value is None:
-            missing.append(name)
+            if not keep_unresolved:
+                missing.append(name)
             return match.group(0)
         return value
 

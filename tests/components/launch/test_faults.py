@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.launch import faults
+from sublimate.components.launch.cpu_cgroups import quota_cores
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.cli.fault import duration
 from tests.components.launch.test_netns_scheduler import (
@@ -37,22 +38,39 @@ from tests.components.launch.test_netns_scheduler import (
 __all__ = ["netns"]  # the fixture, imported for the tests below
 
 
+# Node 0 runs until the test creates `done` on the shared volume (an event, not a sleep that a
+# loaded machine could outlast); node 1 would sleep a minute, but is killed long before.
+UNTIL_DONE = """
+import os, pathlib, time
+done, end = pathlib.Path("/mnt/sublimate-test/done"), time.monotonic() + 120
+if os.environ["SUBLIMATE_NODE_ADDR"].endswith(".1"):
+    while not done.exists() and time.monotonic() < end:
+        time.sleep(0.01)
+else:
+    time.sleep(60)
+"""
+# A node that runs until the test cancels its job (ten minutes: never the end of a test).
+UNTIL_CANCELLED = "import time; time.sleep(600)"
+# How long a test waits for what an event will bring (a replica seen failed): only a cap on a
+# failure's wait, generous because a loaded machine is slow, never how long it takes.
+EVENT_SECONDS = 60
+
+
 def test_kill_a_node_fails_its_replica(netns: None, tmp_path: Path) -> None:
-    code = """
-    import os, time
-    time.sleep(2 if os.environ["SUBLIMATE_NODE_ADDR"].endswith(".1") else 60)
-    """
+    shared = tmp_path / "shared"
+    shared.mkdir()
     before = snapshot()
     with runner() as r:
-        handle = r.run(app_of(python_role(code, 2)), "local_netns",
-                       cfg={"log_dir": str(tmp_path)})
+        handle = r.run(app_of(python_role(UNTIL_DONE, 2)), "local_netns", cfg={
+            "log_dir": str(tmp_path), "volume": f"{shared}:/mnt/sublimate-test"})
         cluster = faults.load_running(tmp_path)  # found from the run folder (log_dir = it)
         faults.kill_node(cluster, 1)
-        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 5,
-                 "the killed node's replica to fail")
+        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED",
+                 EVENT_SECONDS, "the killed node's replica to fail")
         assert r.status(handle).roles[0].replicas[0].state.name == "RUNNING"
         assert [n.state for n in faults.list_nodes(faults.Cluster.load(cluster.path))] == [
             "running", "killed"]
+        (shared / "done").touch()  # node 0 may end now, well
         status = r.wait(handle, wait_interval=0.05)
     assert status.state.name == "FAILED"
     success = json.loads((cluster.path.parent / "SUCCESS").read_text())
@@ -110,9 +128,18 @@ def test_cut_stalls_a_stream_which_then_resumes(netns: None, tmp_path: Path) -> 
     assert match, log
     received, silence = int(match.group(1)), float(match.group(2))
     print(f"2 s cut: the stream stalled {silence:.2f} s, then resumed; all {received} bytes")
-    assert 1.9 <= blocked < 2.5 and len(ticks) >= 2
+    # cut_link blocks for the cut at least (a monotonic clock's sleep); how much longer it takes
+    # to bring the link up (a process started by nsenter) is up to the machine's load, and what
+    # shows the link came back is the stream's end, below. Progress came at the start, with the
+    # whole cut left, and then about once a second.
+    assert blocked >= 2.0 and ticks and ticks[0] <= 2.0 and ticks == sorted(ticks, reverse=True)
     assert received == 200 * 1024  # resumed: nothing lost
-    assert 1.8 <= silence < 8  # stalled for the cut, resumed within a retransmission or so
+    # Stalled for the cut (the receiver heard nothing while the link was down; 1.8: its clock
+    # starts at the last chunk before the cut, up to one 20 ms send earlier), then resumed by
+    # TCP's own recovery (2.1 s of silence measured here; at the latest its retransmission
+    # timer, doubling from 200 ms, fires 3.0 s after the cut began). The upper bound only rules
+    # out a stream that did not come back by itself, with room for a loaded machine.
+    assert 1.8 <= silence < 30
     assert_no_leaks(before)
 
 
@@ -141,7 +168,7 @@ def test_slow_caps_the_cpu_of_every_process_of_a_node(netns: None, tmp_path: Pat
         cluster = faults.load_running(tmp_path)
         faults.slow_node(cluster, 1, cpu=0.1)
         group = Path(faults.Cluster.load(cluster.path).nodes[1].cgroup or "")
-        assert (group / "cpu.cfs_quota_us").read_text().strip() == "10000"
+        assert quota_cores(group) == pytest.approx(0.1)  # cgroup v1 or v2
         (shared / "go").touch()
         status = r.wait(handle, wait_interval=0.05)
     logs = [log_of(tmp_path / "logs", handle, "node", k) for k in range(2)]
@@ -151,17 +178,18 @@ def test_slow_caps_the_cpu_of_every_process_of_a_node(netns: None, tmp_path: Pat
         for log in logs)
     print(f"cpu=0.1: the same loop took {slow:.2f} s on the slowed node ({slow_share:.2f} of a "
           f"core), {fast:.2f} s on the other ({fast_share:.2f}): {slow / fast:.1f}x")
-    assert slow_share <= 0.15  # the quota holds the new child process too
-    # A tenth of a core, so the comparison holds even when other work leaves the other node
-    # far less than a core (this machine's 2 cores are shared)
-    assert slow >= 2 * fast
+    # The quota holds the new child process too: a tenth of a core at most, whatever else runs
+    # (a busy machine can only give it less; the slack covers the 10 ms ticks CPU time is
+    # counted in). How much faster the other node was depends on what else runs on this
+    # machine's shared cores, so it is printed, not asserted.
+    assert slow_share <= 0.15
     assert not group.exists()  # the job's end removed the cgroup (and the quota with it)
     assert_no_leaks(before)
 
 
 def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
     with runner() as r:
-        handle = r.run(app_of(python_role("import time; time.sleep(30)", 2)), "local_netns",
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 2)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
         cluster = faults.load_running(tmp_path)
         faults.slow_node(cluster, 0, cpu=0.5)
@@ -171,7 +199,7 @@ def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
         bridge = faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "reading")
         assert "DOWN" in bridge
         faults.restore_node(cluster, 0)
-        assert Path(node.cgroup or "", "cpu.cfs_quota_us").read_text().strip() == "-1"
+        assert quota_cores(Path(node.cgroup or "")) is None
         assert "DOWN" not in faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "r")
         assert faults.Cluster.load(cluster.path).nodes[0].faults == {}
         r.cancel(handle)
@@ -180,7 +208,7 @@ def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
 def test_delay_needs_netem(netns: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     without_netem(monkeypatch)
     with runner() as r:
-        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
         cluster = faults.load_running(tmp_path)
         with pytest.raises(faults.FaultError, match="--delay=50ms needs the netem qdisc"):
@@ -198,7 +226,7 @@ def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
     run = tmp_path / "run"
     before = snapshot()
     with runner() as r:
-        handle = r.run(app_of(python_role("import time; time.sleep(30)", 2)), "local_netns",
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 2)), "local_netns",
                        cfg={"log_dir": str(run / "logs")})
         listed = sublimate("fault", "list", str(run))
         assert listed.returncode == 0, listed.stderr
@@ -218,8 +246,8 @@ def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
                                           "nodes 0..1"
         killed = sublimate("fault", "kill", str(run), "--node", "1")
         assert killed.returncode == 0, killed.stderr
-        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 5,
-                 "the kill")
+        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED",
+                 EVENT_SECONDS, "the kill")
         listed = json.loads(sublimate("fault", "list", str(run), "--json").stdout)
         assert [n["state"] for n in listed["nodes"]] == ["running", "killed"]
         r.cancel(handle)
@@ -274,7 +302,7 @@ def test_find_cluster_prefers_the_running_job(tmp_path: Path) -> None:
 
 def test_a_cut_returns_the_link_even_when_interrupted(netns: None, tmp_path: Path) -> None:
     with runner() as r:
-        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
         cluster = faults.load_running(tmp_path)
 
@@ -290,7 +318,7 @@ def test_a_cut_returns_the_link_even_when_interrupted(netns: None, tmp_path: Pat
 def test_the_supervisor_alone_tears_a_cluster_down(netns: None, tmp_path: Path) -> None:
     """What runs when the launcher dies: EOF on the supervisor's stdin, then teardown."""
     with runner() as r:
-        handle = r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
         path = cluster_file(tmp_path, handle)
         done = threading.Event()
@@ -300,4 +328,4 @@ def test_the_supervisor_alone_tears_a_cluster_down(netns: None, tmp_path: Path) 
         assert supervisor.wait(timeout=20) == 0
         done.set()
         assert faults.Cluster.load(path).state == faults.ENDED
-        wait_for(lambda: r.status(handle).is_terminal(), 5, "the job to notice")
+        wait_for(lambda: r.status(handle).is_terminal(), EVENT_SECONDS, "the job to notice")

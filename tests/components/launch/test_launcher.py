@@ -11,8 +11,14 @@ import torch
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch.apps import trainer
 from sublimate.components.launch.cluster_job import make_runner
-from sublimate.components.launch.launcher import build_app, choose_scheduler
+from sublimate.components.launch.launcher import (
+    _watched,
+    build_app,
+    choose_scheduler,
+    make_watchdog,
+)
 from sublimate.components.launch.logs import follow_logs, whole_lines
+from sublimate.components.monitoring.watchdog import ProgressReporter
 from sublimate.components.steps.train import parse_args
 
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1"]
@@ -53,6 +59,19 @@ def test_trainer_is_one_replica_per_node_running_torchrun() -> None:
     assert "OMP_NUM_THREADS" not in gpu_role.env
     assert "-m torch.distributed.run --nnodes 2 --nproc-per-node 1" in gpu_role.args[1]
     assert gpu_role.args[1].endswith("-m sublimate.components.processes.worker --epochs 3")
+
+
+def test_own_code_is_watched_once_this_attempt_reports_not_for_an_earlier_ones_files(
+        tmp_path: Path) -> None:
+    """Own code that never writes heartbeats is left alone by the watchdog, even when an earlier
+    attempt on the same run folder (the built-in loop, or a retried step) left some."""
+    args = parse_args(["--data-dir", str(tmp_path), "--run-dir", str(tmp_path / "run"),
+                       "--entrypoint", "train.py", "--stall-seconds", "60"])
+    ProgressReporter(args.run_dir, 0, "node0", attempt="earlier").finish(440)
+    dog = make_watchdog(args, "this-attempt")
+    assert dog is not None and not _watched(args, dog)
+    ProgressReporter(args.run_dir, 1, "node0", attempt="this-attempt")  # a rank uses the library
+    assert _watched(args, dog)
 
 
 def test_launcher_rejects_a_batch_that_does_not_split(capsys: pytest.CaptureFixture) -> None:

@@ -322,8 +322,12 @@ def test_link_rate_shapes_both_directions(netns: None, tmp_path: Path) -> None:
     shaped = measured_rate(tmp_path / "shaped", {"link_rate": "50mbit"})
     unshaped = measured_rate(tmp_path / "unshaped", {})
     print(f"4 MB node to node: link_rate=50mbit {shaped:.1f} Mbit/s, unshaped {unshaped:.0f}")
-    assert 37.5 <= shaped <= 62.5
-    assert unshaped > 4 * shaped
+    # tbf never lets more than the rate through (10% over: its 4 ms burst, and the clock starts
+    # at the first chunk received); less is what a loaded machine's starved receiver reads, so
+    # the floor only rules out a rate set in the wrong unit (5mbit, 6.25 MB/s) by a wide margin.
+    assert 15 <= shaped <= 55
+    # Unshaped, a veth pair moves GB/s; even a starved receiver is far above the 50 Mbit/s cap.
+    assert unshaped > 2 * 55
     assert_no_leaks(before)
 
 
@@ -368,24 +372,32 @@ def test_torchrun_gloo_all_reduce_across_namespaces(netns: None, tmp_path: Path)
 
 
 def test_nothing_left_after_a_failure(netns: None, tmp_path: Path) -> None:
+    # Node 0 runs until the test creates `done` (an event: a sleep could be over before a
+    # loaded machine gets to look); node 1 fails at once.
     code = """
-    import os, sys, time
+    import os, pathlib, sys, time
     if os.environ["SUBLIMATE_NODE_ADDR"].endswith(".2"):
         sys.exit(3)
-    time.sleep(1.5)
+    done, end = pathlib.Path("/mnt/sublimate-test/done"), time.monotonic() + 120
+    while not done.exists() and time.monotonic() < end:
+        time.sleep(0.01)
     """
+    shared = tmp_path / "shared"
+    shared.mkdir()
     before = snapshot()
     with runner() as r:
-        handle = r.run(app_of(python_role(code, 2)), "local_netns",
-                       cfg={"log_dir": str(tmp_path)})
-        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 20,
+        handle = r.run(app_of(python_role(code, 2)), "local_netns", cfg={
+            "log_dir": str(tmp_path / "logs"), "volume": f"{shared}:/mnt/sublimate-test"})
+        wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED", 60,
                  "node 1 to fail")
         assert r.status(handle).roles[0].replicas[0].state.name == "RUNNING"
+        (shared / "done").touch()
         status = r.wait(handle, wait_interval=0.05)
         assert status.state.name == "FAILED"
-        assert_cluster_gone(cluster_file(tmp_path, handle))  # at the job's end, not the runner's
+        # at the job's end, not the runner's
+        assert_cluster_gone(cluster_file(tmp_path / "logs", handle))
     assert_no_leaks(before)
-    success = json.loads((cluster_file(tmp_path, handle).parent / "SUCCESS").read_text())
+    success = json.loads((cluster_file(tmp_path / "logs", handle).parent / "SUCCESS").read_text())
     assert [r["exitcode"] for r in success["roles"]["node"]] == [0, 3]
 
 
@@ -412,12 +424,13 @@ def test_nothing_left_after_cancel(netns: None, tmp_path: Path) -> None:
         assert len(during["processes"] - before["processes"]) >= 6
         assert len(during["links"] - before["links"]) == 1  # the host's veth
         assert len(during["cgroups"] - before["cgroups"]) == 2
-        started = time.monotonic()
         r.cancel(handle)
-        cancel_seconds = time.monotonic() - started
         assert r.status(handle).state.name == "CANCELLED"
         assert_cluster_gone(path)
-    assert cancel_seconds < 5  # the nodes' init forwards SIGTERM: no 10 s SIGKILL fallback
+    # The nodes ended by the cancel's SIGTERM, which each node's init forwards to its command
+    # (exit 128 + 15), not by TorchX's SIGKILL fallback 10 s later (the holder killed: -9).
+    success = json.loads((path.parent / "SUCCESS").read_text())
+    assert [r["exitcode"] for r in success["roles"]["node"]] == [128 + signal.SIGTERM] * 2
     assert_no_leaks(before)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch import faults
+from sublimate.components.model import checkpoint
 from tests.components.launch.test_netns_scheduler import netns
 from tests.conftest import (
     finish_run,
@@ -33,9 +34,16 @@ pytestmark = pytest.mark.usefixtures("netns")
 THREE_NODES = ["-p", "scheduler=local_netns", "-p", "nodes=3", "-p", "global-batch-size=60"]
 
 
-def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> None:
-    settings = ["-p", "nodes=3", "-p", "global-batch-size=60", "-p", "epochs=5"]
-    shaped = run_cli("run", *settings, "-p", "scheduler=local_netns", "-p", "link-rate=100mbit",
+# Slow enough that the link, not this machine's two shared cores, sets the step time: at
+# 100 Mbit/s the digits MLP's all-reduce (139 kB per rank and step) takes 11 ms, about what
+# an unshaped step takes here anyway, so the rate could not show; at 20 Mbit/s it takes 56 ms.
+RATE, RATE_BITS = "20mbit", 20e6
+
+
+def test_three_nodes_on_shaped_links_train_like_local_cwd_at_the_links_rate(
+        tmp_path: Path) -> None:
+    settings = ["-p", "nodes=3", "-p", "global-batch-size=60", "-p", "epochs=3"]
+    shaped = run_cli("run", *settings, "-p", "scheduler=local_netns", "-p", f"link-rate={RATE}",
                      home=tmp_path / "netns")
     assert shaped.returncode == 0, shaped.stdout[-3000:] + shaped.stderr[-3000:]
     plain = run_cli("run", *settings, "-p", "scheduler=local_cwd", home=tmp_path / "cwd")
@@ -43,12 +51,35 @@ def test_three_nodes_on_100mbit_links_train_like_local_cwd(tmp_path: Path) -> No
     # Same seed, same data order, same world: synchronous SGD lands on the same model.
     assert float(run_outputs(shaped.stdout)["metric"]) == pytest.approx(
         float(run_outputs(plain.stdout)["metric"]), abs=0.01)
-    summary = json.loads((results_folder(tmp_path / "netns") / "train-summary.json").read_text())
+    results = results_folder(tmp_path / "netns")
+    summary = json.loads((results / "train-summary.json").read_text())
     assert summary["world_size"] == 3
+    # The gradients went over every node's own link: each rank's namespace counts what left it
+    # (loopback excluded: inside a node it is the node's own), and an all-reduce of G bytes
+    # among n ranks must send at least (n-1)/n x G from every rank, at every step.
+    state = checkpoint.load(results / "model.pt")
+    assert state is not None
+    gradient = sum(t.numel() * t.element_size() for t in state["state_dict"].values())
+    floor = summary["steps"] * gradient * 2 / 3
+    report = json.loads((results / "report" / "report.json").read_text())
+    sent, split = report["net_sent_bytes"], report["time_split"]
+    assert sorted(sent) == ["rank-0", "rank-1", "rank-2"]
+    assert all(sent[rank] >= floor for rank in sent), (sent, floor)
+    # ...and at the link's rate: those bytes cannot leave faster than RATE, so the steps (data,
+    # compute and communication) took at least their transfer time at that rate: a floor that
+    # load only raises (0.9 of it leaves room for tbf's 4 ms burst and the few bytes sent
+    # outside the steps). Unshaped, the same steps took 0.6 s here, a sixth of it.
+    for rank, bytes_sent in sent.items():
+        at_rate = bytes_sent * 8 / RATE_BITS
+        steps = sum(split[rank][f"{phase}_seconds"] for phase in ("data", "compute", "comm"))
+        print(f"{rank}: {bytes_sent / 1e6:.1f} MB sent (floor {floor / 1e6:.1f} MB); steps took "
+              f"{steps:.2f} s ({split[rank]['comm_seconds']:.2f} s communicating), the bytes "
+              f"{at_rate:.2f} s at {RATE}")
+        assert steps >= 0.9 * at_rate
     # The job's cluster was torn down with it (tests/components/launch/test_netns_scheduler.py
     # checks for leaks of namespaces, links and processes in every way a job can end).
-    (state,) = results_folder(tmp_path / "netns").glob("logs/**/cluster.json")
-    cluster = json.loads(state.read_text())
+    (state_file,) = results.glob("logs/**/cluster.json")
+    cluster = json.loads(state_file.read_text())
     assert cluster["state"] != faults.RUNNING
     assert all(start_ticks(node["init_pid"]) != node["init_start"]
                for node in cluster["nodes"])

@@ -327,6 +327,38 @@ def test_exclusive_create_refuses_a_second_writer(registry_url: str) -> None:
     assert registry._fs.cat_file(path) == b'{"first": true}'
 
 
+def test_a_store_without_an_exclusive_create_is_read_but_never_written(tmp_path: Path) -> None:
+    """A minimal fsspec backend, as many are: it accepts ``open(path, "xb")`` and overwrites."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class OverwritingStore(MemoryFileSystem):
+        protocol = "overwriting"
+        store: dict = {}  # noqa: RUF012 - fsspec's own convention: one store per class
+        pseudo_dirs = [""]  # noqa: RUF012
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: object) -> object:
+            return super()._open(path, "wb" if mode == "xb" else mode, **kwargs)
+
+    fsspec.register_implementation("overwriting", OverwritingStore, clobber=True)
+    store = OverwritingStore()
+    with store.open("/probe", "xb") as first:
+        first.write(b"1")
+    with store.open("/probe", "xb") as second:  # no FileExistsError: the first is gone
+        second.write(b"2")
+    assert store.cat_file("/probe") == b"2"
+    registry = Registry("overwriting://team/registry")
+    assert registry.versions() == [] and registry.champion() is None  # reading is fine
+    for write in (lambda: registry.publish(model_files(tmp_path / "run"), lineage()),
+                  lambda: registry.promote("20261203T153317Z-2962629a", "better"),
+                  lambda: registry.rollback("worse")):
+        with pytest.raises(RegistryError, match=r"cannot publish, promote or roll back on a "
+                                                r"'overwriting' store.*use a shared folder or "
+                                                r"s3://"):
+            write()
+    assert store.find("/team") == []  # refused before anything was stored
+
+
 def test_download_refuses_a_damaged_file(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "registry")
     version = registry.publish(model_files(tmp_path / "run"), lineage())

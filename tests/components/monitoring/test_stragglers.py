@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -134,3 +135,22 @@ def test_the_finding_is_json_and_comes_from_the_epochs_gathered_rows() -> None:
     assert record["phases_per_step"]["compute"] == pytest.approx(0.0245)
     named = timings_from_rows(rows[:2], steps=1, node_names=["ps0", "trainer1"])
     assert [t.node for t in named] == ["ps0", "trainer1"]
+
+
+def test_the_docs_state_the_excess_the_rule_applies() -> None:
+    """Every statement of the rule's per-step excess, in the module and the docs, is the
+    constant's (the module once said a millisecond where the rule takes two)."""
+    from sublimate.components.monitoring import stragglers
+    from tests.conftest import REPO
+
+    words = {"a": 1.0, "one": 1.0, "two": 2.0, "three": 3.0}
+    quantity = r"(a|one|two|three|\d+(?:\.\d+)?)"
+    statement = re.compile(rf"\b{quantity}\s*(?:ms|milliseconds?)\s+(?:per\s+step|more)"
+                           rf"|per\s+step\s+\({quantity}\s*ms\)")
+    for name, text in (("stragglers.py", stragglers.__doc__ or ""),
+                       ("docs/monitoring.md", (REPO / "docs/monitoring.md").read_text()),
+                       ("docs/local-cluster.md", (REPO / "docs/local-cluster.md").read_text())):
+        stated = [match.group(1) or match.group(2) for match in statement.finditer(text)]
+        assert stated, f"{name} no longer states the excess: update this test's pattern"
+        values = {words.get(value) or float(value) for value in stated}
+        assert values == {MIN_EXCESS_SECONDS * 1000}, f"{name} states {stated} ms per step"

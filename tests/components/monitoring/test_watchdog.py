@@ -138,20 +138,33 @@ def test_a_finished_rank_is_not_a_stall(tmp_path: Path) -> None:
                              "870; last step of the job 880")
 
 
-def test_peers_wait_for_a_pause_which_gets_the_stall_allowance(tmp_path: Path) -> None:
-    dog = watchdog(tmp_path, ranks=2)
+def test_peers_wait_for_a_pause_which_gets_the_startup_allowance(tmp_path: Path) -> None:
+    dog = watchdog(tmp_path, ranks=2)  # stall 120 s, start-up 600 s
     beat(tmp_path, 0, 400, T0 + 1000, state="paused", what="checkpoint")
     beat(tmp_path, 1, 400, T0 + 990)  # waits in the checkpoint's barrier
-    assert dog.check(T0 + 1115) is None  # rank 1 is silent 125 s, but waits for rank 0
-    stall = dog.check(T0 + 1130)  # a checkpoint that takes longer than a stall is one
+    assert dog.check(T0 + 1130) is None  # rank 1 is silent 140 s, but waits for rank 0
+    assert dog.check(T0 + 1600) is None  # a long checkpoint is not a stall...
+    stall = dog.check(T0 + 1601)  # ...until it takes longer than the start-up allowance
     assert stall is not None and stall.ranks == (0, 1)
-    assert stall.message == ("no progress for 130s: rank 1 (node1) stopped reporting at step "
+    assert stall.message == ("no progress for 601s: rank 1 (node1) stopped reporting at step "
                              "400; rank 0 (node0) paused (checkpoint) since step 400; last step "
                              "of the job 400")
     # torchrun restarted the workers: start-up again, judged by the long allowance
     beat(tmp_path, 0, 0, T0 + 1700, state="starting", restart=1)
     beat(tmp_path, 1, 0, T0 + 1700, state="starting", restart=1)
     assert dog.check(T0 + 2200) is None
+
+
+def test_an_evaluation_longer_than_the_stall_allowance_is_not_a_stall(tmp_path: Path) -> None:
+    # The settings' promise: evaluations and checkpoints get startup-seconds, not stall-seconds.
+    dog = Watchdog(tmp_path, 300, 2, startup_seconds=900, attempt="a1", since=T0)
+    beat(tmp_path, 0, 440, T0 + 100, state="paused", what="evaluation")  # rank 0 evaluates
+    beat(tmp_path, 1, 440, T0 + 100)  # rank 1 waits for it at the next collective
+    assert dog.check(T0 + 100 + 301) is None
+    assert dog.check(T0 + 100 + 900) is None
+    stall = dog.check(T0 + 100 + 901)
+    assert stall is not None and stall.states == ("paused", "running")
+    assert stall.paused_for == "evaluation"
 
 
 def test_heartbeats_of_another_attempt_are_ignored(tmp_path: Path) -> None:

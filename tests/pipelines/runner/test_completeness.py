@@ -272,6 +272,7 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
       - name: scripted
         activeDeadlineSeconds: 60
         timeout: 1m
+        pendingTimeout: 30s
         script:
           name: main
           command: [python]

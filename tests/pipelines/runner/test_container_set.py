@@ -223,12 +223,13 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_sidecar_serves_main_and_is_stopped_after_it(tmp_path: Path) -> None:
-    pidfile = tmp_path / "server.pid"
     started = time.monotonic()
-    result = _run(tmp_path, SIDECAR, port=_free_port(), pidfile=pidfile)
+    # on the volume the two containers share: a container's other files are its own
+    result = _run(tmp_path, SIDECAR, port=_free_port(), pidfile="/srv/server.pid")
     assert result.phase == "Succeeded", result.message  # its SIGTERM exit does not count
     assert result.node("sidecar").result == "hello from the sidecar"
     assert time.monotonic() - started < 20  # stopped by SIGTERM, not after the grace period
+    pidfile = next(Path(result.run_folder).glob("nodes/*/volumes/site/server.pid"))
     assert not _alive(int(pidfile.read_text()))
     logs = {p.name for p in Path(result.run_folder).rglob("*.log")}
     assert {"main.log", "server.log"} <= logs

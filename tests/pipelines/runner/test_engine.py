@@ -166,18 +166,20 @@ def test_a_fan_out_with_a_failed_child_is_failed_yet_continue_on_lets_the_dag_go
 
 
 def test_retries_until_success_with_backoff(tmp_path: Path) -> None:
-    counter = tmp_path / "count"
-    text = wf(f"""
+    # Each attempt is a pod of its own, with files of its own: they count on a volume.
+    text = wf("""
     - name: main
-      retryStrategy: {{limit: "3", retryPolicy: Always, backoff: {{duration: "0.2s", factor: 2}}}}
+      retryStrategy: {limit: "3", retryPolicy: Always, backoff: {duration: "0.2s", factor: 2}}
+      volumes: [{name: tally, persistentVolumeClaim: {claimName: tally}}]
       script:
         command: [python]
+        volumeMounts: [{name: tally, mountPath: /tally}]
         source: |
           from pathlib import Path
-          p = Path("{counter}")
+          p = Path("/tally/count")
           n = int(p.read_text()) if p.exists() else 0
           p.write_text(str(n + 1))
-          print("attempt", "{{{{retries}}}}")
+          print("attempt", "{{retries}}")
           raise SystemExit(0 if n >= 2 else 1)
     """)
     result = run(text, tmp_path)

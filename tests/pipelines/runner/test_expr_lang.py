@@ -89,7 +89,7 @@ SCOPE = {
     ("string(42) + '!'", "42!"),
     ("len('abc') + len([1])", 4),
     ("toJson({'b': [1, 'x'], 'a': true})", '{"a":true,"b":[1,"x"]}'),
-    ("jsonpath('{\"a\": {\"b\": [5, 6]}}', '$.a.b[1]')", 6),
+    ("jsonpath('{\"a\": {\"b\": [5, 6]}}', '$.a.b[1]')", 6.0),  # Go's float64
     ("upper('x') + lower('Y') + trim('  z ')", "Xyz"),
     ("split('a,b', ',')", ["a", "b"]),
     ("join(['a', 'b'], '-')", "a-b"),

@@ -11,15 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run
+from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run, wait_for
 
 STOP_THEN_EXIT_HANDLER = """
 apiVersion: argoproj.io/v1alpha1
@@ -72,8 +70,6 @@ spec:
         time.sleep(120)
 """
 
-T = TypeVar("T")
-
 TRIVIAL = """
 apiVersion: argoproj.io/v1alpha1
 kind: Workflow
@@ -93,17 +89,15 @@ def _cli(home: Path, manifest: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+def _in_working_dir(run_dir: Path, node_prefix: str, name: str) -> list[Path]:
+    """A file a step wrote in its working directory: ``/`` in its view (so in its layer,
+    ``fs/``), its node folder where it shares this machine's files."""
+    return [*run_dir.glob(f"nodes/{node_prefix}*/fs/{name}"),
+            *run_dir.glob(f"nodes/{node_prefix}*/{name}")]
 
 
 def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
-    for path in run_dir.glob(f"nodes/{node_prefix}*/pid"):
+    for path in _in_working_dir(run_dir, node_prefix, "pid"):
         with contextlib.suppress(ValueError, OSError):
             return int(path.read_text())
     return None
@@ -119,26 +113,45 @@ def _written_manifest(tmp_path: Path, text: str, name: str = "wf.yaml") -> Path:
     return path
 
 
+class Leftovers:
+    """Processes a test saw started, each by its pid and start time: pids are reused within
+    seconds on a busy machine (pid_max can be 32768), and a pid that names another process by
+    the test's end must not be killed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int | None] = {}
+
+    def append(self, pid: int) -> None:
+        self.seen.setdefault(pid, start_ticks(pid))
+
+    def extend(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self.append(pid)
+
+    def kill(self) -> None:
+        for pid, ticks in self.seen.items():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if ticks is not None and start_ticks(pid) == ticks:
+                    os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
-def leftovers() -> Iterator[list[int]]:
-    """Pids a test saw started; any still running at the end are killed (a failed test must not
-    leave processes behind)."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if _runs(pid):
-                os.kill(pid, signal.SIGKILL)
+def leftovers() -> Iterator[Leftovers]:
+    """Processes a test saw started; those still running at the end are killed (a failed test
+    must not leave processes behind)."""
+    seen = Leftovers()
+    yield seen
+    seen.kill()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
-        tmp_path: Path, sig: int, leftovers: list[int]) -> None:
+        tmp_path: Path, sig: int, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, STOP_THEN_EXIT_HANDLER))
     leftovers.append(runner.pid)
     try:
-        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
         leftovers.append(step)
         runner.send_signal(sig)
         out, err = runner.communicate(timeout=60)
@@ -158,17 +171,17 @@ def test_a_stop_signal_stops_the_steps_and_runs_the_exit_handler(
     assert "onExit" in out  # the final table is printed for a stopped run too
 
 
-def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]) -> None:
+def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, TERMINATE))
     leftovers.append(runner.pid)
     try:
-        step = _wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(home / "runs" / "stop", "stop-"), 60, "the step")
         leftovers.append(step)
         runner.send_signal(signal.SIGINT)
         # The step ignores SIGTERM: it ends by SIGKILL after the grace, then the exit handler
         # starts, and runs for 5 minutes unless the run is terminated.
-        handler = _wait_for(lambda: _pid_in(home / "runs" / "stop", "onExit"), 60,
+        handler = wait_for(lambda: _pid_in(home / "runs" / "stop", "onExit"), 60,
                             "the exit handler")
         leftovers.append(handler)
         assert not _runs(step)
@@ -183,25 +196,25 @@ def test_a_second_signal_terminates_at_once(tmp_path: Path, leftovers: list[int]
     assert (status["phase"], status["message"]) == ("Failed", "terminated")
     onexit = next(node for node in status["nodes"] if node["display_name"] == "onExit")
     assert onexit["phase"] == "Failed"
-    _wait_for(lambda: not _runs(handler), 10, "the exit handler to be killed")
+    wait_for(lambda: not _runs(handler), 10, "the exit handler to be killed")
 
 
 def test_a_killed_runner_takes_its_steps_along_and_the_next_run_says_so(
-        tmp_path: Path, leftovers: list[int]) -> None:
+        tmp_path: Path, leftovers: Leftovers) -> None:
     home = tmp_path / "home"
     runner = _cli(home, _written_manifest(tmp_path, TERM_AWARE))
     leftovers.append(runner.pid)
     run_dir = home / "runs" / "orphan"
     try:
-        step = _wait_for(lambda: _pid_in(run_dir, "orphan-"), 60, "the step")
+        step = wait_for(lambda: _pid_in(run_dir, "orphan-"), 60, "the step")
         leftovers.append(step)
         before = json.loads((run_dir / "status.json").read_text())
         assert before["phase"] == "Running" and before["runner"]["pid"] == runner.pid
         runner.kill()
         runner.communicate(timeout=30)
         # PR_SET_PDEATHSIG: the step gets the SIGTERM that a stop would have sent it.
-        _wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
-        assert (next(run_dir.glob("nodes/orphan*/got-sigterm"))).read_text() == "yes"
+        wait_for(lambda: not _runs(step), 30, "the step to end with its runner")
+        assert _in_working_dir(run_dir, "orphan", "got-sigterm")[0].read_text() == "yes"
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -242,20 +255,50 @@ def _command_line(pid: int) -> str:
     return "?"
 
 
-def test_a_killed_runner_leaves_no_training_process(home: Path, leftovers: list[int]) -> None:
+def _agents_started(home: Path) -> bool:
+    return any("processes.worker agent" in _command_line(pid) for pid in _processes_of(home))
+
+
+def _launcher_of(home: Path) -> int:
+    (launcher,) = [pid for pid in _processes_of(home)
+                   if "-m sublimate.components.steps.train " in _command_line(pid)]
+    return launcher
+
+
+@pytest.mark.parametrize(("moment", "victim", "sig"), [
+    ("rendezvous", "runner", signal.SIGKILL), ("rendezvous", "runner", signal.SIGINT),
+    # as the OOM killer, or the runner's SIGKILL after its grace period, would end it
+    ("rendezvous", "launcher", signal.SIGKILL),
+    ("training", "runner", signal.SIGKILL), ("training", "runner", signal.SIGINT)])
+def test_an_interrupted_run_leaves_no_training_process(
+        home: Path, leftovers: Leftovers, moment: str, victim: str, sig: int) -> None:
+    """Whatever moment the signal comes, while the torchrun agents meet (rendezvous) or while
+    they train, every process of the training job ends with the run (or with its launcher)."""
     # Enough epochs that training would go on for many minutes after its runner is gone.
     runner = start_run(home, "-p", "checkpoint-every=20", "-p", "epochs=2000")
     leftovers.append(runner.pid)
     try:
-        first_checkpoint(home, runner)
+        if moment == "rendezvous":
+            wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
+        else:
+            first_checkpoint(home, runner)
         started = _processes_of(home)
         leftovers.extend(started)
         assert runner.pid in started and len(started) >= 4  # runner, launcher, 2 replicas...
-        runner.kill()
-        runner.communicate(timeout=30)
-        # The launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX job.
+        if victim == "runner":
+            runner.send_signal(sig)
+            # A SIGKILL: the launcher gets SIGTERM (PR_SET_PDEATHSIG) and cancels its TorchX
+            # job; a SIGINT: the runner stops its steps. Either way, whatever the launcher
+            # manages before its own end, its job reaper ends what is left of the job.
+        else:
+            os.kill(_launcher_of(home), sig)  # nothing of the launcher runs after this
+        runner.communicate(timeout=60)
+        # 128 + N for a stop by signal N, 1 for a workflow whose train step failed
+        expected = {signal.SIGKILL: -sig, signal.SIGINT: 128 + sig}[sig] \
+            if victim == "runner" else 1
+        assert runner.returncode == expected
         try:
-            _wait_for(lambda: not _processes_of(home), 45, "the run's processes to end")
+            wait_for(lambda: not _processes_of(home), 30, "the run's processes to end")
         except AssertionError as error:  # say which processes stayed, for whoever reads CI
             remaining = {pid: _command_line(pid) for pid in _processes_of(home)}
             raise AssertionError(f"{error}; still running: {remaining}") from None

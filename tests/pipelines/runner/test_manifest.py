@@ -272,7 +272,9 @@ def test_interrupt_stops_nodes_and_writes_status(tmp_path: Path, sig: int) -> No
     pid_file: Path | None = None
     deadline = time.monotonic() + 10
     while pid_file is None and time.monotonic() < deadline:
-        found = list((tmp_path / "runs").glob("stop/nodes/*/pid"))
+        # the step's working directory: / in its view (its layer fs/), else its node folder
+        found = [*(tmp_path / "runs").glob("stop/nodes/*/fs/pid"),
+                 *(tmp_path / "runs").glob("stop/nodes/*/pid")]
         if found and found[0].read_text().strip():
             pid_file = found[0]
         time.sleep(0.02)

@@ -143,11 +143,13 @@ def test_a_file_directly_in_a_host_folder_is_rewritten(tmp_path: Path,
 
 
 def test_auto_with_a_fake_executor_rewrites(tmp_path: Path) -> None:
-    from sublimate.pipelines.runner.mounts import resolve
+    from sublimate.pipelines.runner.mount_modes import resolve
+    from sublimate.pipelines.runner.views import probe
 
-    assert resolve("auto", local_executor=False) == "rewrite"
-    assert resolve("rewrite", local_executor=True) == "rewrite"
-    assert resolve("auto", local_executor=True) == ("namespace" if NAMESPACES else "rewrite")
+    assert resolve("auto", False, tmp_path).name == "rewrite"
+    assert resolve("rewrite", True, tmp_path).name == "rewrite"
+    expected = "overlay" if not probe(tmp_path) else "namespace" if NAMESPACES else "rewrite"
+    assert resolve("auto", True, tmp_path).name == expected
 
 
 @needs_namespaces

@@ -27,6 +27,7 @@ from sublimate.pipelines.runner import (
     run_workflow,
 )
 from sublimate.pipelines.runner.durations import parse_duration, parse_go_duration
+from tests.conftest import run_cli
 
 
 def run(text: str, home: Path, params: dict[str, str] | None = None) -> RunResult:
@@ -281,11 +282,27 @@ def test_dag_target_from_a_parameter_runs_it_and_its_ancestors_only(
     assert {n.display_name for n in result.nodes} - {"sem"} == ran
 
 
-def test_an_unknown_target_errors_the_dag(tmp_path: Path) -> None:
+def test_a_parameterised_target_of_two_tasks_runs_under_sublimate_run(tmp_path: Path) -> None:
+    # Shaped like Argo's examples/dag-targets.yaml: the CLI checks the manifest (lint) before
+    # the runner does, and must skip a target that is a parameter tag, as validate.go does.
+    manifest = tmp_path / "targets.yaml"
+    manifest.write_text(wf(TARGETS, ECHO, extra="arguments: {parameters: [{name: target}]}\n"))
+    done = run_cli("run", str(manifest), "-p", "target=b d", "-o", "json", "-q",
+                   home=tmp_path / "home", timeout=60)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert {n["display_name"] for n in status["nodes"]} - {"sem"} == {"a", "b", "c", "d"}
+    assert "target" not in done.stderr
+
+
+@pytest.mark.parametrize(("target", "named"), [("zz", "zz"), ("b  d", "")])
+def test_an_unknown_target_errors_the_dag(tmp_path: Path, target: str, named: str) -> None:
+    # dag.go GetTask panics "target X does not exist"; two spaces make an empty name.
     result = run(wf(TARGETS, ECHO, extra="arguments: {parameters: [{name: target}]}\n"),
-                 tmp_path, {"target": "zz"})
+                 tmp_path, {"target": target})
     assert result.phase == NodePhase.ERROR
-    assert "target 'zz' is not defined" in result.message
+    assert f"target {named} does not exist" in result.message
+    assert not any(n.display_name in ("a", "b") for n in result.nodes)
 
 
 def test_a_literal_unknown_target_is_refused_before_the_run() -> None:
@@ -397,3 +414,59 @@ def test_template_fail_fast_stops_new_children_after_a_failure(tmp_path: Path) -
                and n.phase in (NodePhase.SUCCEEDED, NodePhase.FAILED) and n.started_at]
     assert len(started) == 1
     assert "failFast" in result.node("sem").message
+
+
+# ------------------------------- 10. path placeholders, and an input's value's first pass
+
+
+def test_output_and_input_path_placeholders_are_the_paths_the_pod_sees(tmp_path: Path) -> None:
+    # Shaped like Argo's examples/artifact-path-placeholders.yaml. SubstituteParams sets
+    # {{outputs.parameters.<n>.path}}, {{outputs.artifacts.<n>.path}} and
+    # {{inputs.artifacts.<n>.path}} from the template after its pass with the globals; an
+    # input's own {{=...}} value is resolved in that pass too.
+    result = run(wf("""
+    - name: main
+      inputs:
+        parameters:
+        - {name: lines, value: "{{=asInt(workflow.parameters.count) - 1}}"}
+        artifacts:
+        - {name: text, path: /inputs/text/data, raw: {data: "1\\n2\\n3\\n4\\n"}}
+      outputs:
+        parameters:
+        - name: counted
+          valueFrom: {path: "/outputs/{{workflow.name}}/count"}
+        artifacts:
+        - {name: head, path: /outputs/head/data, archive: {none: {}}}
+      container:
+        command: [sh, -c]
+        args:
+        - >-
+          mkdir -p "$(dirname {{outputs.artifacts.head.path}})"
+          "$(dirname {{outputs.parameters.counted.path}})" &&
+          head -n {{inputs.parameters.lines}} {{inputs.artifacts.text.path}}
+          > {{outputs.artifacts.head.path}} &&
+          wc -l < {{outputs.artifacts.head.path}} > {{outputs.parameters.counted.path}} &&
+          echo "{{outputs.parameters.counted.path}} {{outputs.artifacts.head.path}}"
+    """, extra="arguments: {parameters: [{name: count, value: '4'}]}\n"), tmp_path)
+    assert result.phase == NodePhase.SUCCEEDED, result.message
+    node = result.node("sem")
+    assert node.parameters["counted"].strip() == "3"
+    assert Path(node.artifacts["head"]).read_text() == "1\n2\n3\n"
+    # what the pod saw: the paths as declared (the runner mounts them there)
+    assert node.result == "/outputs/sem/count /outputs/head/data"
+
+
+def test_inputs_parameters_is_the_json_go_writes(tmp_path: Path) -> None:
+    # json.Marshal of wfv1.Parameter after the first pass: struct order, empty fields left out
+    result = run(wf("""
+    - name: main
+      inputs:
+        parameters:
+        - {name: a, default: "<{{workflow.name}}>"}
+        - {name: b, value: "x", enum: ["x", "y"], description: "the b"}
+      container: {command: [echo, "{{inputs.parameters}}"]}
+    """), tmp_path)
+    assert result.phase == NodePhase.SUCCEEDED, result.message
+    assert result.node("sem").result == (
+        '[{"name":"a","default":"\\u003csem\\u003e","value":"\\u003csem\\u003e"},'
+        '{"name":"b","value":"x","enum":["x","y"],"description":"the b"}]')

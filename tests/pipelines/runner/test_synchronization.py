@@ -32,7 +32,8 @@ def run(text: str, home: Path, semaphores: dict[str, int] | None = None,
 
 def _windows(folder: Path) -> list[tuple[float, float]]:
     spans = []
-    for line in (folder / "log").read_text().split("\n"):
+    # each task is a pod with files of its own: they log on a volume (home/volumes/<claim>)
+    for line in (folder / "home" / "volumes" / "windows" / "log").read_text().split("\n"):
         if line.strip():
             start, end = line.split()
             spans.append((float(start), float(end)))
@@ -55,15 +56,17 @@ LOCKED = """
 {tasks}
 - name: work
   synchronization: {sync}
+  volumes: [{{name: windows, persistentVolumeClaim: {{claimName: windows}}}}]
   container:
-    command: [sh, -c, 'a=$(date +%s.%N); sleep 0.4; echo "$a $(date +%s.%N)" >> {log}/log']
+    command: [sh, -c, 'a=$(date +%s.%N); sleep 0.4; echo "$a $(date +%s.%N)" >> /log/log']
+    volumeMounts: [{{name: windows, mountPath: /log}}]
 """
 
 
 def test_a_mutex_lets_one_task_run_at_a_time(tmp_path: Path) -> None:
     tasks = "\n".join(f"    - {{name: t{i}, template: work}}" for i in range(2))
     events: list[RunEvent] = []
-    result = run(wf(LOCKED.format(tasks=tasks, sync="{mutexes: [{name: one}]}", log=tmp_path)),
+    result = run(wf(LOCKED.format(tasks=tasks, sync="{mutexes: [{name: one}]}")),
                  tmp_path / "home", events=events)
     assert result.phase == NodePhase.SUCCEEDED
     spans = _windows(tmp_path)
@@ -73,10 +76,44 @@ def test_a_mutex_lets_one_task_run_at_a_time(tmp_path: Path) -> None:
                "Waiting for default/Mutex/one lock. Lock status: 0/1" for e in events)
 
 
+def test_pending_timeout_fails_a_node_still_waiting_for_its_lock(tmp_path: Path) -> None:
+    # operator.go checkTemplateTimeouts: Pending past StartedAt + pendingTimeout -> Failed
+    # "timeout". Two tasks want one mutex: the first holds it for 2 s, the second may wait 0.5 s.
+    text = wf("""
+        - name: main
+          dag:
+            tasks:
+            - {name: a, template: work}
+            - {name: b, template: work}
+        - name: work
+          pendingTimeout: 500ms
+          synchronization: {mutexes: [{name: one}]}
+          container: {command: [sleep, "2"]}
+        """)
+    result = run(text, tmp_path / "home")
+    ran, waited = sorted((result.node("a"), result.node("b")),
+                         key=lambda n: n.phase != NodePhase.SUCCEEDED)
+    assert ran.phase == NodePhase.SUCCEEDED
+    assert waited.phase == NodePhase.FAILED and waited.message == "timeout", result.nodes
+    assert waited.finished_at < ran.finished_at  # gave up while the lock was still held
+
+
+def test_pending_timeout_is_refused_on_a_dag_template(tmp_path: Path) -> None:
+    text = wf("""
+        - name: main
+          pendingTimeout: 1m
+          dag: {tasks: [{name: a, template: leaf}]}
+        - name: leaf
+          container: {command: [echo]}
+        """)
+    with pytest.raises(ManifestError, match="DAG template doesn't support pendingTimeout field"):
+        run(text, tmp_path / "home")
+
+
 def test_a_semaphore_of_two_runs_at_most_two(tmp_path: Path) -> None:
     tasks = "\n".join(f"    - {{name: t{i}, template: work}}" for i in range(4))
     sync = "{semaphores: [{configMapKeyRef: {name: limits, key: work}}]}"
-    result = run(wf(LOCKED.format(tasks=tasks, sync=sync, log=tmp_path)), tmp_path / "home",
+    result = run(wf(LOCKED.format(tasks=tasks, sync=sync)), tmp_path / "home",
                  semaphores={"limits/work": 2})
     assert result.phase == NodePhase.SUCCEEDED
     spans = _windows(tmp_path)
@@ -85,7 +122,7 @@ def test_a_semaphore_of_two_runs_at_most_two(tmp_path: Path) -> None:
 
 def test_a_semaphore_without_a_limit_is_refused_by_name(tmp_path: Path) -> None:
     sync = "{semaphores: [{configMapKeyRef: {name: limits, key: work}}]}"
-    text = wf(LOCKED.format(tasks="    - {name: t, template: work}", sync=sync, log=tmp_path))
+    text = wf(LOCKED.format(tasks="    - {name: t, template: work}", sync=sync))
     with pytest.raises(ManifestError, match=r"semaphore 'limits/work' has no limit.*--semaphore"):
         run(text, tmp_path / "home")
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("status.json"))

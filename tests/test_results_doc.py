@@ -1,0 +1,68 @@
+"""docs/results.md's figures are the ones its studies' reports hold (docs/results/*/): the
+ratios, rates and epochs its prose quotes, recomputed from the points they come from."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from typing import Any
+
+from tests.conftest import REPO
+
+RESULTS = REPO / "docs" / "results"
+
+
+def _text() -> str:
+    return " ".join((REPO / "docs" / "results.md").read_text().split())  # lines joined
+
+
+def _points(study: str) -> list[dict[str, str]]:
+    with open(RESULTS / study / "points.csv", newline="") as stream:
+        return list(csv.DictReader(stream))
+
+
+def _point(study: str, **axes: str) -> dict[str, str]:
+    (found,) = [p for p in _points(study) if all(p[k] == v for k, v in axes.items())]
+    return found
+
+
+def _quoted(pattern: str) -> re.Match[str]:
+    match = re.search(pattern, _text())
+    assert match, f"docs/results.md no longer says /{pattern}/: update this test with it"
+    return match
+
+
+def test_two_nodes_against_one_on_the_compute_bound_model() -> None:
+    one, two = (_point("scaling-compute", nodes=n, algorithm="sync") for n in ("1", "2"))
+    throughput = float(two["samples_per_second"]) / float(one["samples_per_second"])
+    sooner = float(one["time_to_target_seconds"]) / float(two["time_to_target_seconds"])
+    quoted = _quoted(r"([\d.]+)x the throughput and ([\d.]+)x faster to 0\.95 with sync")
+    assert quoted.groups() == (f"{throughput:.2f}", f"{sooner:.2f}")
+
+
+def test_the_rate_sync_used_on_each_link() -> None:
+    def mbit(link: str) -> float:
+        point = _point("paradigms", algorithm="sync", **{"link-rate": link})
+        return float(point["net_sent_bytes_per_worker"]) * 8 / float(point["train_seconds"]) / 1e6
+
+    assert _quoted(r"is (\d+) Mbit/s on the wire").group(1) == f"{mbit('100mbit'):.0f}"
+    # rounded in the prose: "about" a round figure
+    assert _quoted(r"CPU-bound \(about (\d+) Mbit/s used\)").group(1) == \
+        f"{round(mbit('1gbit'), -1):.0f}"
+
+
+def _loss_curve(batch: int, warmup: float) -> list[tuple[int, float]]:
+    report: dict[str, Any] = json.loads((RESULTS / "large-batch" / "report.json").read_text())
+    (point,) = [p for p in report["points"] if p["params"] == {
+        "global-batch-size": batch, "warmup-epochs": warmup}]
+    return [(int(epoch), float(loss)) for epoch, loss in point["loss_curve"]]
+
+
+def test_where_the_large_batches_diverge() -> None:
+    quoted = _quoted(r"the loss rises to ([\d,]+) at epoch (\d+) \(2,048\) and to ([\d,]+) at "
+                     r"epoch (\d+) \(4,096\)")
+    for (loss, epoch), batch in zip((quoted.groups()[:2], quoted.groups()[2:]), (2048, 4096),
+                                    strict=True):
+        worst_epoch, worst = max(_loss_curve(batch, 0.0), key=lambda point: point[1])
+        assert (int(epoch), int(loss.replace(",", ""))) == (worst_epoch, round(worst)), batch

