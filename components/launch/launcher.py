@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
@@ -355,12 +355,15 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     # Caught from before the submission: a SIGTERM between the job's start and the wait below
     # must cancel the job too, not end this launcher and orphan the job's processes.
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = _catch_stop_signals(stop)
     status, stalled, lost, streams = None, None, [], []
     replacer, ended = None, None
     try:
         if not attached:
             handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+            # TorchX's local scheduler, made by the runner on its first submission, installs
+            # handlers that raise out of this loop: ours again, so a stop cancels the job.
+            _catch_stop_signals(stop)
             what = f"entrypoint {args.entrypoint}" if args.entrypoint \
                 else f"algorithm {args.algorithm}"
             how = ", recovery per-step" if per_step(args) else ""
@@ -395,7 +398,8 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     except KeyboardInterrupt:
         stop.set()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if stop.is_set():
         if handle:  # empty when stopped before the submission returned a handle
             runner.cancel(handle)  # type: ignore[attr-defined]
@@ -433,6 +437,13 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     for note in failures.restarts(args.run_dir, handle, scheduler):
         print(f"train: {note}", file=sys.stderr, flush=True)
     return SUCCEEDED
+
+
+def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM sets ``stop``, SIGINT raises KeyboardInterrupt (Python's own); returns the
+    handlers they had."""
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: stop.set()),
+            signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
 
 
 def _per_step_end(runner: object, handle: str, args: argparse.Namespace,

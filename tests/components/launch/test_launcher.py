@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -344,3 +346,33 @@ def test_the_signal_cnn_example_classifies_any_signal_length_and_learns_mnist1d_
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
     assert accuracy > 0.5, accuracy
+
+
+def test_a_sigterm_while_the_job_runs_cancels_it_and_exits_143(digits: Path,
+                                                                tmp_path: Path) -> None:
+    """TorchX's local scheduler installs its own SIGTERM handler when the runner first makes it
+    (inside the submission), which raised out of the launcher instead of cancelling the job."""
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(digits),
+         "--run-dir", str(run_dir), "--scheduler", "local_cwd", "--nodes", "2",
+         "--epochs", "500", "--checkpoint-every", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:  # the job is submitted: the scheduler exists now
+            if "train: submitted" in line:
+                break
+        time.sleep(1.0)
+        launcher.send_signal(signal.SIGTERM)
+        _, errors = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 143, errors
+    assert "train: stopped; cancelled the training job" in errors
+    assert "SignalException" not in errors
+    # nothing of the job is left: no process runs from the run's folder
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
