@@ -152,12 +152,13 @@ def relaunch_note(run_dir: Path) -> str:
 _RANK_LINE = re.compile(r"\[rank\d+\]: ")
 # torchrun's own messages about the failure it reports (glog format, from torch's elastic).
 _AGENT_NOISE = re.compile(
-    r"^[EW]\d{4} [\d:. ]+\d+ torch/distributed/elastic/.*("
+    r"^[EW]\d{4} [\d:. ]+\d+ \S*torch/distributed/elastic/.*("
     r"failed \(exitcode|no error file defined for parent|closing signal|death signal|"
     r"RendezvousConnectionError)")
 # A line of torch's elastic logging (glog format): an exception it logs comes one line at a time,
-# each with this prefix (``E1204 ... api.py:836] Traceback (most recent call last):`` ...).
-_ELASTIC_LOG = re.compile(r"^[EW]\d{4} [\d:. ]+\d+ (torch/distributed/elastic/\S+:\d+)\] (.*)$")
+# each with this prefix (``E1204 ... api.py:836] Traceback (most recent call last):`` ...); the
+# source's path is torch's own, or the whole file path where torch is not under the working folder.
+_ELASTIC_LOG = re.compile(r"^[EW]\d{4} [\d:. ]+\d+ (\S*torch/distributed/elastic/\S+:\d+)\] (.*)$")
 # torchrun's line about a worker that a signal ended: ``failed (exitcode: -9) local_rank: 0``.
 _SIGNALLED = re.compile(r"failed \(exitcode: (-\d+)\) local_rank: (\d+)")
 # c10d's C++ warnings about the store connection the failed node took with it, and the C++

@@ -74,6 +74,17 @@ def test_a_failures_noise_is_dropped_and_the_training_lines_kept() -> None:
                                                "training finished: 44 steps"]
 
 
+def test_torchs_log_lines_are_known_by_a_whole_source_path_too() -> None:
+    # A node whose working folder does not hold torch (a local_netns node runs in /) logs the
+    # source as the whole file path: the same noise, dropped the same.
+    whole_paths = NOISE.replace(
+        " torch/distributed/elastic/",
+        " work/.venv/lib/python3.11/site-packages/torch/distributed/elastic/")
+    assert whole_paths != NOISE
+    assert list(quiet(whole_paths.splitlines())) == ["epoch 1/2 step 22/44 loss 2.2317",
+                                                     "training finished: 44 steps"]
+
+
 def test_a_traceback_that_is_not_a_failure_passes_whole() -> None:
     assert list(quiet(HANDLED.splitlines())) == HANDLED.splitlines()
     # at the end of a stream too (nothing after it decides)
