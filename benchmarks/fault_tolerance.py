@@ -58,7 +58,7 @@ def train(data_dir: Path, run_dir: Path, args: argparse.Namespace, recovery: str
                     if record.get("test_accuracy", 0) >= args.target), None)
     return {"summary": summary, "wall": time.time() - started, "to_target": reached,
             "accuracy": epochs[-1].get("test_accuracy") if epochs else None,
-            "relaunches": (done.stdout + done.stderr).count("relaunching from the last"),
+            "relaunches": (done.stdout + done.stderr).count("train: relaunching "),
             "output": done.stdout + done.stderr}
 
 
@@ -129,9 +129,11 @@ def main() -> None:
               flush=True)
     section = results["per-step"]["summary"].get("fault_tolerance", {})
     for failure in section.get("failures", []):
+        after = failure.get("replacement_trained_after_seconds")
         print(f"  per-step: node{failure['node']} lost at step {failure.get('step')}, "
-              f"{failure.get('steps_lost')} step(s) lost, replacement trained after "
-              f"{failure.get('replacement_trained_after_seconds')}s")
+              f"{failure.get('steps_lost')} step(s) lost, " + (
+                  f"replacement trained after {after}s" if after is not None else
+                  "the job ended before its replacement trained"))
     if section:
         print(f"  per-step: {section['steps_committed']} of {section['steps_attempted']} "
               f"group-steps committed ({section['committed_ratio']:.4f}; bound "

@@ -121,6 +121,17 @@ def explain(run_dir: Path, handle: str, scheduler: str, state: str,
     return f"training job {handle} ended {state}: {names} failed{where}"
 
 
+def silent(run_dir: Path, handle: str, nodes: Iterable[int]) -> list[int]:
+    """Which of the failed ``nodes`` of job ``handle`` told nothing: lost whole (killed from
+    outside, its machine gone) rather than failed in their code, which every training process
+    reports (``elastic_errors``), or had a worker killed, which its torchrun reports."""
+    app_id = app_id_of(handle)
+    with _KILLED_LOCK:
+        reported = {killed.node for killed in _KILLED.get(app_id, [])}
+    reported |= {failure.node for failure in read_failures(run_dir, app_id)}
+    return [node for node in nodes if node not in reported]
+
+
 def restarts(run_dir: Path, handle: str, scheduler: str) -> list[str]:
     """What made torchrun restart the workers of a job that went on to succeed, one line per
     restart (its first failure; a worker a signal ended, which wrote none, first)."""

@@ -357,6 +357,7 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     stop = threading.Event()
     previous = _catch_stop_signals(stop)
     status, stalled, lost, streams = None, None, [], []
+    tolerated: list[str] = []  # nodes an elastic job lost and went on without
     replacer, ended = None, None
     try:
         if not attached:
@@ -386,6 +387,7 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
                 continue
             lost = lost_replicas(status)
             if lost and enough_nodes(args, status):
+                tolerated += [node for node in lost if node not in tolerated]
                 lost = []  # elastic: the others go on without it
             if lost:
                 break  # a node died while the others wait for it (rendezvous or a collective)
@@ -427,6 +429,11 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         print(f"train: finished on {int(args.nodes) - len(lost)} of {int(args.nodes)} nodes "
               f"(elastic, lost {', '.join(lost)})", flush=True)
         return SUCCEEDED
+    gone = _lost_first(args, handle, scheduler, status, tolerated)
+    if gone:
+        print(f"train: error: lost {', '.join(gone)} while the job ran; the other nodes failed "
+              "after it", file=sys.stderr, flush=True)
+        return LOST
     if status is None or status.state != AppState.SUCCEEDED:
         state = status.state.name if status else "UNKNOWN"
         runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running
@@ -437,6 +444,27 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     for note in failures.restarts(args.run_dir, handle, scheduler):
         print(f"train: {note}", file=sys.stderr, flush=True)
     return SUCCEEDED
+
+
+def _lost_first(args: argparse.Namespace, handle: str, scheduler: str, status: object,
+                tolerated: list[str]) -> list[str]:
+    """The nodes lost in a job that failed, when losing them is why it failed: the same outcome
+    (LOST, relaunched) whether the launcher saw the loss before the survivors failed, or they
+    failed within one poll of it. A loss is one an elastic job went on without (``tolerated``),
+    or a failed node that reported nothing (killed whole: its peers' errors followed)."""
+    from torchx.specs import AppState
+
+    if status is None or status.state != AppState.FAILED:  # type: ignore[attr-defined]
+        return []
+    if tolerated:
+        return tolerated
+    failed = {replica.id: f"node{replica.id}" + (f" ({replica.hostname})" if replica.hostname
+                                                   else "")
+              for role in status.roles if role.role == "worker"  # type: ignore[attr-defined]
+              for replica in role.replicas if replica.state == AppState.FAILED}
+    if not failed or scheduler not in ("local_netns", "kubernetes"):
+        return []  # local_cwd has no nodes to lose: its processes report
+    return [failed[node] for node in failures.silent(args.run_dir, handle, failed)]
 
 
 def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:

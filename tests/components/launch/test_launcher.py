@@ -376,3 +376,41 @@ def test_a_sigterm_while_the_job_runs_cancels_it_and_exits_143(digits: Path,
     # nothing of the job is left: no process runs from the run's folder
     left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+def _status(states: list[str]) -> object:
+    from torchx.specs import AppState, AppStatus, ReplicaStatus, RoleStatus
+
+    replicas = [ReplicaStatus(id=index, state=AppState[state], role="worker",
+                              hostname=f"10.0.0.{index + 2}")
+                for index, state in enumerate(states)]
+    ended = all(state != "RUNNING" for state in states)
+    return AppStatus(state=AppState.FAILED if ended else AppState.RUNNING,
+                     roles=[RoleStatus("worker", replicas)])
+
+
+def test_a_lost_node_ends_the_attempt_the_same_whether_seen_before_the_others_fail_or_not(
+        tmp_path: Path) -> None:
+    """An elastic job (2:3) loses node 0 and the others fail after it: LOST (relaunched),
+    whether a poll saw node 0 lost first (tolerated) or all three ended before the next poll;
+    a node whose processes reported an error of their own is a failure, not a loss."""
+    from sublimate.components.launch.launcher import _lost_first
+
+    args = parse_args([*ARGS[:2], "--run-dir", str(tmp_path), "--nodes", "2:3",
+                       "--global-batch-size", "60"])
+    ended = _status(["FAILED", "FAILED", "FAILED"])
+    handle = "local_netns://sublimate/job-1"
+    assert _lost_first(args, handle, "local_netns", ended, ["node0 (10.0.0.2)"]) == \
+        ["node0 (10.0.0.2)"]
+    # Unseen: the nodes that reported an error were the survivors; node 0 said nothing.
+    for node in (1, 2):
+        error = tmp_path / "logs" / "elastic" / f"node{node}" / "job-1_abcdefgh" / \
+            "attempt_0" / "0" / "error.json"
+        error.parent.mkdir(parents=True)
+        error.write_text('{"message": {"message": "RendezvousConnectionError: store gone", '
+                         '"extraInfo": {"timestamp": "1"}}}')
+    assert _lost_first(args, handle, "local_netns", ended, []) == ["node0 (10.0.0.2)"]
+    # local_cwd has no nodes to lose, and a job still running has not failed
+    assert _lost_first(args, handle, "local_cwd", ended, []) == []
+    assert _lost_first(args, handle, "local_netns", _status(["FAILED", "RUNNING", "RUNNING"]),
+                       []) == []

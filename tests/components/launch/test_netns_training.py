@@ -168,3 +168,26 @@ def test_an_elastic_job_loses_a_node_and_finishes_on_the_minimum(tmp_path: Path)
     summary = json.loads((results_folder(home) / "train-summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 276
     assert summary["resumed_from_step"] >= committed
+
+
+def test_an_elastic_job_that_loses_node0_is_relaunched_from_the_last_checkpoint(
+        tmp_path: Path) -> None:
+    """nodes=2:3 and node 0 killed: it hosts the rendezvous store, so the two that remain
+    cannot meet again and fail too. Whether the launcher saw node 0 lost before they failed or
+    not (within one poll), the attempt is LOST and relaunched from the checkpoint (it ended
+    FAILED, never relaunched, when the loss had been tolerated first)."""
+    home = tmp_path / "home"
+    process = start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
+                        "-p", "global-batch-size=60", "-p", "epochs=12",
+                        "-p", "checkpoint-every=20", "-p", "collective-timeout=5")
+    run_dir, committed = first_checkpoint(home, process)
+    faults.kill_node(faults.load_running(run_dir), 0)
+    output = finish_run(process)
+    assert process.returncode == 0, output[-4000:]
+    assert re.search(r"lost node0 \(10\.[0-9.]+\)", output), output[-3000:]
+    # elastic runs relaunch 3 times by default (max-restarts auto)
+    assert "relaunching from the last checkpoint (relaunch 1 of 3)" in output, output[-3000:]
+    resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
+    assert resumed and resumed[0] >= committed, output[-3000:]
+    summary = json.loads((results_folder(home) / "train-summary.json").read_text())
+    assert summary["steps"] == 276
