@@ -166,6 +166,10 @@ RULES = [
     # it with `sublimate run --containers` and images/prove.sh
     Rule(r"^images/(build|prove)\.sh$", "skip", ".ci/run and tests/test_image.py"),
     Rule(r"^sublimate run --containers$", "dry-run", "tests/test_image.py"),
+    # a suspended local run of your own
+    Rule(r"^sublimate (resume|stop) RUN\b", "parse",
+         "a run waiting at a suspend node (tests/pipelines/runner/test_suspend.py resumes and "
+         "stops such runs)"),
     Rule(r"^sublimate run --containers my-flow\.yaml$", "parse",
          "your manifest (tests/pipelines/runner/images/test_images.py runs manifests of "
          "several images)"),

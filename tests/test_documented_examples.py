@@ -201,6 +201,7 @@ TRAINING_PRELUDE = """
     total_steps, local_batch, epoch, epoch_steps = 1, 8, 0, 1
     data_seconds = compute_seconds = comm_seconds = data_s = compute_s = comm_s = 0.001
     mean_loss = loss = 0.69
+    accuracy = 0.9
     epoch_seconds = seconds = 0.01
     steps = epoch_steps
 """
@@ -210,6 +211,8 @@ TRAINING_EPILOGUE = """
     print("RESULT", json.dumps({
         "model": (run / "model.pt").is_file(),
         "checkpoint": json.loads((run / "checkpoints" / "latest.json").read_text())["step"],
+        "metrics": json.loads((run / "metrics.json").read_text())
+        if (run / "metrics.json").is_file() else None,
         "epochs": [json.loads(line)["epoch"]
                    for line in (run / "metrics" / "rank-0.jsonl").read_text().splitlines()]}))
 """
@@ -221,6 +224,8 @@ def run_training_outline(example: Example, tmp_path: Path, request: pytest.Fixtu
     # It ran through: the model saved, the checkpoint committed, the epoch recorded.
     assert result["model"] and result["epochs"] == [1]
     assert result["checkpoint"] in (0, 1)  # the outline's step: from restore, maybe plus one
+    if "job.write_metrics(" in example.code:  # what the evaluate step reports
+        assert result["metrics"] == {"accuracy": 0.9}
 
 
 def run_tf_config(example: Example, tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -300,12 +305,12 @@ Runner = Callable[[Example, Path, pytest.FixtureRequest], None]
 RUNS: dict[tuple[str, str], Runner] = {
     ("components/training/__init__.py", "from sublimate.components import training"):
         run_training_outline,
-    ("README.md", "job = training.start()"): run_training_outline,
+    ("docs/own-code.md", "job = training.start()"): run_training_outline,
     ("components/processes/tf_config.py", "from sublimate.components.processes import tf_config"):
         run_tf_config,
-    ("README.md", "from hera.workflows import DAG, Workflow, script"): run_argo_test,
+    ("docs/local-runner.md", "from hera.workflows import DAG, Workflow, script"): run_argo_test,
     ("pipelines/testing.py", "def test_adder(argo_run):"): run_argo_test,
-    ("README.md", "from hera.workflows import DAG, WorkflowTemplate"): run_plain,
+    ("docs/pipelines.md", "from hera.workflows import DAG, WorkflowTemplate"): run_plain,
     ("docs/datasets.md", "def build(num_features: int, num_classes: int) -> torch.nn.Module: ..."):
         run_plain,
     ("docs/datasets.md",

@@ -1,4 +1,4 @@
-"""A new user's first hour with their own code and data, as the README and docs/ tell it: each
+"""A new user's first hour with their own code and data, as docs/ tells it: each
 failure says what to fix in one line (issue 29).
 
 Every run here starts where a user starts: in a folder of their own (not this checkout), with a
@@ -31,10 +31,10 @@ def _statements(text: str) -> list[str]:
             if (code := line.split("  #")[0].strip()) and not code.startswith(("#", "..."))]
 
 
-def test_the_readmes_outline_is_the_example_that_runs() -> None:
-    """Every statement of the README's outline of a loop on the library is in
+def test_the_documented_outline_is_the_example_that_runs() -> None:
+    """Every statement of docs/own-code.md's outline of a loop on the library is in
     examples/own_loop/train.py, in the same order: what the next test runs is the outline."""
-    outline = _statements(OUTLINE.search((REPO / "README.md").read_text()).group(1))
+    outline = _statements(OUTLINE.search((REPO / "docs" / "own-code.md").read_text()).group(1))
     example = _statements(EXAMPLE.read_text())
     assert "job.write_metrics({\"accuracy\": accuracy})" in outline  # it says what evaluate reads
     positions = [example.index(statement) if statement in example else -1

@@ -1,8 +1,10 @@
-"""The README's two opening commands are what CI runs, word for word."""
+"""The README's two opening commands are what CI runs, word for word; its docs index and every
+relative link of the README and docs/ resolve."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -50,9 +52,45 @@ def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None
     assert "torch" not in constraints  # chosen per machine (CPU wheel, CUDA build) beforehand
 
 
-def test_every_pipeline_parameter_is_documented_in_the_readme() -> None:
+def test_every_pipeline_parameter_is_documented() -> None:
+    """docs/pipelines.md's table (once the README's) names every parameter of sublimate-train."""
     from sublimate.pipelines.sublimate_train import pipeline_parameters
 
+    page = (REPO / "docs" / "pipelines.md").read_text()
+    missing = [p.name for p in pipeline_parameters() if f"`{p.name}`" not in page]
+    assert missing == [], f"add these parameters to docs/pipelines.md's table: {missing}"
+
+
+def test_the_readme_indexes_every_docs_page() -> None:
     readme = (REPO / "README.md").read_text()
-    missing = [p.name for p in pipeline_parameters() if f"`{p.name}`" not in readme]
-    assert missing == [], f"add these parameters to README.md's tables: {missing}"
+    pages = sorted(path.name for path in (REPO / "docs").glob("*.md"))
+    unlisted = [name for name in pages if f"](docs/{name})" not in readme]
+    assert unlisted == [], f"add these pages to README.md's documentation index: {unlisted}"
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as -."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in headings}
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
+    """A link to a file (and to a heading in it) that a page move or a renamed heading broke."""
+    broken = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue  # https:, mailto: ...
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(REPO)}: {target}"
+            if not linked.exists():
+                broken.append(f"{where} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                broken.append(f"{where} (no such heading)")
+    assert broken == [], "\n".join(broken)

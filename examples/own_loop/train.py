@@ -1,8 +1,9 @@
-"""The README's outline of a loop on sublimate's library, filled in: an MLP on the staged dataset.
+"""docs/own-code.md's outline of a loop on sublimate's library, filled in: an MLP on the staged
+dataset.
 
-Every line of the outline in README.md ("The library") is here, in the same order, around the
-few lines a loop of your own adds (the model, the data, the step); a test checks that they
-agree and runs this file end to end::
+Every line of the outline in docs/own-code.md ("The library") is here, in the same order,
+around the few lines a loop of your own adds (the model, the data, the step); a test checks
+that they agree and runs this file end to end::
 
     sublimate run -p entrypoint=examples/own_loop/train.py
 

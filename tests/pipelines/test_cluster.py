@@ -65,7 +65,7 @@ def test_an_overlay_changes_image_queue_and_storage_class_in_one_place(tmp_path:
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(ARGO, overlay)],
-        # as README.md documents: the settings first, then the defaults re-applied
+        # as docs/cluster.md documents: the settings first, then the defaults re-applied
         "components": ["settings", os.path.relpath(ARGO / "defaults", overlay)],
     }))
     (overlay / "settings").mkdir()

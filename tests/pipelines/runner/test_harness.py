@@ -238,9 +238,9 @@ def test_a_workflow_from_a_template_given_as_a_hera_object_or_a_yaml_file(
     assert from_file.outputs == {"total": "6"} and from_file.name.startswith("adder-")
 
 
-def test_the_readme_example_passes(pytester: pytest.Pytester) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Testing your workflows (Hera)"):]
+def test_the_documented_example_passes(pytester: pytest.Pytester) -> None:
+    page = (REPO / "docs" / "local-runner.md").read_text()
+    section = page[page.index("### Testing your workflows (Hera)"):]
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block is not None
     pytester.makepyfile(test_readme_example=block.group(1))
