@@ -175,6 +175,12 @@ RULES = [
          "several images)"),
     # a cluster on one machine (root)
     Rule(r"^sublimate run -p scheduler=local_netns ", "run", needs="root"),
+    # per-step fault tolerance (docs/fault-tolerance.md)
+    Rule(r"^sublimate run -p recovery=per-step$", "run"),
+    Rule(r"^sublimate run -p recovery=per-step -p nodes=3:4$", "dry-run",
+         "tests/components/launch/test_per_step_recovery.py (a minimum of nodes, kept)"),
+    Rule(r"^sublimate run -p recovery=per-step -p scheduler=local_netns .*chaos-mtbf=", "dry-run",
+         "tests/components/launch/test_per_step_recovery.py (five chaos kills on local_netns)"),
     Rule(r"^sublimate fault ", "parse",
          "a running local_netns job (tests/components/launch/test_netns_training.py acts on "
          "one with each)"),
