@@ -137,12 +137,13 @@ def test_joining_the_process_group_imports_nothing() -> None:
     # that is safe only while the main thread imports nothing meanwhile (module-lock order).
     program = (
         "import sys\n"
+        "import torch.distributed as dist\n"
         "from sublimate.components import training\n"
         "from sublimate.components.processes import worker\n"
         "before = set(sys.modules)\n"
         "training.join('gloo', timeout_seconds=300)\n"
         "print(sorted(set(sys.modules) - before))\n"
-        "worker.dist.destroy_process_group()\n")
+        "dist.destroy_process_group()\n")
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"}
     completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                                env=env, check=True, timeout=120)
