@@ -35,6 +35,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _session_reaper.close()  # what a test left running ends now, not at the machine's reboot
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # With pytest-xdist (the README's `-n 2 --dist loadgroup`), the tests that make network
+    # namespaces run on one worker, one after another: their leak checks look at the whole
+    # machine (test_netns_scheduler.snapshot), where another worker's cluster would show.
+    for item in items:
+        if "netns" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("netns"))
+
+
 def in_ci() -> bool:
     """Whether this is a CI run (``CI`` set, as .ci/run and CI services do; ``false``/``0`` no)."""
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")

@@ -44,9 +44,17 @@ class SyncSGD(Paradigm):
             yield
 
     def average_gradients(self) -> None:
-        """Per-step recovery: every gradient replaced by its mean over the workers of the
-        participating groups, in one flat all-reduce (DDP's job, which its buckets do during
-        the backward pass in the restart mode). Parameters without a gradient count as zero."""
+        """Per-step recovery: every gradient replaced by its mean over the whole global batch,
+        in one flat all-reduce (DDP's job, which its buckets do during the backward pass in the
+        restart mode); the slices of groups not in the step count as zero, so the update is
+        the participants' mean gradient times their share of the job's workers. Parameters
+        without a gradient count as zero.
+
+        Why not the participants' mean alone (torchft's DDP): the learning rate was scaled for
+        the global batch (``lr_schedule``), and with a quarter of the nodes left the step
+        averages a quarter of it. Scaling the update by the share keeps the linear scaling rule
+        for the batch that took part; without it a node left alone stepped at four times the
+        rate its batch allows and its model collapsed (mnist1d, 4 nodes, loss to ln 10)."""
         parameters = [parameter for parameter in self.model.parameters()
                       if parameter.requires_grad]
         for parameter in parameters:
@@ -54,6 +62,10 @@ class SyncSGD(Paradigm):
                 parameter.grad = torch.zeros_like(parameter)
         flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
         self.average_(flat)
+        assert self.replicas is not None  # per-step recovery only
+        share = self.replicas.participating_workers() / self.replicas.workers
+        if share < 1:
+            flat *= share
         offset = 0
         for parameter in parameters:
             size = parameter.numel()

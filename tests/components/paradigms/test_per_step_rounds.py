@@ -49,6 +49,21 @@ class VetoingReplicas:
         return self.rounds not in self.vetoed
 
 
+class ShrunkReplicas(VetoingReplicas):
+    """A job of twice the gloo group's workers, of which only the gloo group takes part."""
+
+    def __init__(self) -> None:
+        super().__init__(set())
+        self.workers = 2 * dist.get_world_size()
+
+    def average(self, tensor: torch.Tensor) -> None:  # the participants' mean, as torchft's
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+
+    def participating_workers(self) -> int:
+        return dist.get_world_size()
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 3))
@@ -148,7 +163,8 @@ def _gradients(rank: int, port: int, results: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
     grads = {}
-    for name, replicas in (("ddp", None), ("per-step", VetoingReplicas(set()))):
+    for name, replicas in (("ddp", None), ("per-step", VetoingReplicas(set())),
+                           ("half-left", ShrunkReplicas())):
         model = _model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         paradigm = SyncSGD(model, optimizer, {}, replicas)
@@ -165,9 +181,13 @@ def _gradients(rank: int, port: int, results: Path) -> None:
     dist.destroy_process_group()
 
 
-def test_sync_sgds_flat_gradient_average_is_ddps(tmp_path: Path) -> None:
+def test_sync_sgds_flat_gradient_average_is_ddps_over_the_global_batch(tmp_path: Path) -> None:
     mp.spawn(_gradients, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
     for rank in range(WORLD):
         grads = torch.load(tmp_path / f"rank-{rank}.pt")
         for ddp, flat in zip(grads["ddp"], grads["per-step"], strict=True):
             assert torch.allclose(ddp, flat, rtol=0, atol=1e-7)
+        # Half the job's workers took part: their mean gradient at half the size, the global
+        # batch's mean with the missing half counted as zero (the rate was scaled for it all).
+        for ddp, half in zip(grads["ddp"], grads["half-left"], strict=True):
+            assert torch.allclose(ddp / 2, half, rtol=0, atol=1e-7)
