@@ -130,7 +130,9 @@ def main() -> None:
     section = results["per-step"]["summary"].get("fault_tolerance", {})
     for failure in section.get("failures", []):
         after = failure.get("replacement_trained_after_seconds")
-        print(f"  per-step: node{failure['node']} lost at step {failure.get('step')}, "
+        when = f"at step {failure['step']}" if failure.get("step") is not None \
+            else "while it started (a replacement not yet training)"
+        print(f"  per-step: node{failure['node']} lost {when}, "
               f"{failure.get('steps_lost')} step(s) lost, " + (
                   f"replacement trained after {after}s" if after is not None else
                   "the job ended before its replacement trained"))
