@@ -367,7 +367,9 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
             _catch_stop_signals(stop)
             what = f"entrypoint {args.entrypoint}" if args.entrypoint \
                 else f"algorithm {args.algorithm}"
-            how = ", recovery per-step" if per_step(args) else ""
+            how = f", recovery per-step, up to {args.max_restarts} replacements per node" \
+                if per_step(args) else \
+                f", up to {args.max_restarts} relaunches" if args.max_restarts else ""
             print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
                   f"procs, {what}{how})", flush=True)
         streams = follow_logs(runner, handle, app, scheduler)

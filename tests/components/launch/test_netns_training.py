@@ -185,7 +185,9 @@ def test_an_elastic_job_that_loses_node0_is_relaunched_from_the_last_checkpoint(
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"lost node0 \(10\.[0-9.]+\)", output), output[-3000:]
-    # elastic runs relaunch 3 times by default (max-restarts auto)
+    # elastic runs relaunch 3 times by default (max-restarts auto), and the launcher says so
+    assert re.search(r"train: submitted \S+ \(2:3 nodes x 1 procs, algorithm sync, up to 3 "
+                     r"relaunches\)", output), output[-3000:]
     assert "relaunching from the last checkpoint (relaunch 1 of 3)" in output, output[-3000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
     assert resumed and resumed[0] >= committed, output[-3000:]
