@@ -23,7 +23,10 @@ metadata: {generateName: serve-}
 spec:
   entrypoint: evaluate
   arguments:
-    parameters: [{name: port}, {name: pidfile}]
+    parameters: [{name: port}]
+  # The daemon tells the test its pid through a volume: a pod's other writes are its own
+  # (every pod has a private filesystem, as on Argo).
+  volumes: [{name: scratch, persistentVolumeClaim: {claimName: scratch}}]
   templates:
   - name: evaluate
     dag:
@@ -43,7 +46,7 @@ spec:
       command: [python]
       source: |
         import http.server, os, time
-        open("{{workflow.parameters.pidfile}}", "w").write(str(os.getpid()))
+        open("/scratch/server.pid", "w").write(str(os.getpid()))
         time.sleep(0.3)  # loading the model: not ready yet
         class Predict(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -53,6 +56,7 @@ spec:
                 self.wfile.write(str(3 * x + 1).encode())
         server = http.server.HTTPServer(("127.0.0.1", {{workflow.parameters.port}}), Predict)
         server.serve_forever()
+      volumeMounts: [{name: scratch, mountPath: /scratch}]
       readinessProbe:
         httpGet: {path: /healthz, port: "{{workflow.parameters.port}}"}
         periodSeconds: 1
@@ -79,9 +83,9 @@ def _pid(path: Path) -> int:
 
 
 def test_a_daemon_serves_later_tasks_and_is_gone_at_the_end(tmp_path: Path) -> None:
-    pidfile = tmp_path / "server.pid"
+    pidfile = tmp_path / "home" / "volumes" / "scratch" / "server.pid"
     events: list[RunEvent] = []
-    done = run(SERVING, {"port": free_port(), "pidfile": pidfile}, home=tmp_path / "home",
+    done = run(SERVING, {"port": free_port()}, home=tmp_path / "home",
                reporter=events.append, timeout=120)
     done.assert_succeeded()
     assert sorted(n.result or "" for n in done.nodes.values() if n.template == "score"
@@ -175,15 +179,15 @@ def _gone(pid: int, timeout: float = 30) -> bool:
 
 def test_no_daemon_is_left_when_the_run_is_stopped_or_its_runner_killed(
         tmp_path: Path, home: Path) -> None:
-    pidfile = tmp_path / "server.pid"
+    pidfile = home / "volumes" / "scratch" / "server.pid"
     manifest = tmp_path / "serve.yaml"
     manifest.write_text(SERVING.replace(
         "print(urllib.request.urlopen(url, timeout=10).read().decode())",
         "print(urllib.request.urlopen(url, timeout=10).read().decode())\n"
         "        import time; time.sleep(120)"))
     for how in (signal.SIGTERM, signal.SIGKILL):
-        runner = start_run(home, str(manifest), "-p", f"port={free_port()}",
-                           "-p", f"pidfile={pidfile}")
+        pidfile.unlink(missing_ok=True)
+        runner = start_run(home, str(manifest), "-p", f"port={free_port()}")
         try:
             _wait_running(home, "model-server")
             pid = _pid(pidfile)
