@@ -160,7 +160,6 @@ def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     ("nodes=two", "parameter 'nodes': 'two' does not match pattern '^[0-9]+(:[0-9]+)?$'"),
     ("nodes=0", "nodes: 0 is below the minimum 1"),
     ("nodes=4:2", "nodes: 4:2: the minimum is above the maximum"),
-    ("nodes=2:3", "nodes 2:3: elastic training needs max-restarts of at least 1"),
     ("algorithm=hogwild", "parameter 'algorithm': 'hogwild' is not one of sync, async"),
     ("run-id=../elsewhere", "parameter 'run-id'"),
     ("learning-rate=fast", "parameter 'learning-rate'"),
@@ -180,6 +179,10 @@ def test_settings_are_checked_together_before_anything_runs(tmp_path: Path) -> N
         (["algorithm=bmuf", "sync-period=0"], "parameter 'sync-period': 0 is below the minimum 1"),
         (["nodes=3", "accumulation-steps=2"], "global-batch-size 64 is not divisible by nodes x "
                                               "procs-per-node x accumulation-steps = 3 x 1 x 2"),
+        # elastic runs relaunch 3 times unless told otherwise (max-restarts auto); an explicit 0
+        # cannot work
+        (["nodes=2:3", "global-batch-size=60", "max-restarts=0"],
+         "nodes 2:3: elastic training needs max-restarts of at least 1"),
     ]:
         completed = run_cli("run", *[f"-p{flag}" for flag in flags], home=tmp_path)
         assert completed.returncode == 2
