@@ -101,9 +101,10 @@ class PerStepRun(Run):
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
                                  args.collective_timeout, state=self.state,
                                  load_state=self.load_state, async_quorum=not self.periodic)
-        # The Manager counts committed steps (rounds under bmuf/easgd) from the checkpoint on.
+        # The Manager counts committed steps (rounds under bmuf/easgd/diloco) from the
+        # checkpoint on.
         self.ft.manager.load_state_dict({
-            "step": step // args.sync_period if self.periodic else step,
+            "step": step // learner.paradigm.period if self.periodic else step,  # type: ignore[attr-defined]
             "batches_committed": 0})
         learner.paradigm.replicas = self.ft
         training_model = learner.paradigm.training_model()
