@@ -492,7 +492,7 @@ def check(values: Mapping[str, Any]) -> None:
                                f"divisible by {parts}")
     if merged["entrypoint"] and algorithm == "async":
         raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
-                           "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
+                           "entrypoint, use sync, bmuf, easgd or diloco (the library's paradigms)")
     links = [name for name in ("link_rate", "link_delay", "link_loss") if merged[name]]
     if links and merged["scheduler"] != "local_netns":
         raise SettingError(f"{links[0].replace('_', '-')} shapes the links of local_netns "
