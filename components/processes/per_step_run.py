@@ -107,6 +107,7 @@ class PerStepRun(Run):
             "step": step // learner.paradigm.period if self.periodic else step,  # type: ignore[attr-defined]
             "batches_committed": 0})
         learner.paradigm.replicas = self.ft
+        self.ft.traffic = learner.paradigm.traffic  # one count, checkpointed with the paradigm
         training_model = learner.paradigm.training_model()
         reporter = training.Reporter(args.run_dir, group, data.total_steps,
                                      data.local_batch, training_model, args.metrics_addr,

@@ -53,7 +53,8 @@ def _outer_steps_on(rank: int, results: Path, wire: str) -> None:
         paradigm.after_step(round_end)
         weights.append((model.weight.item(), flat_parameters(paradigm.result_model()).item()))
     torch.save({"weights": weights, "rounds": paradigm.rounds,
-                "ops": paradigm.communication_ops}, results / f"{wire}-rank-{rank}.pt")
+                "ops": paradigm.communication_ops, "sent": paradigm.traffic.payload_bytes},
+               results / f"{wire}-rank-{rank}.pt")
 
 
 def test_the_outer_step_is_the_papers_nesterov_step_on_the_mean_pseudo_gradient(
@@ -77,6 +78,8 @@ def _check_outer_steps(tmp_path: Path, wire: str) -> None:
     for rank in range(WORLD):
         record = torch.load(tmp_path / f"{wire}-rank-{rank}.pt")
         assert record["rounds"] == record["ops"] == 2
+        # one weight per round, in the wire's type: 4 bytes in float32, 2 in bfloat16
+        assert record["sent"] == 2 * (4 if wire == "float32" else 2)
         for (local, result), theta in zip(record["weights"], expected, strict=True):
             # every worker starts the next round at the new global weights, the result (to
             # float32's rounding: the model's type)
