@@ -14,6 +14,7 @@ all-reduce      2 (N - 1) / N x payload         a ring all-reduce (gloo's and NC
                                                 each sending (N - 1) / N of the tensor
 broadcast       (N - 1) / N x payload           the average over the N processes (the root
                                                 sends the most)
+RPC message     payload                         point to point (async's push and pull)
 ==============  ==============================  ===============================================
 
 N is the number of processes the collective spans (under per-step recovery: the replica groups
@@ -47,6 +48,12 @@ class Traffic:
             return  # nothing leaves the process
         self.payload_bytes += payload
         self.wire_bytes += ring_all_reduce_bytes(payload, parties)
+        self.collectives += 1
+
+    def send(self, payload: int) -> None:
+        """A message to one peer (the parameter server's RPCs): the payload is the wire."""
+        self.payload_bytes += payload
+        self.wire_bytes += payload
         self.collectives += 1
 
     def broadcast(self, payload: int, parties: int) -> None:
