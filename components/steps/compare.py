@@ -98,11 +98,16 @@ class Result:
 
     def communication_share(self) -> float | None:
         """Comm seconds / all step seconds, summed over every process of the run."""
+        return self.share("comm")
+
+    def share(self, phase: str) -> float | None:
+        """A phase's seconds (data, compute, comm) / all step seconds, summed over every
+        process of the run."""
         splits = (self.report.get("time_split") or {}).values()
-        comm = sum(split.get("comm_seconds", 0.0) for split in splits)
-        total = sum(split.get(f"{phase}_seconds", 0.0) for split in splits
-                    for phase in ("data", "compute", "comm"))
-        return comm / total if total > 0 else None
+        seconds = sum(split.get(f"{phase}_seconds", 0.0) for split in splits)
+        total = sum(split.get(f"{part}_seconds", 0.0) for split in splits
+                    for part in ("data", "compute", "comm"))
+        return seconds / total if total > 0 else None
 
     def bytes_sent_per_worker(self) -> float | None:
         sent = list((self.report.get("net_sent_bytes") or {}).values())
@@ -118,6 +123,7 @@ class Result:
             "metric": self.metric, "time_to_target_seconds": self.time_to_target,
             "samples_per_second": report.get("samples_per_second"),
             "communication_share": _rounded(self.communication_share(), 4),
+            "compute_share": _rounded(self.share("compute"), 4),
             "net_sent_bytes_per_worker": _rounded(self.bytes_sent_per_worker(), 0),
             "sent_payload_bytes_per_worker": report.get("sent_payload_bytes_per_worker"),
             "sent_wire_bytes_per_worker": report.get("sent_wire_bytes_per_worker"),
