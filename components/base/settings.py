@@ -290,7 +290,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warmup-epochs", 0, "Epochs of gradual warmup from learning-rate to the scaled rate "
             "(Goyal et al. use 5 for large batches).", kind="number", minimum=0),
     Setting("accumulation-steps", 1, "Micro-batches accumulated per optimizer step (sync, "
-            "bmuf, easgd).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
+            "bmuf, easgd, diloco).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
     Setting("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic updates; "
             "diloco: inner steps H per outer step (of each fragment).",
             kind="integer", minimum=1, paradigms=_PERIODIC),
