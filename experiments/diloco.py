@@ -2,15 +2,16 @@
 
 Four nodes on ``local_netns`` behind links of 1 Gbit/s, 100 Mbit/s and 10 Mbit/s, mnist1d: sync,
 BMUF, EASGD (a round every 8 steps), DiLoCo at H = 8, 32 and 128 and Streaming DiLoCo (H = 32,
-2 fragments), at equal epochs; then sync, BMUF and DiLoCo at three times the epochs on 1 Gbit/s
-(does the gap to sync close?). Each part is one sweep through the product (``sublimate run
-sweep``); the parts' reports go to ``<output>/<part>/``, and the study's own figures (accuracy
-against bytes sent and against training time, the frontier) and ``frontier.json`` (every point,
-the equal-budget table and the goal's verdict) to ``<output>/``.
+2 fragments), at equal epochs; then sync, BMUF and DiLoCo (H = 8, 32, 128) at three times the
+epochs on 1 Gbit/s (does the gap to sync close?). Each part is one sweep through the product
+(``sublimate run sweep``); the parts' reports go to ``<output>/<part>/``, and the study's own
+figures (accuracy against bytes sent and against training time, the frontier) and
+``frontier.json`` (every point, the equal-budget table and the goal's verdict) to ``<output>/``.
 Needs root (network namespaces).
 
 Usage: python experiments/diloco.py [--rates 1gbit,100mbit,10mbit] [--epochs 6]
-       [--parts paradigms,diloco,streaming,longer] [--model mlp] [--output DIR]
+       [--parts paradigms,diloco,streaming,longer,longer-diloco] [--model mlp] [--reuse]
+       [--output DIR]
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def parts(args: Any, rates: list[str]) -> dict[str, tuple[dict[str, list], dict[
                       {**common, "algorithm": "diloco", "sync-period": 32, "fragments": 2}),
         "longer": ({"algorithm": ["sync", "bmuf", "diloco"]},
                    {**common, "link-rate": rates[0], "epochs": args.epochs * 3}),
+        "longer-diloco": ({"sync-period": [32, 128]},
+                          {**common, "algorithm": "diloco", "link-rate": rates[0],
+                           "epochs": args.epochs * 3}),
     }
 
 
@@ -91,7 +95,7 @@ def accuracy_within(curve: list[list[float]], budget: float) -> float | None:
 
 def verdict(points: list[dict[str, Any]], rates: list[str]) -> dict[str, Any]:
     """The goal, checked against the equal-epoch points."""
-    equal = [p for p in points if p["part"] != "longer"]
+    equal = [p for p in points if not p["part"].startswith("longer")]
     result: dict[str, Any] = {}
     slowest = rates[-1]
     sync = next((p for p in equal if p["label"] == "sync" and p["rate"] == slowest), None)
@@ -120,7 +124,7 @@ def draw(points: list[dict[str, Any]], rates: list[str], output: Path) -> None:
     """The frontier: final accuracy against bytes sent per worker and against training time,
     one marker per point (colour: paradigm; shape: link rate); and accuracy against time."""
     plt = pyplot()
-    equal = [p for p in points if p["part"] != "longer"]
+    equal = [p for p in points if not p["part"].startswith("longer")]
     labels = list(dict.fromkeys(p["label"] for p in equal))
     colours = {name: f"C{index}" for index, name in enumerate(labels)}
     shapes = dict(zip(rates, ("o", "s", "^", "D"), strict=False))
@@ -155,7 +159,7 @@ def draw(points: list[dict[str, Any]], rates: list[str], output: Path) -> None:
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], "diloco", epochs=6)
     parser.add_argument("--rates", default=",".join(RATES), help="link rates (tc syntax)")
-    parser.add_argument("--parts", default="paradigms,diloco,streaming,longer")
+    parser.add_argument("--parts", default="paradigms,diloco,streaming,longer,longer-diloco")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--model", default="mlp")
@@ -177,9 +181,9 @@ def main() -> None:
             points += collect(part, report, fixed)
     if not points:
         return
-    budget = {rate: min(p["train_seconds"] for p in points
-                        if p["rate"] == rate and p["part"] != "longer") for rate in rates
-              if any(p["rate"] == rate and p["part"] != "longer" for p in points)}
+    equal = [p for p in points if not p["part"].startswith("longer")]
+    budget = {rate: min(p["train_seconds"] for p in equal if p["rate"] == rate)
+              for rate in rates if any(p["rate"] == rate for p in equal)}
     for point in points:
         point["accuracy_within_budget"] = accuracy_within(point["curve"],
                                                           budget.get(point["rate"], 0.0))

@@ -180,10 +180,16 @@ class PerStepRun(Run):
             if not committed:
                 continue  # nobody applied it: the same step again, with the next quorum
             if self.periodic:
+                # The local optimizer step is computation (as in the restart mode's loop); the
+                # round, every sync-period steps, is the communication.
+                computed = synced
                 self.step = step + 1
-                if self.step % paradigm.period == 0 and self._round():  # type: ignore[attr-defined]
-                    epoch = None  # healed: this group's epoch so far is not the job's
-                    continue
+                if self.step % paradigm.period == 0:  # type: ignore[attr-defined]
+                    healed = self._round()
+                    synced = perf_counter()
+                    if healed:
+                        epoch = None  # healed: this group's epoch so far is not the job's
+                        continue
             else:
                 self.step = ft.step
                 if self.step != step + 1:  # healed: its epoch so far is not the job's

@@ -52,6 +52,16 @@ def _outer_steps_on(rank: int, results: Path, wire: str) -> None:
             model.weight.fill_(local(paradigm.global_parameters[0].item()))
         paradigm.after_step(round_end)
         weights.append((model.weight.item(), flat_parameters(paradigm.result_model()).item()))
+    # finish() after 2 more steps: the partial round is a plain average of the workers' models
+    # (global + 0.25 and global + 0.5: their mean, global + 0.375), and the outer momentum
+    # stays the full rounds'
+    momentum = paradigm.state_dict()["outer_optimizers"][0]["state"][0]["momentum_buffer"]
+    with torch.no_grad():
+        model.weight.fill_(paradigm.global_parameters[0].item() + 0.25 * (rank + 1))
+    paradigm.finish(10)
+    weights.append((model.weight.item(), flat_parameters(paradigm.result_model()).item()))
+    assert torch.equal(momentum, paradigm.state_dict()["outer_optimizers"][0]["state"][0][
+        "momentum_buffer"])
     torch.save({"weights": weights, "rounds": paradigm.rounds,
                 "ops": paradigm.communication_ops, "sent": paradigm.traffic.payload_bytes},
                results / f"{wire}-rank-{rank}.pt")
@@ -75,11 +85,12 @@ def _check_outer_steps(tmp_path: Path, wire: str) -> None:
     # 0.150390625, which the bfloat16 case's expected value accounts for)
     delta2 = 0.15 if wire == "float32" else float(torch.tensor(0.15).to(torch.bfloat16))
     expected = [0.0025, 0.0025 - 0.7 * (delta2 + 0.9 * (0.9 * 0.75 + delta2))]
+    expected.append(expected[1] + 0.375)
     for rank in range(WORLD):
         record = torch.load(tmp_path / f"{wire}-rank-{rank}.pt")
-        assert record["rounds"] == record["ops"] == 2
+        assert record["rounds"] == record["ops"] == 3
         # one weight per round, in the wire's type: 4 bytes in float32, 2 in bfloat16
-        assert record["sent"] == 2 * (4 if wire == "float32" else 2)
+        assert record["sent"] == 3 * (4 if wire == "float32" else 2)
         for (local, result), theta in zip(record["weights"], expected, strict=True):
             # every worker starts the next round at the new global weights, the result (to
             # float32's rounding: the model's type)
