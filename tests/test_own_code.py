@@ -135,7 +135,8 @@ def test_a_bad_entrypoint_fails_the_run_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"entrypoint": "my.train", "algorithm": "async"}, "with entrypoint, use sync, bmuf or"),
+    ({"entrypoint": "my.train", "algorithm": "async"},
+     "with entrypoint, use sync, bmuf, easgd or diloco"),
     ({"framework": "tensorflow"}, "framework tensorflow needs your own code"),
 ])
 def test_rules_between_entrypoint_settings(values: dict[str, str], message: str) -> None:

@@ -36,6 +36,7 @@ PARADIGMS: dict[str, str] = {
     "async": "parameter_server:AsyncSGD",
     "bmuf": "bmuf:BlockMomentumSGD",
     "easgd": "easgd:ElasticAveragingSGD",
+    "diloco": "diloco:DiLoCo",
 }
 PARADIGM_NAMES = tuple(PARADIGMS)
 AUTO = "auto"
@@ -193,7 +194,8 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-_PERIODIC = frozenset({"bmuf", "easgd"})
+_PERIODIC = frozenset({"bmuf", "easgd", "diloco"})
+_DILOCO = frozenset({"diloco"})
 # The paradigms whose workers run one shared step loop under torchrun (processes.worker): all
 # but the parameter server, whose processes TorchX starts as an app of their own.
 COLLECTIVE_PARADIGMS = tuple(name for name in PARADIGM_NAMES if name != "async")
@@ -209,7 +211,9 @@ COLLECTIVE_TIMEOUTS = {RESTART: 300.0, PER_STEP: 30.0}
 SETTINGS: tuple[Setting, ...] = (
     Setting("algorithm", "sync", "Training paradigm. sync: synchronous SGD (DDP all-reduce every "
             "step); async: asynchronous SGD with a parameter server; bmuf: block-momentum SGD "
-            "(Chen & Huo 2016); easgd: elastic-averaging SGD (Zhang et al. 2015).",
+            "(Chen & Huo 2016); easgd: elastic-averaging SGD (Zhang et al. 2015); diloco: inner "
+            "steps, then an outer Nesterov step on the averaged pseudo-gradient (Douillard et "
+            "al. 2023; torchft's, always with per-step recovery).",
             choices=PARADIGM_NAMES, reader="launcher"),
     Setting("entrypoint", "", "Your own training code, run by torchrun on every node instead of "
             "the built-in loop: a module (mypkg.train), module:function, or a script path in "
@@ -265,7 +269,9 @@ SETTINGS: tuple[Setting, ...] = (
             "and Ray do. per-step: torchft; every node is a replica group and every step is "
             "committed by the groups alive at that moment, so a lost node costs its one step in "
             "flight while the others go on, and its replacement copies the weights from a live "
-            "peer (docs/fault-tolerance.md). sync, bmuf and easgd.",
+            "peer (docs/fault-tolerance.md). sync, bmuf and easgd; diloco always runs per-step "
+            "(restart then means: relaunch from the last checkpoint only when every node is "
+            "lost, as per-step does anyway).",
             choices=RECOVERY_MODES, paradigms=_COLLECTIVE),
     Setting("chaos-mtbf", 0, "local_netns: kill a random training node (all its processes at "
             "once) after exponentially distributed intervals of this mean, in seconds, to see "
@@ -285,9 +291,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("warmup-epochs", 0, "Epochs of gradual warmup from learning-rate to the scaled rate "
             "(Goyal et al. use 5 for large batches).", kind="number", minimum=0),
     Setting("accumulation-steps", 1, "Micro-batches accumulated per optimizer step (sync, "
-            "bmuf, easgd).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
-    Setting("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic updates.",
+            "bmuf, easgd, diloco).", kind="integer", minimum=1, paradigms=_COLLECTIVE),
+    Setting("sync-period", 8, "bmuf: steps per block; easgd: steps between elastic updates; "
+            "diloco: inner steps H per outer step (of each fragment).",
             kind="integer", minimum=1, paradigms=_PERIODIC),
+    Setting("outer-lr", 0.7, "diloco: the outer SGD's learning rate (the paper's 0.7).",
+            kind="number", minimum=0, paradigms=_DILOCO),
+    Setting("outer-momentum", 0.9, "diloco: the outer SGD's Nesterov momentum (the paper's "
+            "0.9; 0: plain outer SGD).", kind="number", minimum=0, maximum=0.999,
+            paradigms=_DILOCO),
+    Setting("fragments", 1, "diloco: Streaming DiLoCo's fragments (consecutive top-level "
+            "modules of the model), synced in turn every sync-period / fragments steps, so "
+            "each every sync-period steps (1: plain DiLoCo).", kind="integer", minimum=1,
+            paradigms=_DILOCO),
+    Setting("outer-gradient-dtype", "float32", "diloco: the pseudo-gradients' type on the "
+            "wire (bfloat16: half the bytes; torchft's 8-bit quantisation needs Triton on a "
+            "GPU).", choices=("float32", "bfloat16"), paradigms=_DILOCO),
     Setting("block-momentum", AUTO, "bmuf: block momentum eta (auto: 1 - 1/N for N workers).",
             kind="number", minimum=0, auto=True, paradigms=frozenset({"bmuf"})),
     Setting("block-lr", 1.0, "bmuf: block learning rate zeta.", kind="number", minimum=0,
@@ -474,7 +493,7 @@ def check(values: Mapping[str, Any]) -> None:
                                f"divisible by {parts}: {_fitting(merged, minimum)}")
     if merged["entrypoint"] and algorithm == "async":
         raise SettingError("algorithm async runs sublimate's own parameter-server loop; with "
-                           "entrypoint, use sync, bmuf or easgd (the library's paradigms)")
+                           "entrypoint, use sync, bmuf, easgd or diloco (the library's paradigms)")
     links = [name for name in ("link_rate", "link_delay", "link_loss") if merged[name]]
     if links and merged["scheduler"] != "local_netns":
         raise SettingError(f"{links[0].replace('_', '-')} shapes the links of local_netns "
@@ -482,10 +501,30 @@ def check(values: Mapping[str, Any]) -> None:
     if merged["framework"] != "pytorch" and not merged["entrypoint"]:
         raise SettingError(f"framework {merged['framework']} needs your own code: set "
                            "entrypoint (the built-in loop is PyTorch)")
+    if algorithm == "diloco":
+        _check_diloco(merged)
     if algorithm == "bmuf" and merged["block_momentum"] is not None \
             and merged["block_momentum"] >= 1:
         raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "
                            "(bmuf diverges at 1 and above)")
+
+
+def _check_diloco(values: Mapping[str, Any]) -> None:
+    """Streaming DiLoCo's schedule: one fragment at a time, each once per sync-period."""
+    period, fragments = values["sync_period"], values["fragments"]
+    if period % fragments:
+        raise SettingError(f"fragments {fragments}: sync-period {period} must be a multiple of "
+                           "fragments (each fragment is synced every sync-period steps, one "
+                           "every sync-period / fragments steps)")
+
+
+def recovery_mode(values: Mapping[str, Any]) -> str:
+    """The recovery mode a job runs with: ``recovery``, except that the built-in loop runs
+    diloco on torchft's Manager, that is always per-step (users' own loops, under torchrun
+    alone, average over the job's process group)."""
+    if values.get("algorithm") == "diloco" and not values.get("entrypoint"):
+        return PER_STEP
+    return values.get("recovery") or RESTART
 
 
 def max_restarts(values: Mapping[str, Any]) -> int:
@@ -493,7 +532,7 @@ def max_restarts(values: Mapping[str, Any]) -> int:
     given = values.get("max_restarts")
     if given is not None:
         return int(given)
-    if values.get("recovery") == PER_STEP:
+    if recovery_mode(values) == PER_STEP:
         return DEFAULT_RESTARTS[PER_STEP]
     nodes = values.get("nodes", 1)
     return DEFAULT_RESTARTS["elastic" if getattr(nodes, "elastic", False) else "otherwise"]
@@ -504,7 +543,7 @@ def collective_timeout(values: Mapping[str, Any]) -> float:
     given = values.get("collective_timeout")
     if given is not None:
         return float(given)
-    return COLLECTIVE_TIMEOUTS[values.get("recovery") or RESTART]
+    return COLLECTIVE_TIMEOUTS[recovery_mode(values)]
 
 
 def _fitting(merged: Mapping[str, Any], minimum: int) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import run_files
+from sublimate.components.monitoring.traffic import format_bytes
 
 # components.metrics (prometheus-client) is imported by the functions that need it, so that
 # registering `sublimate report` costs the other commands nothing.
@@ -39,7 +40,8 @@ PLOTS = ("loss", "accuracy", "throughput", "time-split")
 SUMMARY_KEYS = (
     "algorithm", "backend", "world_size", "epochs", "steps", "global_batch_size",
     "learning_rate", "final_learning_rate", "train_seconds", "samples_per_second",
-    "communication_ops_per_epoch", "resumed_from_step", "launch_to_first_step_seconds",
+    "communication_ops_per_epoch", "sent_payload_bytes_per_worker",
+    "sent_wire_bytes_per_worker", "resumed_from_step", "launch_to_first_step_seconds",
     "startup")
 
 
@@ -281,6 +283,13 @@ def format_summary(report: dict[str, Any]) -> str:
     figures += [f"{name} {_number(value)}" for name, value in (report.get("metrics") or {}).items()]
     if figures:
         lines.append("  " + ", ".join(figures))
+    if report.get("sent_wire_bytes_per_worker") is not None:
+        namespace = list((report.get("net_sent_bytes") or {}).values())
+        lines.append(f"  sent per worker: {format_bytes(report['sent_wire_bytes_per_worker'])} "
+                     f"on the wire for {format_bytes(report['sent_payload_bytes_per_worker'])} "
+                     "of tensors (counted at each collective)"
+                     + (f"; its network namespace sent "
+                        f"{format_bytes(sum(namespace) / len(namespace))}" if namespace else ""))
     if report.get("launch_to_first_step_seconds") is not None:
         # longest first: where the wait went (the summary's JSON keeps no chronological order)
         startup = [(phase, seconds) for phase, seconds in (report.get("startup") or {}).items()

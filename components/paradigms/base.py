@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sublimate.components.base.settings import ParadigmConfig, paradigm_config
+from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
     import torch
@@ -60,6 +61,9 @@ class Paradigm:
             else paradigm_config(self.name, config)
         # collective operations issued by this worker, for the benchmark's ops-per-epoch figure
         self.communication_ops = 0
+        # the bytes they sent, counted where each is issued (here, DDP's comm hook for sync,
+        # FaultTolerance.average under per-step recovery)
+        self.traffic = Traffic()
 
     def training_model(self) -> nn.Module:
         """The module to run forward/backward on (e.g. a DDP wrapper around ``self.model``)."""
@@ -83,6 +87,7 @@ class Paradigm:
         import torch.distributed as dist
 
         dist.all_reduce(tensor)
+        self.traffic.all_reduce(tensor_bytes(tensor), dist.get_world_size())
         tensor /= dist.get_world_size()
 
     def sum_(self, tensor: torch.Tensor) -> None:
@@ -94,6 +99,7 @@ class Paradigm:
         import torch.distributed as dist
 
         dist.all_reduce(tensor)
+        self.traffic.all_reduce(tensor_bytes(tensor), dist.get_world_size())
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -122,10 +128,12 @@ class Paradigm:
 
     def state_dict(self) -> dict[str, Any]:
         """Paradigm state beyond model and optimizer, saved in every checkpoint."""
-        return {"communication_ops": self.communication_ops}
+        return {"communication_ops": self.communication_ops,
+                "traffic": self.traffic.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.communication_ops = state.get("communication_ops", 0)
+        self.traffic.load_state_dict(state.get("traffic"))
 
 
 def auto_or(value: Any, default: float) -> float:
@@ -225,6 +233,7 @@ class PeriodicAveraging(Paradigm):
             flat = flat_tensors(counters)
             if self.replicas is None:
                 dist.broadcast(flat, src=0)
+                self.traffic.broadcast(tensor_bytes(flat), dist.get_world_size())
             else:  # every group counts alike: their mean (a group healing sends none) is it
                 import torch
 

@@ -17,6 +17,10 @@ bmuf      global batch / reference x (1 - eta)/zeta   the averaged block update 
                                                       Chen & Huo (2016) keep each learner at the
                                                       single-learner rate of its local batch;
                                                       eta = 0 is model averaging (as easgd)
+diloco    global batch / reference x (1 - mu)/lr_out  as bmuf: the outer Nesterov SGD amplifies
+                                                      the averaged pseudo-gradient by
+                                                      lr_out / (1 - mu) (7 at the paper's 0.7,
+                                                      0.9)
 async     a trainer's batch / reference               each update applies one trainer's gradient
 ========  ==========================================  =========================================
 
@@ -30,7 +34,12 @@ from typing import Any
 
 
 def block_filter_gain(settings: Mapping[str, Any], workers: int) -> float:
-    """BMUF's amplification of the averaged block update: zeta / (1 - eta) (1 for others)."""
+    """The amplification of the averaged round update by the paradigm's outer filter: BMUF's
+    zeta / (1 - eta), DiLoCo's outer SGD lr / (1 - momentum) (1 for the others)."""
+    if settings.get("algorithm") == "diloco":
+        outer_lr = float(settings.get("outer_lr", 0.7))
+        momentum = float(settings.get("outer_momentum", 0.9))
+        return outer_lr / (1.0 - momentum) if outer_lr > 0 else 1.0
     if settings.get("algorithm") != "bmuf":
         return 1.0
     momentum = settings.get("block_momentum")

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
+
 from .base import Paradigm
 
 
@@ -53,6 +55,9 @@ class ParameterServer:
         self.trainer_reports: dict[int, dict[str, float]] = {}
         # each trainer's buffers as of its last push, merged into the model when it is read
         self.trainer_buffers: dict[int, list[torch.Tensor]] = {}
+        # The RPC's two directions, counted as the server handles each push and its reply:
+        # what the trainers sent (gradients and buffers) and what the server sent back.
+        self.pushed, self.replied = Traffic(), Traffic()
 
     def parameters(self) -> list[torch.Tensor]:
         return [parameter.detach().clone() for parameter in self.model.parameters()]
@@ -71,6 +76,7 @@ class ParameterServer:
                   learning_rate: float, buffers: list[torch.Tensor] | None = None,
                   ) -> tuple[list[torch.Tensor], int]:
         with self.condition:
+            self.pushed.send(sum(tensor_bytes(t) for t in [*gradients, *(buffers or [])]))
             if buffers:
                 self.trainer_buffers[trainer] = buffers
             if self._too_far_ahead(trainer):
@@ -90,7 +96,9 @@ class ParameterServer:
             self.version += 1
             self.clocks[trainer] += 1
             self.condition.notify_all()
-            return self.parameters(), self.version
+            parameters = self.parameters()
+            self.replied.send(sum(tensor_bytes(parameter) for parameter in parameters))
+            return parameters, self.version
 
     def report(self, trainer: int, figures: dict[str, float]) -> None:
         with self.condition:
@@ -117,6 +125,10 @@ class ParameterServer:
             "staleness_max": self.staleness_max,
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_histogram.items())},
             "bound_waits": self.waits,
+            # per trainer, comparable with the collective paradigms' (this launch's pushes)
+            "sent_payload_bytes_per_worker": self.pushed.payload_bytes // self.num_trainers,
+            "sent_wire_bytes_per_worker": round(self.pushed.wire_bytes / self.num_trainers),
+            "ps_sent_bytes": self.replied.payload_bytes,
         }
 
     def _merge_buffers(self) -> None:

@@ -101,11 +101,13 @@ class PerStepRun(Run):
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
                                  args.collective_timeout, state=self.state,
                                  load_state=self.load_state, async_quorum=not self.periodic)
-        # The Manager counts committed steps (rounds under bmuf/easgd) from the checkpoint on.
+        # The Manager counts committed steps (rounds under bmuf/easgd/diloco) from the
+        # checkpoint on.
         self.ft.manager.load_state_dict({
-            "step": step // args.sync_period if self.periodic else step,
+            "step": step // learner.paradigm.period if self.periodic else step,  # type: ignore[attr-defined]
             "batches_committed": 0})
         learner.paradigm.replicas = self.ft
+        self.ft.traffic = learner.paradigm.traffic  # one count, checkpointed with the paradigm
         training_model = learner.paradigm.training_model()
         reporter = training.Reporter(args.run_dir, group, data.total_steps,
                                      data.local_batch, training_model, args.metrics_addr,
@@ -178,10 +180,16 @@ class PerStepRun(Run):
             if not committed:
                 continue  # nobody applied it: the same step again, with the next quorum
             if self.periodic:
+                # The local optimizer step is computation (as in the restart mode's loop); the
+                # round, every sync-period steps, is the communication.
+                computed = synced
                 self.step = step + 1
-                if self.step % paradigm.period == 0 and self._round():  # type: ignore[attr-defined]
-                    epoch = None  # healed: this group's epoch so far is not the job's
-                    continue
+                if self.step % paradigm.period == 0:  # type: ignore[attr-defined]
+                    healed = self._round()
+                    synced = perf_counter()
+                    if healed:
+                        epoch = None  # healed: this group's epoch so far is not the job's
+                        continue
             else:
                 self.step = ft.step
                 if self.step != step + 1:  # healed: its epoch so far is not the job's

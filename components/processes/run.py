@@ -47,7 +47,7 @@ def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group:
     reporter = training.Reporter(args.run_dir, group, data.total_steps,
                                  args.global_batch_size // group.world, training_model,
                                  args.metrics_addr, args.metrics_port, args.progress_every,
-                                 first_step=step)
+                                 first_step=step, traffic=learner.paradigm.traffic)
     learner.checkpointer.progress = reporter.progress
     startup.mark("setup")
     return Run(args, startup, group, data, learner, training_model, reporter, step,
@@ -234,9 +234,12 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """What this launch did (train-summary.json). A collective: every rank calls it."""
         args, world, step, first_step = self.args, self.group.slots, self.step, self.first_step
-        ops = torch.tensor([self.learner.paradigm.communication_ops], dtype=torch.float64)
+        traffic = self.learner.paradigm.traffic
+        ops = torch.tensor([self.learner.paradigm.communication_ops, traffic.payload_bytes,
+                            traffic.wire_bytes], dtype=torch.float64)
         dist.all_reduce(ops)  # the benchmark reports the total over all workers
         ops *= world / self.group.world  # per-step: the node's, as if every node's alike
+        ops, payload, wire = ops.tolist()
         return {
             "algorithm": args.algorithm, "backend": self.group.backend, "world_size": world,
             "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
@@ -245,8 +248,12 @@ class Run:
             "samples_per_second": round((step - first_step) * args.global_batch_size
                                         / max(self.train_seconds, 1e-9), 1)
             if step > first_step else 0.0,
-            "communication_ops_per_worker": int(ops.item()) // world,
-            "communication_ops_per_epoch": round(ops.item() / world / args.epochs, 2),
+            "communication_ops_per_worker": int(ops) // world,
+            "communication_ops_per_epoch": round(ops / world / args.epochs, 2),
+            # counted where each collective is issued (monitoring/traffic.py): the tensors
+            # sent, and what the collective's algorithm puts on the wire for them
+            "sent_payload_bytes_per_worker": round(payload / world),
+            "sent_wire_bytes_per_worker": round(wire / world),
             "resumed_from_step": first_step,
             "accuracy_curve": self.curve,
             # rank 0's time in per-epoch evaluation, on top of train_seconds (its peers wait)

@@ -48,6 +48,7 @@ from typing import Any
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
 from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.monitoring.traffic import format_bytes
 from sublimate.components.steps.gate import goal_of
 
 STEP = "compare"
@@ -97,11 +98,16 @@ class Result:
 
     def communication_share(self) -> float | None:
         """Comm seconds / all step seconds, summed over every process of the run."""
+        return self.share("comm")
+
+    def share(self, phase: str) -> float | None:
+        """A phase's seconds (data, compute, comm) / all step seconds, summed over every
+        process of the run."""
         splits = (self.report.get("time_split") or {}).values()
-        comm = sum(split.get("comm_seconds", 0.0) for split in splits)
-        total = sum(split.get(f"{phase}_seconds", 0.0) for split in splits
-                    for phase in ("data", "compute", "comm"))
-        return comm / total if total > 0 else None
+        seconds = sum(split.get(f"{phase}_seconds", 0.0) for split in splits)
+        total = sum(split.get(f"{part}_seconds", 0.0) for split in splits
+                    for part in ("data", "compute", "comm"))
+        return seconds / total if total > 0 else None
 
     def bytes_sent_per_worker(self) -> float | None:
         sent = list((self.report.get("net_sent_bytes") or {}).values())
@@ -117,7 +123,10 @@ class Result:
             "metric": self.metric, "time_to_target_seconds": self.time_to_target,
             "samples_per_second": report.get("samples_per_second"),
             "communication_share": _rounded(self.communication_share(), 4),
+            "compute_share": _rounded(self.share("compute"), 4),
             "net_sent_bytes_per_worker": _rounded(self.bytes_sent_per_worker(), 0),
+            "sent_payload_bytes_per_worker": report.get("sent_payload_bytes_per_worker"),
+            "sent_wire_bytes_per_worker": report.get("sent_wire_bytes_per_worker"),
             "net_sent_bytes": report.get("net_sent_bytes"),
             "train_seconds": report.get("train_seconds"),
             "epochs": report.get("epochs") or (len(report["epochs_log"])
@@ -427,14 +436,6 @@ def draw_plots(results: Sequence[Result], axes: Sequence[str], metric: str,
 
 # --- the report -------------------------------------------------------------------------------
 
-def _bytes(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value:.0f} B"
-
 
 def _seconds(value: float) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"  # small runs take under a second
@@ -449,7 +450,8 @@ def table_rows(results: Sequence[Result], axes: Sequence[str], metric: str,
     """The Markdown table's header and rows (formatted for reading)."""
     target_text = f"{target:.4g}" if target is not None else "target"
     header = ["id", *axes, "status", f"final {metric}", f"time to {target_text} (s)",
-              "samples/s", "comm share", "bytes sent per worker", "train s", "epochs"]
+              "samples/s", "comm share", "sent per worker (counted)",
+              "sent per worker (namespace)", "train s", "epochs"]
     rows = []
     for result in results:
         row = result.figures()
@@ -466,7 +468,8 @@ def table_rows(results: Sequence[Result], axes: Sequence[str], metric: str,
             f"{row['samples_per_second']:.0f}" if row["samples_per_second"] is not None
             else "n/a",
             f"{share * 100:.0f}%" if share is not None else "n/a",
-            _bytes(row["net_sent_bytes_per_worker"]),
+            format_bytes(row["sent_wire_bytes_per_worker"]),
+            format_bytes(row["net_sent_bytes_per_worker"]),
             _seconds(row["train_seconds"]) if row["train_seconds"] is not None else "n/a",
             str(row["epochs"]) if row["epochs"] is not None else "n/a"])
     return header, rows
@@ -490,10 +493,13 @@ def write_markdown(path: Path, document: dict[str, Any], results: Sequence[Resul
     lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines += ["", "Communication share: comm seconds over all step seconds of every training "
-              "process. Bytes sent per worker: what each process's network namespace sent "
-              "(loopback excluded), averaged over the processes. With local_cwd the job's traffic "
-              "stays on loopback and the figure is only whatever else the host sent meanwhile "
-              "(docs/monitoring.md)."]
+              "process. Sent per worker (counted): the bytes the training algorithm's "
+              "collectives put on the wire per process, counted where each is issued (ring "
+              "all-reduce: 2(N-1)/N of the tensors; monitoring/traffic.py), on any scheduler. "
+              "Sent per worker (namespace): what each process's network namespace sent "
+              "(loopback excluded, protocol overhead included), averaged over the processes. "
+              "With local_cwd the job's traffic stays on loopback and that figure is only "
+              "whatever else the host sent meanwhile (docs/monitoring.md)."]
     if failed:
         lines += ["", "## Failed points"]
         for result in failed:
@@ -537,6 +543,7 @@ def format_console(document: dict[str, Any], folder: Path) -> str:
 def write_csv(path: Path, results: Sequence[Result], axes: Sequence[str]) -> None:
     columns = ["id", "run-id", *axes, "status", "metric", "time_to_target_seconds",
                "samples_per_second", "communication_share", "net_sent_bytes_per_worker",
+               "sent_payload_bytes_per_worker", "sent_wire_bytes_per_worker",
                "train_seconds", "epochs", "problem"]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)

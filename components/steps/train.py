@@ -24,6 +24,7 @@ from sublimate.components.base.settings import (
     add_arguments,
     check,
     max_restarts,
+    recovery_mode,
 )
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
@@ -77,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except SettingError as error:
         parser.error(str(error))
     args.max_restarts = max_restarts(vars(args))  # auto: what the mode needs
+    args.recovery = recovery_mode(vars(args))  # diloco: always per-step (torchft's Manager)
     return args
 
 

@@ -47,6 +47,7 @@ from sublimate.components.base.replica_groups import (
     incarnation_name,
     node_address,
 )
+from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 # The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
 QUORUM_TIMEOUT_SECONDS = 300
@@ -131,6 +132,8 @@ class FaultTolerance:
             hostname=address, init_sync=False,
             checkpoint_transport=PGTransport(process_group, timeout, torch.device("cpu")))
         self.recording = group_rank == 0  # one record per group
+        # What average() sends between the groups (the per-step loop shares its paradigm's).
+        self.traffic = Traffic()
         self.participants = 0
         self.committed = self.attempted = self.aborted = self.heals = 0
         self._expected = 0  # the step count this step commits to, from start_step
@@ -160,10 +163,11 @@ class FaultTolerance:
         groups (within the node first, then between groups; a group that is healing
         contributes nothing). An error between groups is not raised: :meth:`commit` says
         False."""
-        if self.group_world > 1:
+        if self.group_world > 1:  # within the node: not counted, it does not leave the node
             dist.all_reduce(tensor)
             tensor /= self.group_world
         self.manager.allreduce(tensor).wait()
+        self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
 
     def commit(self) -> bool:
         """Whether every participating group completed the step: apply it only then. A healed

@@ -56,6 +56,7 @@ class Job:
         self.checkpoints = Checkpointer(self.run_dir, group.rank, group.world,
                                         str(self.settings.get("algorithm", "own")))
         self._reporter: Reporter | None = None
+        self._paradigm: Paradigm | None = None  # the last one made: its traffic is counted
 
     def paradigm(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  name: str | None = None, **settings: Any) -> Paradigm:
@@ -63,7 +64,8 @@ class Job:
         overridden by ``settings``."""
         name = name or str(self.settings.get("algorithm", "sync"))
         self.checkpoints.kind = name
-        return make_paradigm(name, model, optimizer, {**self.settings, **settings})
+        self._paradigm = make_paradigm(name, model, optimizer, {**self.settings, **settings})
+        return self._paradigm
 
     def reporter(self, training_model: nn.Module | None, total_steps: int,
                  samples_per_step: int) -> Reporter:
@@ -71,7 +73,9 @@ class Job:
         self._reporter = Reporter(self.run_dir, self.group, total_steps, samples_per_step,
                                   training_model,
                                   progress_every=float(self.settings.get(
-                                      "progress_every", watchdog.EVERY_SECONDS)))
+                                      "progress_every", watchdog.EVERY_SECONDS)),
+                                  # DDP's buckets join the paradigm's count of bytes sent
+                                  traffic=self._paradigm.traffic if self._paradigm else None)
         self.checkpoints.progress = self._reporter.progress
         return self._reporter
 

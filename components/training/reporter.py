@@ -19,6 +19,7 @@ from torch import nn
 from sublimate.components.base.runtime import shown_path
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring import stragglers, watchdog
+from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 from sublimate.components.training.process_group import ProcessGroup, log
 
 # Steps between hand-overs of the step timings to Prometheus: a step only adds floats.
@@ -59,8 +60,10 @@ class CommClock:
         return seconds
 
 
-def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
-    """Wrap DDP's default all-reduce in a comm hook that times it on ``clock``.
+def time_ddp_allreduce(model: nn.Module, clock: CommClock, traffic: Traffic | None = None,
+                       ) -> bool:
+    """Wrap DDP's default all-reduce in a comm hook that times it on ``clock`` (and counts
+    each bucket's bytes on ``traffic``: where synchronous SGD's traffic is sent).
 
     The future's callback runs when the bucket's all-reduce completes, and DDP waits for it
     before ``backward()`` returns, so the clock is complete at the end of every step. The
@@ -71,9 +74,13 @@ def time_ddp_allreduce(model: nn.Module, clock: CommClock) -> bool:
         return False  # (a model that is not DDP's: no need to import DDP to tell)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    world = dist.get_world_size()
+
     # No annotations: DDP checks them against the real classes, and this module's are strings.
     def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
         clock.begin()
+        if traffic is not None:
+            traffic.all_reduce(tensor_bytes(bucket.buffer()), world)
 
         def finished(future: torch.futures.Future) -> torch.Tensor:
             clock.end()
@@ -106,7 +113,8 @@ class Reporter:
     def __init__(self, run_dir: Path, group: ProcessGroup, total_steps: int,
                  samples_per_step: int, training_model: nn.Module | None = None,
                  metrics_addr: str | None = None, metrics_port: int | None = None,
-                 progress_every: float = watchdog.EVERY_SECONDS, first_step: int = 0) -> None:
+                 progress_every: float = watchdog.EVERY_SECONDS, first_step: int = 0,
+                 traffic: Traffic | None = None) -> None:
         from sublimate.components.monitoring.tensorboard_log import EpochLog
 
         self.run_dir, self.group, self.total_steps = Path(run_dir), group, total_steps
@@ -127,8 +135,9 @@ class Reporter:
         # Every node's first process may lead (per-step recovery: the quorum's first group).
         self.epoch_log = EpochLog(self.run_dir, f"rank-{rank}", aggregate=group.rank == 0)
         self.comm_clock = CommClock()
-        if self.metrics is not None and training_model is not None:
-            time_ddp_allreduce(training_model, self.comm_clock)
+        # ``traffic``: the paradigm's count, which DDP's bucket all-reduces add to
+        if (self.metrics is not None or traffic is not None) and training_model is not None:
+            time_ddp_allreduce(training_model, self.comm_clock, traffic)
         self.times = monitoring.StepTimes()
 
     def step(self, step: int, data_seconds: float, compute_seconds: float,

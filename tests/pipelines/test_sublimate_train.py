@@ -82,7 +82,7 @@ def test_every_parameter_is_described_with_enums_for_closed_sets(manifest: dict)
     for parameter in parameters.values():
         assert len(parameter.get("description", "")) > 15, parameter["name"]
         assert "value" in parameter, f"{parameter['name']} has no default"
-    assert parameters["algorithm"]["enum"] == ["sync", "async", "bmuf", "easgd"]
+    assert parameters["algorithm"]["enum"] == ["sync", "async", "bmuf", "easgd", "diloco"]
     assert parameters["backend"]["enum"] == ["auto", "gloo", "nccl"]
     assert parameters["nodes"]["value"] == "2" and parameters["dataset"]["value"] == "digits"
     types = json.loads(manifest["metadata"]["annotations"][TYPES_ANNOTATION])

@@ -238,6 +238,9 @@ def test_parameter_server_applies_every_gradient_exactly_once() -> None:
     assert statistics["updates_applied"] == 100 and statistics["pushes_per_trainer"] == [25] * 4
     assert sum(statistics["staleness_histogram"].values()) == 100
     torch.testing.assert_close(model.weight.detach(), start - 0.1 * torch.stack(pushed).sum(0))
+    # every push sent 3 float32 gradients and got 3 parameters back: 12 bytes each way
+    assert statistics["sent_payload_bytes_per_worker"] == 25 * 12
+    assert statistics["ps_sent_bytes"] == 100 * 12
 
 
 def test_staleness_bound_holds_back_a_trainer_that_runs_ahead() -> None:

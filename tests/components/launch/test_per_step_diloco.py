@@ -1,0 +1,42 @@
+"""DiLoCo end to end: ``sublimate run -p algorithm=diloco`` runs on the per-step machinery (a
+Lighthouse, a torchrun per node, torchft's Manager) whatever ``recovery`` says, one round (an
+outer step) every sync-period steps, and a lost node's replacement heals at a round from a live
+peer, outer optimizer and global weights included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.components.launch.test_per_step_recovery import _failures, _run
+from tests.conftest import run_outputs
+
+DIGITS_STEPS_PER_EPOCH = 22  # 1438 training examples, global batch 64
+
+
+def test_diloco_on_two_nodes_trains_digits_one_outer_step_per_round(tmp_path: Path) -> None:
+    output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2")
+    assert float(run_outputs(output)["accuracy"]) >= 0.93
+    assert summary["recovery"] == "per-step" and summary["algorithm"] == "diloco"
+    section = summary["fault_tolerance"]
+    rounds = 20 * DIGITS_STEPS_PER_EPOCH // 8  # sync-period 8: 55 outer steps
+    assert section["steps_committed"] == section["steps_attempted"] == 2 * rounds
+    assert summary["communication_ops_per_worker"] == rounds
+
+
+def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path) -> None:
+    # nodes=2:2: a round needs both groups, so node 0 waits at its next round for node 1's
+    # replacement, which copies its state (the global weights and outer momentum with it).
+    output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2:2",
+                           "-p", "epochs=10",
+                           faults={"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "1"})
+    assert "relaunching" not in output, output[-3000:]
+    (failure,) = _failures(summary)
+    assert failure["node"] == 1 and failure["steps_lost"] <= 1
+    assert "node1: took a live peer's state at step 104 (was at 0)" in output, output[-3000:]
+    # the kill falls between rounds 12 and 13: no round is committed without node 1, and
+    # every round is committed by both groups (27 full ones, and finish's for steps 217-220)
+    assert failure["step"] == failure["healed_at_step"] == 100 // 8
+    section = summary["fault_tolerance"]
+    assert section["steps_committed"] == section["steps_attempted"] == 2 * 28, section
+    assert summary["steps"] == 10 * DIGITS_STEPS_PER_EPOCH
+    assert float(run_outputs(output)["accuracy"]) >= 0.9
