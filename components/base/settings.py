@@ -253,6 +253,12 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=0),
     Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
             "at the end).", kind="integer", minimum=0),
+    Setting("checkpoint-format", "files", "How checkpoints are written. files: every worker "
+            "writes its whole state, and training waits for the files. dcp (sync, recovery "
+            "restart): torch.distributed.checkpoint writes the model and optimizer sharded, each "
+            "replicated tensor once, in the background while training goes on (training waits "
+            "only for an in-memory copy, kept between checkpoints); any number of nodes resumes "
+            "it.", choices=("files", "dcp"), paradigms=_COLLECTIVE),
     Setting("max-restarts", AUTO, "Times torchrun restarts the workers after one fails, and times "
             "the launcher relaunches a stalled job or one that lost a node (they resume from the "
             "last checkpoint); with recovery per-step, also times each lost node is replaced. "
@@ -452,6 +458,10 @@ def check(values: Mapping[str, Any]) -> None:
     if per_step and merged["entrypoint"]:
         raise SettingError("recovery per-step runs sublimate's own step loop, which commits "
                            "every step through torchft; with entrypoint, use recovery restart")
+    if merged["checkpoint_format"] == "dcp" and (algorithm != "sync" or per_step):
+        raise SettingError("checkpoint-format dcp writes each replicated tensor once, so it "
+                           "needs algorithm sync (bmuf and easgd keep a model per worker) and "
+                           "recovery restart; use checkpoint-format files")
     if merged["chaos_mtbf"] and merged["scheduler"] != "local_netns":
         raise SettingError("chaos-mtbf kills nodes of a local_netns cluster: set scheduler to "
                            "local_netns")
