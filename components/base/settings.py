@@ -231,6 +231,12 @@ SETTINGS: tuple[Setting, ...] = (
             "elastic training: the job goes on from its last checkpoint while at least MIN "
             "nodes remain, and a node that comes back rejoins (sync only).", kind="integer",
             minimum=1, maximum=512, reader="launcher", elastic=True),
+    Setting("rendezvous", AUTO, "How the nodes meet (torchrun's rendezvous). static: each node "
+            "is told its rank and joins node 0's store once, no polling (it scales to thousands "
+            "of nodes, docs/scale.md); c10d: the nodes agree on a shared state, which elastic "
+            "nodes (MIN:MAX) and max-restarts need. auto: static for a fixed number of nodes "
+            "with max-restarts 0, else c10d.", choices=(AUTO, "static", "c10d"),
+            reader="launcher", paradigms=_COLLECTIVE),
     Setting("rendezvous-timeout", 300, "Seconds the nodes may take to meet (at start and after "
             "a restart) before the job fails.", kind="number", minimum=10, reader="launcher",
             paradigms=_COLLECTIVE),
@@ -462,6 +468,11 @@ def check(values: Mapping[str, Any]) -> None:
         raise SettingError("checkpoint-format dcp writes each replicated tensor once, so it "
                            "needs algorithm sync (bmuf and easgd keep a model per worker) and "
                            "recovery restart; use checkpoint-format files")
+    if merged["rendezvous"] == "static" and not per_step and (
+            minimum < nodes or max_restarts(merged)):
+        raise SettingError("rendezvous static needs a fixed number of nodes and max-restarts 0 "
+                           "(nodes that meet again after a loss need c10d); use rendezvous "
+                           "auto or c10d")
     if merged["chaos_mtbf"] and merged["scheduler"] != "local_netns":
         raise SettingError("chaos-mtbf kills nodes of a local_netns cluster: set scheduler to "
                            "local_netns")
@@ -506,6 +517,18 @@ def max_restarts(values: Mapping[str, Any]) -> int:
         return DEFAULT_RESTARTS[PER_STEP]
     nodes = values.get("nodes", 1)
     return DEFAULT_RESTARTS["elastic" if getattr(nodes, "elastic", False) else "otherwise"]
+
+
+def rendezvous_backend(values: Mapping[str, Any]) -> str:
+    """torchrun's backend for the ``rendezvous`` setting: ``auto`` is ``static`` for a fixed
+    number of nodes that torchrun does not restart in place (a lost node relaunches the whole
+    job), ``c10d`` for elastic nodes or ``max-restarts`` > 0, whose nodes meet again."""
+    chosen = values.get("rendezvous") or AUTO
+    if chosen != AUTO:
+        return str(chosen)
+    nodes = values.get("nodes", 2)
+    fixed = getattr(nodes, "minimum", nodes) == nodes
+    return "static" if fixed and not max_restarts(values) else "c10d"
 
 
 def collective_timeout(values: Mapping[str, Any]) -> float:

@@ -41,6 +41,9 @@ def test_values_are_typed() -> None:
      "replicated tensor once, so it needs algorithm sync"),
     ({"recovery": "per-step", "checkpoint-format": "dcp"}, "checkpoint-format dcp writes each "
      "replicated tensor once"),
+    ({"rendezvous": "static", "nodes": "2:4"}, "rendezvous static needs a fixed number of nodes "
+     "and max-restarts 0"),
+    ({"rendezvous": "static", "max-restarts": "2"}, "rendezvous static needs a fixed number"),
 ])
 def test_cross_setting_rules(texts: dict[str, str], message: str) -> None:
     with pytest.raises(S.SettingError, match="^" + message.replace("(", r"\(")):

@@ -44,12 +44,19 @@ def test_the_job_is_one_task_of_n_pods_and_stays_small(nodes: int) -> None:
     # every pod, the first included, reaches the rendezvous host by its DNS name
     assert env["TORCHX_RANK0_HOST"] == "job-x-worker-0.job-x"
     assert "torchx.pytorch.org/replica-id" not in task["template"].metadata.labels
+    # a fixed number of nodes meets by torchrun's static rendezvous, each node's rank its index
+    command = " ".join(container.command)
+    assert "--rdzv-backend static" in command and "--node-rank '$(VC_TASK_INDEX)'" in command
 
 
 def test_an_elastic_jobs_gang_is_its_minimum() -> None:
     [task] = _render(8, "--nodes", "4:8", "--global-batch-size", "840",
                      "--procs-per-node", "1")["spec"]["tasks"]
     assert (task["replicas"], task["minAvailable"]) == (8, 4)
+    command = " ".join(task["template"].spec.containers[0].command)
+    # elastic nodes meet through c10d, with a keep-alive that grows with them
+    assert "--rdzv-backend c10d" in command and "keep_alive_interval=1," in command
+    assert "--node-rank" not in command
 
 
 def test_the_launcher_reads_both_forms_of_the_jobs_status() -> None:
