@@ -13,8 +13,8 @@ Each run is ``sublimate run -p scheduler=local_netns -p nodes=N -p epochs=1 -p r
 - ``first step``: launch to the end of the first step;
 - ``all-reduce``: per step, the mean over ranks of ``comm_seconds / steps``;
 - ``PSS/node``: the peak over the run of the proportional set size of every process below
-  ``sublimate run``, in a node's network namespace, over the nodes (sampled every 1 s from
-  ``/proc/PID/smaps_rollup``; the sampler costs CPU, so not faster);
+  ``sublimate run`` outside the host's network namespace, divided by the nodes (sampled
+  every 1 s from ``/proc/PID/smaps_rollup``; the sampler costs CPU, so not faster);
 - ``wall``: the whole ``sublimate run``; ``accuracy``: the test accuracy, which must not change
   with N (same global batch, same seed).
 
@@ -116,7 +116,8 @@ def run(nodes: int, rendezvous: str, recovery: str, home: Path) -> dict:
     result.update(imports=startup.get("agent_imports"), rendezvous=startup.get("agent_rendezvous"),
                   first_step=summary.get("launch_to_first_step_seconds"),
                   all_reduce_ms=1000 * sum(comm) / max(len(comm), 1),
-                  pss_node_mib=sum(peak.values()) / 1024 / max(len(peak), 1),
+                  # over the nodes (the bridge's namespace holds a few hundred kB more)
+                  pss_node_mib=sum(peak.values()) / 1024 / nodes,
                   pss_total_mib=sum(peak.values()) / 1024, accuracy=accuracy)
     return result
 

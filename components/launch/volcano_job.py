@@ -64,6 +64,11 @@ def replicate_tasks(job: dict[str, Any], app: Any) -> dict[str, Any]:
             for variable in container.env:
                 if variable.name == RANK0_HOST_ENV:
                     variable.value = f"{name}-{role.name}-0.{name}"
+    if any(role.min_replicas is not None for role in app.roles):
+        # The Job's gang defaults to every task's replicas (job.go), not the tasks' minimums.
+        job["spec"]["minAvailable"] = sum(
+            role.num_replicas if role.min_replicas is None else role.min_replicas
+            for role in app.roles)
     return job
 
 

@@ -50,9 +50,10 @@ def test_the_job_is_one_task_of_n_pods_and_stays_small(nodes: int) -> None:
 
 
 def test_an_elastic_jobs_gang_is_its_minimum() -> None:
-    [task] = _render(8, "--nodes", "4:8", "--global-batch-size", "840",
-                     "--procs-per-node", "1")["spec"]["tasks"]
-    assert (task["replicas"], task["minAvailable"]) == (8, 4)
+    spec = _render(8, "--nodes", "4:8", "--global-batch-size", "840",
+                   "--procs-per-node", "1")["spec"]
+    [task] = spec["tasks"]
+    assert (task["replicas"], task["minAvailable"], spec["minAvailable"]) == (8, 4, 4)
     command = " ".join(task["template"].spec.containers[0].command)
     # elastic nodes meet through c10d, with a keep-alive that grows with them
     assert "--rdzv-backend c10d" in command and "keep_alive_interval=1," in command
