@@ -156,9 +156,9 @@ def trainer(
         raise ValueError("a static rendezvous needs a fixed number of nodes")
     # An elastic job notices a lost node within a few seconds (a keep-alive, three misses) and
     # closes a rendezvous that has its minimum soon after, not torch's 30 s. The keep-alive
-    # grows with the nodes: while they all import torch on shared cores a heartbeat can be late,
-    # and an agent whose heartbeats miss three times is dropped from the rendezvous, which then
-    # starts over; 32 nodes on 2 cores never met with 5 s (docs/scale.md).
+    # grows with the nodes (1 s per 8): every keep-alive is a compare-and-set on the one state
+    # all agents share, N per interval, and a late heartbeat (nodes still importing torch on
+    # busy cores) gets an agent dropped and the rendezvous started over (docs/scale.md).
     keep_alive = max(1, math.ceil(nodes / 8))
     rdzv_conf = f"join_timeout={int(rendezvous_timeout)}" + (
         f",last_call_timeout=2,keep_alive_interval={keep_alive},keep_alive_max_attempt=3"
