@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-COLUMNS = ("imports", "rendezvous", "first_step", "all_reduce_ms", "pss_node_mib", "wall")
+COLUMNS = ("imports", "rendezvous_s", "first_step", "all_reduce_ms", "pss_node_mib", "wall")
 
 
 def _descendants(root: int) -> list[int]:
@@ -98,7 +98,7 @@ def run(nodes: int, rendezvous: str, recovery: str, home: Path) -> dict:
     output, _ = process.communicate()
     wall = time.perf_counter() - started
     sampler.join()
-    result = {"nodes": nodes, "rendezvous": rendezvous, "recovery": recovery,
+    result = {"nodes": nodes, "backend": rendezvous, "recovery": recovery,
               "load": f"{load_before:.0f}->{os.getloadavg()[0]:.0f}", "wall": wall,
               "ok": process.returncode == 0}
     if not result["ok"]:
@@ -113,7 +113,8 @@ def run(nodes: int, rendezvous: str, recovery: str, home: Path) -> dict:
         steps = max(record["step"] for record in records) or 1
         comm.append(sum(record.get("comm_seconds", 0) for record in records) / steps)
     accuracy = (summary.get("accuracy_curve") or [[0, 0, None]])[-1][2]
-    result.update(imports=startup.get("agent_imports"), rendezvous=startup.get("agent_rendezvous"),
+    result.update(imports=startup.get("agent_imports"),
+                  rendezvous_s=startup.get("agent_rendezvous"),
                   first_step=summary.get("launch_to_first_step_seconds"),
                   all_reduce_ms=1000 * sum(comm) / max(len(comm), 1),
                   # over the nodes (the bridge's namespace holds a few hundred kB more)
@@ -156,14 +157,14 @@ def main() -> None:
                           flush=True)
                     continue
                 print(f"| {nodes} | {backend} | {recovery} | {result['load']} "
-                      f"| {result['imports'] or 0:.1f} s | {result['rendezvous'] or 0:.1f} s "
+                      f"| {result['imports'] or 0:.1f} s | {result['rendezvous_s'] or 0:.1f} s "
                       f"| {result['first_step'] or 0:.1f} s | {result['all_reduce_ms']:.1f} ms "
                       f"| {result['pss_node_mib']:.0f} MiB | {result['pss_total_mib']:,.0f} MiB "
                       f"| {result['wall']:.0f} s | {result['accuracy']} |", flush=True)
     print("\ngrowth (a x N^b over the runs that succeeded):")
     for recovery in args.recovery.split(","):
         for backend in args.rendezvous.split(","):
-            chosen = [r for r in results if r["rendezvous"] == backend
+            chosen = [r for r in results if r["backend"] == backend
                       and r["recovery"] == recovery]
             print(f"  {backend}, {recovery}: " + ", ".join(
                 f"{column} {fitted(chosen, column)}" for column in COLUMNS))
