@@ -51,9 +51,10 @@ class _MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        if module == dcp_metadata.__name__ and isinstance(getattr(dcp_metadata, name, None),
-                                                          type):
-            return getattr(dcp_metadata, name)
+        found = getattr(dcp_metadata, name, None) if module == dcp_metadata.__name__ else None
+        # a class defined there (a dataclass or enum of DCP's records), not one it imports
+        if isinstance(found, type) and found.__module__ == dcp_metadata.__name__:
+            return found
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 

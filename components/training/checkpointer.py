@@ -30,7 +30,7 @@ class Checkpointer:
         self.run_dir, self.rank, self.world, self.kind = Path(run_dir), rank, world, kind
         # Told before a save, so that a slow volume is not taken for a hang (set by Job).
         self.progress: watchdog.ProgressReporter | None = None
-        # Seconds each save kept training waiting (the benchmark and the log read them).
+        # Seconds each save kept training waiting (benchmarks/checkpoints.py reads them).
         self.blocked_seconds: list[float] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
