@@ -31,6 +31,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # for the test's manifest
+
+from tests.pipelines.runner.test_fan_out import fan_out_manifest  # noqa: E402
+
 ETCD_REQUEST_LIMIT = 1_572_864
 
 
@@ -89,26 +93,12 @@ def workflow_sizes() -> None:
             print(f"| {path.name} | {size:,} B | {size / 1e6:.1%} |")
 
 
-MANIFEST = """apiVersion: argoproj.io/v1alpha1
-kind: Workflow
-metadata: {{generateName: fan-out-}}
-spec:
-  entrypoint: main
-  templates:
-  - name: main
-    parallelism: 16
-    dag:
-      tasks:
-      - {{name: step, template: step, withSequence: {{count: "{count}"}}}}
-  - name: step
-    container: {{image: busybox, command: ["true"]}}
-"""
 
 
 def local_runner(count: int) -> None:
     with tempfile.TemporaryDirectory(prefix="fan-out-") as folder:
         manifest = Path(folder) / "fan-out.yaml"
-        manifest.write_text(MANIFEST.format(count=count))
+        manifest.write_text(fan_out_manifest(count))
         env = {**os.environ, "SUBLIMATE_HOME": str(Path(folder) / "home")}
         load = os.getloadavg()[0]
         started = time.perf_counter()

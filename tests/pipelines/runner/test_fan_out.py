@@ -16,7 +16,11 @@ done = subprocess.run([sys.executable, "-m", "sublimate.pipelines", "run", sys.a
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 sys.exit(done.returncode)
 """
-MANIFEST = f"""apiVersion: argoproj.io/v1alpha1
+
+
+def fan_out_manifest(count: int) -> str:
+    """A Workflow of ``count`` trivial steps (``true``), 16 at a time (also the benchmark's)."""
+    return f"""apiVersion: argoproj.io/v1alpha1
 kind: Workflow
 metadata: {{generateName: fan-out-}}
 spec:
@@ -26,7 +30,7 @@ spec:
     parallelism: 16
     dag:
       tasks:
-      - {{name: step, template: step, withSequence: {{count: "{NODES}"}}}}
+      - {{name: step, template: step, withSequence: {{count: "{count}"}}}}
   - name: step
     container: {{image: busybox, command: ["true"]}}
 """
@@ -34,7 +38,7 @@ spec:
 
 def test_a_fan_out_of_300_steps_keeps_a_small_record_per_node(tmp_path: Path) -> None:
     manifest = tmp_path / "fan-out.yaml"
-    manifest.write_text(MANIFEST)
+    manifest.write_text(fan_out_manifest(NODES))
     # Run through a parent of its own, whose children's peak memory is the runner's alone.
     done = subprocess.run([sys.executable, "-c", RUN_AND_REPORT_PEAK, str(manifest)],
                           env={**os.environ, "SUBLIMATE_HOME": str(tmp_path / "home")},
