@@ -43,6 +43,9 @@ NODE_ADDR_ENV = "SUBLIMATE_NODE_ADDR"
 # every pod of a job VC_<TASK>_HOSTS for each task (TorchX names a task <role>-<replica>).
 LIGHTHOUSE_ROLE = "lighthouse"
 LIGHTHOUSE_HOSTS_ENV = "VC_LIGHTHOUSE_0_HOSTS"
+# Volcano's env plugin: a pod's index in its task. On Kubernetes the training nodes are one task
+# of N pods (launch/volcano_job.py), so a node's group is its index there, not GROUP_ENV.
+TASK_INDEX_ENV = "VC_TASK_INDEX"
 
 
 def volcano_hosts_env(role: str, replica: int) -> str:
@@ -87,14 +90,15 @@ class ReplicaGroups:
         env = os.environ if env is None else env
         if env.get(RECOVERY_ENV) != "per-step":
             return None
-        missing = [name for name in (GROUP_ENV, GROUPS_ENV, LIGHTHOUSE_PORT_ENV,
-                                     LIGHTHOUSE_HOSTS_ENV) if not env.get(name)]
+        group = env.get(GROUP_ENV) or env.get(TASK_INDEX_ENV)
+        missing = [name for name in (GROUPS_ENV, LIGHTHOUSE_PORT_ENV, LIGHTHOUSE_HOSTS_ENV)
+                   if not env.get(name)] + ([] if group else [GROUP_ENV])
         if missing:
             raise RuntimeError(f"recovery per-step: {', '.join('$' + m for m in missing)} not "
                                "set (the launcher sets them on every node of a per-step job)")
         host = env[LIGHTHOUSE_HOSTS_ENV].split(",")[0]
         groups = int(env[GROUPS_ENV])
-        return cls(group=int(env[GROUP_ENV]), groups=groups,
+        return cls(group=int(group), groups=groups,
                    min_groups=int(env.get(MIN_GROUPS_ENV, "1")),
                    lighthouse=f"http://{host}:{env[LIGHTHOUSE_PORT_ENV]}",
                    replacement=bool(env.get(REPLACEMENT_ENV)))

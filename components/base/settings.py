@@ -236,6 +236,12 @@ SETTINGS: tuple[Setting, ...] = (
             "elastic training: the job goes on from its last checkpoint while at least MIN "
             "nodes remain, and a node that comes back rejoins (sync only).", kind="integer",
             minimum=1, maximum=512, reader="launcher", elastic=True),
+    Setting("rendezvous", AUTO, "How the nodes meet (torchrun's rendezvous). static: each node "
+            "is told its rank and joins node 0's store once, no polling (it scales to thousands "
+            "of nodes, docs/scale.md); c10d: the nodes agree on a shared state, which elastic "
+            "nodes (MIN:MAX) and max-restarts need. auto: static for a fixed number of nodes "
+            "with max-restarts 0, else c10d.", choices=(AUTO, "static", "c10d"),
+            reader="launcher", paradigms=_COLLECTIVE),
     Setting("rendezvous-timeout", 300, "Seconds the nodes may take to meet (at start and after "
             "a restart) before the job fails.", kind="number", minimum=10, reader="launcher",
             paradigms=_COLLECTIVE),
@@ -258,6 +264,12 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=0),
     Setting("checkpoint-every", 100, "Steps between checkpoints on the shared volume (0: only "
             "at the end).", kind="integer", minimum=0),
+    Setting("checkpoint-format", "files", "How checkpoints are written. files: every worker "
+            "writes its whole state, and training waits for the files. dcp (sync, recovery "
+            "restart): torch.distributed.checkpoint writes the model and optimizer sharded, each "
+            "replicated tensor once, in the background while training goes on (training waits "
+            "only for an in-memory copy, kept between checkpoints); any number of nodes resumes "
+            "it.", choices=("files", "dcp"), paradigms=_COLLECTIVE),
     Setting("max-restarts", AUTO, "Times torchrun restarts the workers after one fails, and times "
             "the launcher relaunches a stalled job or one that lost a node (they resume from the "
             "last checkpoint); with recovery per-step, also times each lost node is replaced. "
@@ -472,6 +484,15 @@ def check(values: Mapping[str, Any]) -> None:
     if per_step and merged["entrypoint"]:
         raise SettingError("recovery per-step runs sublimate's own step loop, which commits "
                            "every step through torchft; with entrypoint, use recovery restart")
+    if merged["checkpoint_format"] == "dcp" and (algorithm != "sync" or per_step):
+        raise SettingError("checkpoint-format dcp writes each replicated tensor once, so it "
+                           "needs algorithm sync (bmuf and easgd keep a model per worker) and "
+                           "recovery restart; use checkpoint-format files")
+    if merged["rendezvous"] == "static" and not per_step and (
+            minimum < nodes or max_restarts(merged)):
+        raise SettingError("rendezvous static needs a fixed number of nodes and max-restarts 0 "
+                           "(nodes that meet again after a loss need c10d); use rendezvous "
+                           "auto or c10d")
     if merged["chaos_mtbf"] and merged["scheduler"] != "local_netns":
         raise SettingError("chaos-mtbf kills nodes of a local_netns cluster: set scheduler to "
                            "local_netns")
@@ -536,6 +557,18 @@ def max_restarts(values: Mapping[str, Any]) -> int:
         return DEFAULT_RESTARTS[PER_STEP]
     nodes = values.get("nodes", 1)
     return DEFAULT_RESTARTS["elastic" if getattr(nodes, "elastic", False) else "otherwise"]
+
+
+def rendezvous_backend(values: Mapping[str, Any]) -> str:
+    """torchrun's backend for the ``rendezvous`` setting: ``auto`` is ``static`` for a fixed
+    number of nodes that torchrun does not restart in place (a lost node relaunches the whole
+    job), ``c10d`` for elastic nodes or ``max-restarts`` > 0, whose nodes meet again."""
+    chosen = values.get("rendezvous") or AUTO
+    if chosen != AUTO:
+        return str(chosen)
+    nodes = values.get("nodes", 2)
+    fixed = getattr(nodes, "minimum", nodes) == nodes
+    return "static" if fixed and not max_restarts(values) else "c10d"
 
 
 def collective_timeout(values: Mapping[str, Any]) -> float:

@@ -12,6 +12,7 @@ the user's wait).
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import TYPE_CHECKING
 
@@ -91,6 +92,7 @@ def trainer(
     framework: str = "pytorch",
     min_nodes: int | None = None,
     rendezvous_timeout: int = 300,
+    rendezvous: str = "c10d",
     recovery: str = "restart",
     lighthouse_port: int = 29510,
     lighthouse_bind: str = LOCAL_BIND,
@@ -120,6 +122,10 @@ def trainer(
         min_nodes: fewer nodes the job may go on with (elastic: ``--nnodes min:max``); the
             TorchX role starts ``nodes`` replicas and needs ``min_nodes``
         rendezvous_timeout: seconds the nodes may take to meet, at start and after a restart
+        rendezvous: torchrun's rendezvous backend: ``c10d`` (dynamic: the nodes join a shared
+            state on node 0's store; elastic jobs and in-place restarts need it) or
+            ``static`` (a fixed number of nodes, each told its rank: one store connection and
+            one barrier per node, no polling; see docs/scale.md)
         recovery: ``restart`` (a lost node stops the job, which restarts from its last
             checkpoint) or ``per-step`` (torchft: every node is a replica group with its own
             single-node torchrun; a ``lighthouse`` role forms the quorum of the groups alive
@@ -146,18 +152,28 @@ def trainer(
     min_nodes = nodes if min_nodes is None else min_nodes
     if not 1 <= min_nodes <= nodes:
         raise ValueError(f"min_nodes must be between 1 and nodes ({nodes})")
-    # An elastic job notices a lost node within a few seconds (keep-alive every second, three
-    # misses) and closes a rendezvous that has its minimum soon after, not torch's 30 s.
+    if rendezvous == "static" and min_nodes < nodes:
+        raise ValueError("a static rendezvous needs a fixed number of nodes")
+    # An elastic job notices a lost node within a few seconds (a keep-alive, three misses) and
+    # closes a rendezvous that has its minimum soon after, not torch's 30 s. The keep-alive
+    # grows with the nodes (1 s per 8): every keep-alive is a compare-and-set on the one state
+    # all agents share, N per interval, and a late heartbeat (nodes still importing torch on
+    # busy cores) gets an agent dropped and the rendezvous started over (docs/scale.md).
+    keep_alive = max(1, math.ceil(nodes / 8))
     rdzv_conf = f"join_timeout={int(rendezvous_timeout)}" + (
-        ",last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
+        f",last_call_timeout=2,keep_alive_interval={keep_alive},keep_alive_max_attempt=3"
         if min_nodes < nodes else "")
+    if rendezvous == "static":  # torchrun's static rendezvous reads its own timeout key
+        rdzv_conf = f"timeout={int(rendezvous_timeout)}"
     torchrun_flags = [
         "--nnodes", f"{min_nodes}:{nodes}" if min_nodes < nodes else str(nodes),
         "--nproc-per-node", str(procs_per_node),
-        "--rdzv-backend", "c10d",
+        "--rdzv-backend", rendezvous,
         "--rdzv-endpoint", f"{RANK0_HOST}:{rdzv_port}",
         "--rdzv-conf", RDZV_CONF + rdzv_conf,
         "--rdzv-id", specs.macros.app_id,
+        # static: the node's rank is its replica's index (on Kubernetes, Volcano's task index)
+        *(["--node-rank", specs.macros.replica_id] if rendezvous == "static" else []),
         "--max-restarts", str(max_restarts),
         "--monitor-interval", str(MONITOR_INTERVAL),
     ]

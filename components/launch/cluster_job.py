@@ -86,7 +86,11 @@ def _kubernetes_scheduler_class() -> type:
             return opts
 
         def _submit_dryrun(self, app: object, cfg: dict) -> object:
-            info = super()._submit_dryrun(app, cfg)
+            from sublimate.components.launch import volcano_job
+
+            # One Volcano task per role, not per replica: a Job that fits in etcd at any size.
+            info = super()._submit_dryrun(volcano_job.one_replica_roles(app), cfg)
+            volcano_job.replicate_tasks(info.request.resource, app)
             per_step = [role for role in app.roles  # type: ignore[attr-defined]
                         if role.metadata.get(RECOVERY_METADATA) == "per-step"]
             if per_step:
@@ -106,12 +110,18 @@ def _kubernetes_scheduler_class() -> type:
         def describe(self, app_id: str) -> object:
             from kubernetes.client.rest import ApiException
 
+            from sublimate.components.launch import volcano_job
+
             try:
-                return super().describe(app_id)
+                namespace, name = app_id.split(":")
+                job = self._custom_objects_api().get_namespaced_custom_object_status(
+                    group="batch.volcano.sh", version="v1alpha1", namespace=namespace,
+                    plural="jobs", name=name)
             except ApiException as error:
                 if error.status == 404:  # TorchX 0.7 raises where its API promises None
                     return None
                 raise
+            return volcano_job.describe(app_id, job)
 
         def ending(self, app_id: str) -> str:
             """Why a job TorchX reports as running is in fact ending ("" when it is not):

@@ -165,7 +165,8 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     layout = {"nodes": int(args.nodes), "min_nodes": getattr(args.nodes, "minimum", args.nodes),
               "procs_per_node": args.procs_per_node, "rdzv_port": port,
               "max_restarts": args.max_restarts,
-              "rendezvous_timeout": int(args.rendezvous_timeout)}
+              "rendezvous_timeout": int(args.rendezvous_timeout),
+              "rendezvous": declared.rendezvous_backend(vars(args))}
     if per_step(args):
         # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
         layout["min_nodes"] = args.nodes.minimum if getattr(args.nodes, "ranged", False) else 1

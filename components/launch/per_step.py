@@ -303,25 +303,32 @@ def describe(section: dict[str, Any]) -> list[str]:
 
 
 def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> dict[str, Any]:
-    """Make TorchX's Volcano job of a per-step app replace a lost node alone.
+    """Make the Volcano job of a per-step app replace a lost node alone.
 
-    TorchX restarts the whole job on a pod failure (``RestartJob``) and gangs every task; here
-    each task (a training node, or the Lighthouse) is restarted alone (``RestartTask``, up to
-    ``replacements`` times), the gang needs only ``min_groups`` nodes and the Lighthouse, a task
-    out of restarts ends the job, and the job is complete once every training node has
-    succeeded (the Lighthouse, which never ends by itself, is then stopped). Field names and
-    values from Volcano's ``batch.volcano.sh/v1alpha1`` Job (pkg/apis/batch/v1alpha1/job.go).
+    TorchX restarts the whole job on a pod failure (``RestartJob``) and gangs every pod; here a
+    failed or evicted training node's pod is replaced alone (``RestartPod``: the training nodes
+    are one task of N pods, :mod:`.volcano_job`, and ``RestartTask`` would restart them all),
+    the Lighthouse's task alone too, the gang needs only ``min_groups`` nodes and the
+    Lighthouse, a task out of retries ends the job, and the job is complete once every training
+    node has succeeded (the Lighthouse, which never ends by itself, is then stopped). Volcano
+    counts retries per task, so the training task may retry ``replacements`` times per node.
+    Field names and values from Volcano's ``batch.volcano.sh/v1alpha1`` Job
+    (pkg/apis/batch/v1alpha1/job.go; ``RestartPod``: pkg/apis/bus/v1alpha1/actions.go).
     """
     spec = job["spec"]
     tasks = spec["tasks"]
-    workers = [task for task in tasks if task["name"].startswith(f"{WORKER_ROLE}-")]
+    workers = [task for task in tasks if task["name"] == WORKER_ROLE
+               or task["name"].startswith(f"{WORKER_ROLE}-")]
     for task in tasks:
-        task["maxRetry"] = replacements
-        task["policies"] = [{"event": event, "action": "RestartTask"}
+        action = "RestartPod" if task in workers else "RestartTask"
+        task["maxRetry"] = replacements * task["replicas"]
+        task["policies"] = [{"event": event, "action": action}
                             for event in ("PodFailed", "PodEvicted")]
         task.pop("minAvailable", None)
-    spec["minAvailable"] = min_groups + (len(tasks) - len(workers))
-    spec["minSuccess"] = len(workers)
+    nodes = sum(task["replicas"] for task in workers)
+    spec["minAvailable"] = min_groups + sum(task["replicas"] for task in tasks
+                                            if task not in workers)
+    spec["minSuccess"] = nodes
     spec["maxRetry"] = 0  # a whole-job restart is the restart mode's answer, not this one's
     spec["policies"] = [{"event": "TaskFailed", "action": "TerminateJob"}]
     return job

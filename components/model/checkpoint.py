@@ -69,11 +69,18 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Non
     save(state, step_path(run_dir, step, rank))
 
 
-def commit(run_dir: Path, step: int, world_size: int, algorithm: str) -> None:
+# How a step's state is laid out (the checkpoint-format setting): "files", one file per rank
+# holding all its state; "dcp", a sharded folder (:mod:`.sharded_checkpoint`) holding the model
+# and optimizer, beside a small file per rank for the rest (random state, paradigm, extra).
+FILES, SHARDED = "files", "dcp"
+
+
+def commit(run_dir: Path, step: int, world_size: int, algorithm: str,
+           checkpoint_format: str = FILES) -> None:
     """Mark ``step`` complete (call after every rank saved it) and prune older steps."""
     folder = run_dir / CHECKPOINTS
-    write_json({"step": step, "world_size": world_size, "algorithm": algorithm},
-               folder / LATEST)
+    write_json({"step": step, "world_size": world_size, "algorithm": algorithm,
+                "format": checkpoint_format}, folder / LATEST)
     steps = sorted(path for path in folder.glob("step-*") if path.is_dir())
     for old in steps[:-KEEP_STEPS]:
         if old.name != f"step-{step:09d}":
@@ -91,11 +98,18 @@ def latest(run_dir: Path) -> dict[str, Any] | None:
 RESIZABLE = ("sync",)
 
 
-def load_rank(run_dir: Path, rank: int, world_size: int, algorithm: str) -> dict[str, Any] | None:
+def load_rank(run_dir: Path, rank: int, world_size: int, algorithm: str,
+              checkpoint_format: str = FILES) -> dict[str, Any] | None:
     """The state this rank saved at the last committed step, or None for a fresh start."""
     committed = latest(run_dir)
     if committed is None:
         return None
+    written_as = committed.get("format", FILES)  # the first releases wrote files only
+    if written_as != checkpoint_format:
+        raise CheckpointError(
+            f"{run_dir / CHECKPOINTS / LATEST}: checkpoints written with checkpoint-format "
+            f"{written_as}, this run has {checkpoint_format}; resume with checkpoint-format "
+            f"{written_as}, or use a new run folder")
     if committed["world_size"] != world_size and committed["algorithm"] == algorithm \
             and algorithm in RESIZABLE:
         # Synchronous SGD keeps every rank's model and optimizer identical, so any rank's state

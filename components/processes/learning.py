@@ -154,6 +154,7 @@ def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingD
                                 momentum=args.momentum, weight_decay=args.weight_decay)
     paradigm = training.make_paradigm(args.algorithm, model, optimizer, vars(args))
     return Learner(architecture, config, model, optimizer, paradigm,
-                   training.Checkpointer(args.run_dir, group.rank, group.world, args.algorithm))
+                   training.checkpointer(args.checkpoint_format, args.run_dir, group.rank,
+                                         group.world, args.algorithm))
 
 

@@ -213,6 +213,7 @@ class Run:
         leads = self.leads()
         if leads:  # every node's ranks checkpoint together (per-step: the leading node's)
             self.save_checkpoint(self.step, self.train_seconds)
+            learner.checkpointer.wait()  # a background save is committed before the job ends
         summary = self.summary()
         if self.group.rank == 0 and leads:
             training.save_model(args.run_dir, learner.paradigm.result_model(),

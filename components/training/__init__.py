@@ -31,7 +31,11 @@ the names below are the library's, whichever module holds them.
 
 from __future__ import annotations
 
-from sublimate.components.training.checkpointer import Checkpointer
+from sublimate.components.training.checkpointer import (
+    Checkpointer,
+    ShardedCheckpointer,
+    checkpointer,
+)
 from sublimate.components.training.job import Job, make_paradigm, save_model, start
 from sublimate.components.training.process_group import (
     ProcessGroup,
@@ -56,6 +60,8 @@ __all__ = [
     "Job",
     "ProcessGroup",
     "Reporter",
+    "ShardedCheckpointer",
+    "checkpointer",
     "device_and_backend",
     "join",
     "log",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +24,39 @@ class Checkpointer:
     ``extra`` holds anything else to resume (data position, clocks, ...).
     """
 
+    checkpoint_format = checkpoint.FILES
+
     def __init__(self, run_dir: Path, rank: int, world: int, kind: str) -> None:
         self.run_dir, self.rank, self.world, self.kind = Path(run_dir), rank, world, kind
         # Told before a save, so that a slow volume is not taken for a hang (set by Job).
         self.progress: watchdog.ProgressReporter | None = None
+        # Seconds each save kept training waiting (benchmarks/checkpoints.py reads them).
+        self.blocked_seconds: list[float] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              paradigm: Paradigm | None = None, **extra: Any) -> None:
         if self.progress is not None:
             self.progress.pause(step, "checkpoint")
+        started = time.perf_counter()
         checkpoint.save_rank(self.run_dir, step, self.rank, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "paradigm": paradigm.state_dict() if paradigm is not None else None,
-            "rng": torch.get_rng_state(), "cuda_rng": _cuda_rng_states(), "extra": extra,
-        })
+            **_rank_state(paradigm, extra)})
         dist.barrier()  # every rank's file is on the volume before the step is committed
         if self.rank == 0:
             checkpoint.commit(self.run_dir, step, self.world, self.kind)
+        self.blocked_seconds.append(time.perf_counter() - started)
+
+    def wait(self) -> None:
+        """Return once every save so far is committed (saves here are, when they return)."""
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                 paradigm: Paradigm | None = None) -> tuple[int, dict[str, Any]]:
         """Load the last committed step into the objects: (step, extra); (0, {}) when fresh."""
-        state = checkpoint.load_rank(self.run_dir, self.rank, self.world, self.kind)
+        state = checkpoint.load_rank(self.run_dir, self.rank, self.world, self.kind,
+                                     self.checkpoint_format)
         if state is None:
             return 0, {}
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        self._restore_model(state, model, optimizer)
         if paradigm is not None and state.get("paradigm") is not None:
             paradigm.load_state_dict(state["paradigm"])
         torch.set_rng_state(state["rng"])
@@ -57,6 +66,125 @@ class Checkpointer:
         # Checkpoints of the first releases kept train_seconds beside the step.
         extra = state.get("extra") or {"train_seconds": state.get("train_seconds", 0.0)}
         return state["step"], extra
+
+    def _restore_model(self, state: dict[str, Any], model: nn.Module,
+                       optimizer: torch.optim.Optimizer) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+
+class ShardedCheckpointer(Checkpointer):
+    """``checkpoint-format=dcp``: the model and optimizer go to a sharded folder through
+    ``torch.distributed.checkpoint``, asynchronously; the rest of a rank's state (random state,
+    paradigm, extra) to a small file per rank, as :class:`Checkpointer` writes it.
+
+    A save blocks training only while the state is copied into memory the checkpointer keeps
+    between saves (its stager): the files are written by a background thread while training goes
+    on. At most one save is in flight: the next one (or :meth:`wait`) first waits for it. The
+    background thread runs its collectives (the plan, the final gather) on a process group of
+    its own; on the training group they would interleave with the gradients' all-reduces and
+    deadlock. Rank 0 commits the step once DCP has written the folder's ``.metadata``, which it
+    does only after every rank reported its files written.
+
+    The folder holds each replicated tensor once (written by one rank or another), so it
+    serves synchronous SGD, whose ranks hold the same model; and any number of ranks can load
+    it (:mod:`~sublimate.components.model.sharded_checkpoint`), so an elastic job resumes on
+    another number of nodes.
+    """
+
+    checkpoint_format = checkpoint.SHARDED
+
+    def __init__(self, run_dir: Path, rank: int, world: int, kind: str) -> None:
+        super().__init__(run_dir, rank, world, kind)
+        self._pending: Future[Any] | None = None
+        self._group: dist.ProcessGroup | None = None
+        self._stager: Any = None
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             paradigm: Paradigm | None = None, **extra: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self.progress is not None:
+            self.progress.pause(step, "checkpoint")
+        started = time.perf_counter()
+        self.wait()
+        # The small part first: by the time rank 0 commits, every rank has written it.
+        checkpoint.save_rank(self.run_dir, step, self.rank,
+                             {"step": step, **_rank_state(paradigm, extra)})
+        # Under DDP a rank's buffers (batch-norm statistics) drift from rank 0's until the next
+        # forward pass broadcasts rank 0's; the folder holds one copy of each, so it is rank 0's.
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        if self._group is None:
+            self._group, self._stager = dist.new_group(backend="gloo"), _stager()
+        written = dcp.async_save({"model": model_state, "optimizer": optimizer_state},
+                                 checkpoint_id=checkpoint.step_path(self.run_dir, step, 0).parent,
+                                 process_group=self._group, async_stager=self._stager)
+        self._pending = self._committing(step, written) if self.rank == 0 else written
+        self.blocked_seconds.append(time.perf_counter() - started)
+
+    def _committing(self, step: int, written: Future[Any]) -> Future[None]:
+        """A future that resolves once ``step`` is written and committed (rank 0's)."""
+        committed: Future[None] = Future()
+
+        def commit(done: Future[Any]) -> None:
+            try:
+                done.result()
+                checkpoint.commit(self.run_dir, step, self.world, self.kind,
+                                  self.checkpoint_format)
+            except BaseException as error:  # raised in training by the next wait()
+                committed.set_exception(error)
+            else:
+                committed.set_result(None)
+
+        written.add_done_callback(commit)
+        return committed
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _restore_model(self, state: dict[str, Any], model: nn.Module,
+                       optimizer: torch.optim.Optimizer) -> None:
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from sublimate.components.model import sharded_checkpoint
+
+        # The optimizer's state as it will be after a step (get_state_dict creates it), so that
+        # every tensor to load has its place.
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        loaded = {"model": model_state, "optimizer": optimizer_state}
+        sharded_checkpoint.load(loaded, checkpoint.step_path(self.run_dir, state["step"],
+                                                             0).parent)
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optimizer"])
+
+
+def checkpointer(checkpoint_format: str, run_dir: Path, rank: int, world: int,
+                 kind: str) -> Checkpointer:
+    """The checkpointer of a checkpoint-format setting's value."""
+    chosen = ShardedCheckpointer if checkpoint_format == checkpoint.SHARDED else Checkpointer
+    return chosen(run_dir, rank, world, kind)
+
+
+def _rank_state(paradigm: Paradigm | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """What a rank keeps besides its model and optimizer."""
+    return {"paradigm": paradigm.state_dict() if paradigm is not None else None,
+            "rng": torch.get_rng_state(), "cuda_rng": _cuda_rng_states(), "extra": extra}
+
+
+def _stager() -> Any:
+    """DCP's stager, kept for the whole run: it reuses its copy of the state between saves
+    (a new one per save pays for fresh memory every time). Pinned memory and non-blocking
+    copies need a GPU; DCP refuses the latter on a CPU-only machine."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    gpu = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                        use_async_staging=False, use_non_blocking_copy=gpu))
 
 
 def _cuda_rng_states() -> list[torch.Tensor] | None:

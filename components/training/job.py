@@ -18,7 +18,7 @@ from sublimate.components.base.settings import collective_timeout, paradigm_conf
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
 from sublimate.components.paradigms import Paradigm, Replicas, paradigm_class
-from sublimate.components.training.checkpointer import Checkpointer
+from sublimate.components.training.checkpointer import checkpointer
 from sublimate.components.training.process_group import ProcessGroup, join
 from sublimate.components.training.reporter import Reporter
 
@@ -53,7 +53,8 @@ class Job:
         self.run_dir, self.data_dir, self.settings = (contract.run_dir, contract.data_dir,
                                                       dict(contract.settings))
         self.rank, self.world, self.device = group.rank, group.world, group.device
-        self.checkpoints = Checkpointer(self.run_dir, group.rank, group.world,
+        self.checkpoints = checkpointer(str(self.settings.get("checkpoint_format", "files")),
+                                        self.run_dir, group.rank, group.world,
                                         str(self.settings.get("algorithm", "own")))
         self._reporter: Reporter | None = None
         self._paradigm: Paradigm | None = None  # the last one made: its traffic is counted
@@ -95,6 +96,7 @@ class Job:
                **info: Any) -> None:
         """Rank 0 saves ``model`` as the run's model; every rank leaves the process group
         (``step``: where this process ended, for the watchdog)."""
+        self.checkpoints.wait()  # checkpoint-format dcp: the last save is committed first
         if model is not None and self.rank == 0:
             save_model(self.run_dir, model, **info)
         dist.barrier()

@@ -333,14 +333,17 @@ def command_lint(args: argparse.Namespace) -> int:
     for source in skipped:
         print(f"{source}: skipped (no Workflow, WorkflowTemplate or CronWorkflow in it)",
               file=sys.stderr)
-    if problems:
-        print(f"{len(problems)} problem(s) in {documents} Argo document(s)", file=sys.stderr)
+    errors = [problem for problem in problems if not problem.warning]
+    if errors:
+        print(f"{len(errors)} problem(s) in {documents} document(s)", file=sys.stderr)
         return EXIT_FAILED
     if documents == 0:
         print("error: no Workflow, WorkflowTemplate or CronWorkflow documents found",
               file=sys.stderr)
         return EXIT_FAILED
-    print(f"{documents} Argo document(s) passed lint")
+    warnings = len(problems) - len(errors)
+    print(f"{documents} document(s) passed lint"
+          + (f", with {warnings} warning(s)" if warnings else ""))
     return 0
 
 

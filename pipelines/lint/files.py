@@ -7,15 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from .problems import ARGO_KINDS, LintProblem, document_label
+from .scale import is_volcano_job, scale_problems
 from .schema import schema_problems
 from .semantics import check_semantics
 
 
 def _lint(doc: Mapping[str, Any], source: str, strict: bool, document: str) -> list[LintProblem]:
+    if is_volcano_job(doc):  # what the train step submits: only its size is checked
+        return scale_problems(doc, source, document)
     problems = schema_problems(doc, source, strict, document)
     if doc.get("kind") in ARGO_KINDS:
         problems.extend(check_semantics(doc, source, document))
-    return problems
+    return problems + scale_problems(doc, source, document)
 
 
 def lint_document(
@@ -108,7 +111,7 @@ def lint_files(paths: Sequence[str | Path], strict: bool = True
                 what = _YAML_TYPE_NAMES.get(type(doc), type(doc).__name__)
                 message = f"document is {what}, not a mapping"
                 problems.append(LintProblem(source, f"document {index}", "", message))
-            elif is_argo_document(doc):
+            elif is_argo_document(doc) or is_volcano_job(doc):
                 checked += 1
                 problems.extend(_lint(doc, source, strict, document_label(doc, index)))
         if checked == before and not any(p.source == source for p in problems):

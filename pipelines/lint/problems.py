@@ -18,10 +18,13 @@ class LintProblem:
     document: str
     path: str
     message: str
+    # A warning is printed but passes lint: the manifest is valid, yet at its size it needs a
+    # setting of the controller or of the manifest (pipelines/lint/scale.py).
+    warning: bool = False
 
     def __str__(self) -> str:
         parts = [p for p in (self.source, self.document, self.path) if p]
-        return ": ".join([*parts, self.message])
+        return ": ".join([*parts, f"warning: {self.message}" if self.warning else self.message])
 
 
 def format_path(parts: Iterable[Any]) -> str:

@@ -37,6 +37,13 @@ def test_values_are_typed() -> None:
      "global-batch-size 64 is not divisible by nodes x procs-per-node x accumulation-steps = "
      "2 x 2 x 3 = 12"),
     ({"algorithm": "bmuf", "block-momentum": "1"}, "block-momentum 1.0 must be below 1"),
+    ({"algorithm": "easgd", "checkpoint-format": "dcp"}, "checkpoint-format dcp writes each "
+     "replicated tensor once, so it needs algorithm sync"),
+    ({"recovery": "per-step", "checkpoint-format": "dcp"}, "checkpoint-format dcp writes each "
+     "replicated tensor once"),
+    ({"rendezvous": "static", "nodes": "2:4"}, "rendezvous static needs a fixed number of nodes "
+     "and max-restarts 0"),
+    ({"rendezvous": "static", "max-restarts": "2"}, "rendezvous static needs a fixed number"),
 ])
 def test_cross_setting_rules(texts: dict[str, str], message: str) -> None:
     with pytest.raises(S.SettingError, match="^" + message.replace("(", r"\(")):

@@ -98,12 +98,16 @@ def test_on_kubernetes_volcano_restarts_a_lost_node_alone() -> None:
     info = make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
                                             cfg={"queue": "default", "job_name": "job-x"})
     spec = info.request.resource["spec"]
-    names = [task["name"] for task in spec["tasks"]]
-    assert names == ["worker-0", "worker-1", "worker-2", "worker-3", "lighthouse-0"]
-    for task in spec["tasks"]:
-        assert task["maxRetry"] == 5
-        assert task["policies"] == [{"event": "PodFailed", "action": "RestartTask"},
-                                    {"event": "PodEvicted", "action": "RestartTask"}]
+    # the training nodes are one task of 4 pods (launch/volcano_job.py), the lighthouse another
+    assert [(task["name"], task["replicas"]) for task in spec["tasks"]] == [("worker", 4),
+                                                                           ("lighthouse-0", 1)]
+    # a lost node's pod is replaced alone, 5 times per node; the lighthouse's task alone too
+    worker_task, lighthouse_task = spec["tasks"]
+    assert worker_task["maxRetry"] == 20 and lighthouse_task["maxRetry"] == 5
+    assert worker_task["policies"] == [{"event": "PodFailed", "action": "RestartPod"},
+                                       {"event": "PodEvicted", "action": "RestartPod"}]
+    assert lighthouse_task["policies"] == [{"event": "PodFailed", "action": "RestartTask"},
+                                           {"event": "PodEvicted", "action": "RestartTask"}]
     # the gang: the minimum of nodes and the lighthouse; done when every node succeeded
     assert (spec["minAvailable"], spec["minSuccess"], spec["maxRetry"]) == (3, 4, 0)
     assert spec["policies"] == [{"event": "TaskFailed", "action": "TerminateJob"}]
@@ -119,7 +123,12 @@ def test_on_kubernetes_volcano_restarts_a_lost_node_alone() -> None:
     worker = spec["tasks"][0]["template"].spec.containers[0]
     assert "TORCHX_RANK0_HOST" not in " ".join(worker.command)
     env = {variable.name: variable.value for variable in worker.env}
-    assert env[replica_groups.GROUP_ENV] == "0" and env[replica_groups.GROUPS_ENV] == "4"
+    # each node's group is its index in the task, from Volcano's env plugin
+    assert replica_groups.GROUP_ENV not in env and env[replica_groups.GROUPS_ENV] == "4"
+    assert "$(VC_TASK_INDEX)" in " ".join(worker.command)
+    assert replica_groups.ReplicaGroups.from_env(
+        {**env, "VC_TASK_INDEX": "3", "VC_LIGHTHOUSE_0_HOSTS": "job-x-lighthouse-0-0.job-x"}
+    ).group == 3
     assert replica_groups.volcano_hosts_env("lighthouse", 0) == "VC_LIGHTHOUSE_0_HOSTS"
 
 
