@@ -3,14 +3,16 @@
 Four nodes on ``local_netns`` behind links of 1 Gbit/s, 100 Mbit/s and 10 Mbit/s, mnist1d: sync,
 BMUF, EASGD (a round every 8 steps), DiLoCo at H = 8, 32 and 128 and Streaming DiLoCo (H = 32,
 2 fragments), at equal epochs; then sync, BMUF and DiLoCo (H = 8, 32, 128) at three times the
-epochs on 1 Gbit/s (does the gap to sync close?). Each part is one sweep through the product
+epochs on 1 Gbit/s (does the gap to sync close?), and DiLoCo H = 128 at those epochs on the
+slowest link. Each part is one sweep through the product
 (``sublimate run sweep``); the parts' reports go to ``<output>/<part>/``, and the study's own
 figures (accuracy against bytes sent and against training time, the frontier) and
 ``frontier.json`` (every point, the equal-budget table and the goal's verdict) to ``<output>/``.
 Needs root (network namespaces).
 
 Usage: python experiments/diloco.py [--rates 1gbit,100mbit,10mbit] [--epochs 6]
-       [--parts paradigms,diloco,streaming,longer,longer-diloco] [--model mlp] [--reuse]
+       [--parts paradigms,diloco,streaming,longer,longer-diloco,longer-slowest] [--model mlp]
+       [--reuse]
        [--output DIR]
 """
 
@@ -57,6 +59,11 @@ def parts(args: Any, rates: list[str]) -> dict[str, tuple[dict[str, list], dict[
         "longer-diloco": ({"sync-period": [32, 128]},
                           {**common, "algorithm": "diloco", "link-rate": rates[0],
                            "epochs": args.epochs * 3}),
+        # the goal's candidate at the slowest link (sync's accuracy does not depend on the
+        # link: it is the same all-reduced gradient; its time there is its bytes / the rate)
+        "longer-slowest": ({"link-rate": rates[-1:]},
+                           {**common, "algorithm": "diloco", "sync-period": 128,
+                            "epochs": args.epochs * 3}),
     }
 
 
@@ -159,7 +166,8 @@ def draw(points: list[dict[str, Any]], rates: list[str], output: Path) -> None:
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], "diloco", epochs=6)
     parser.add_argument("--rates", default=",".join(RATES), help="link rates (tc syntax)")
-    parser.add_argument("--parts", default="paradigms,diloco,streaming,longer,longer-diloco")
+    parser.add_argument("--parts", default="paradigms,diloco,streaming,longer,longer-diloco,"
+                        "longer-slowest")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--global-batch-size", type=int, default=128)
     parser.add_argument("--model", default="mlp")
