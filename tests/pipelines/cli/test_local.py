@@ -270,7 +270,7 @@ def test_run_help_lists_the_pipeline_parameters(tmp_path: Path) -> None:
     completed = run_cli("run", "--help", home=tmp_path)
     assert completed.returncode == 0
     assert "epochs (default: 20)" in completed.stdout
-    assert "algorithm (default: sync) [sync|async|bmuf|easgd]" in completed.stdout
+    assert "algorithm (default: sync) [sync|async|bmuf|easgd|diloco]" in completed.stdout
 
 
 def test_render_check_and_lint_say_what_they_did_not_check(tmp_path: Path) -> None:
