@@ -14,7 +14,7 @@ On a cluster on one machine (``local_netns``, 4 nodes, mnist1d, fixed seeds):
 
 Needs root (network namespaces). Usage:
     python benchmarks/fault_tolerance.py [--nodes 4] [--epochs 8] [--mtbf 6] [--kills 5]
-        [--seed 3] [--target 0.80] [--repeat 3] [--batch 128]
+        [--seed 3] [--target 0.80] [--repeat 3] [--batch 128] [--skip-throughput | --skip-chaos]
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-chaos", action="store_true", help="the failure-free ratio only")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="sublimate-ft-bench-"))
     data_dir = build_builtin("mnist1d", folder / "mnist1d")
@@ -113,6 +114,9 @@ def main() -> None:
         for recovery, values in rates.items():
             print(f"  {recovery:9} samples/s: {_spread(values)}")
 
+    if args.skip_chaos:
+        print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}")
+        return
     calm = train(data_dir, folder / "calm-per-step-accuracy", args, "per-step", chaos=False)
     print(f"failure-free per-step: accuracy {calm['accuracy']}, {args.target} after "
           f"{calm['to_target']:.1f}s" if calm["to_target"] else
