@@ -185,6 +185,17 @@ _AGENT_EXCEPTIONS = re.compile(
     r"^torch\.distributed\.elastic\.(multiprocessing\.errors\.ChildFailedError|"
     r"multiprocessing\.api\.SignalException|rendezvous\.api\.RendezvousConnectionError)")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# CPython's last resort when a traceback's exception cannot be printed because the process is
+# losing its stderr (a cancelled agent at exit): the exception described field by field.
+_LOST_STDERR = re.compile(r"^(object (address|refcount|type|type name|repr) *: |lost sys\.stderr$)")
+_LOST_STDERR_TYPE = re.compile(r"^object type name: (\w+)")
+# Those exceptions of torchrun's, by their bare type name.
+_AGENT_EXCEPTION_NAMES = {
+    "SignalException": "torch.distributed.elastic.multiprocessing.api.SignalException",
+    "ChildFailedError": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+    "RendezvousConnectionError":
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError",
+}
 
 
 def quiet(lines: Iterable[str], app_id: str = "", node: int | None = None) -> Iterator[str]:
@@ -222,6 +233,12 @@ def quiet(lines: Iterable[str], app_id: str = "", node: int | None = None) -> It
                 continue
             if not line.strip():
                 held.append(line)
+                continue
+            if _LOST_STDERR.match(held[-1]) and _LOST_STDERR.match(line):
+                held.append(line)  # the exception's fields: its type name decides
+                named = _LOST_STDERR_TYPE.match(line)
+                if named:
+                    exception = _AGENT_EXCEPTION_NAMES.get(named.group(1), exception)
                 continue
             if line.startswith(_CHAINED):  # another exception of the same chain follows
                 held.append(line)

@@ -85,6 +85,30 @@ def test_torchs_log_lines_are_known_by_a_whole_source_path_too() -> None:
                                                      "training finished: 44 steps"]
 
 
+# A cancelled agent whose stderr was closing as it printed SignalException's traceback: CPython
+# describes the exception field by field instead (seen in CI on a local_netns node).
+LOST_STDERR = """\
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 745, in run
+    result = self._invoke_run(role)
+object address  : 0x7f31aab93ee0
+object refcount : 2
+object type     : 0x55c208e1cd50
+object type name: {name}
+object repr     : {name}('Process 3 got signal: 15')
+lost sys.stderr
+epoch 12/12 step 276/276 loss 0.0160
+"""
+
+
+def test_an_agents_exception_printed_without_stderr_is_dropped_and_another_kept() -> None:
+    agents = LOST_STDERR.format(name="SignalException").splitlines()
+    assert list(quiet(agents)) == ["epoch 12/12 step 276/276 loss 0.0160"]
+    users = LOST_STDERR.format(name="ValueError").splitlines()
+    assert list(quiet(users)) == users
+
+
 def test_a_traceback_that_is_not_a_failure_passes_whole() -> None:
     assert list(quiet(HANDLED.splitlines())) == HANDLED.splitlines()
     # at the end of a stream too (nothing after it decides)
