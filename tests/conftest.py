@@ -29,19 +29,47 @@ _session_reaper = JobReaper(TEST_MARK_ENV)
 def pytest_configure(config: pytest.Config) -> None:
     _session_reaper.start()  # before the mark is set: the reaper itself is not marked
     os.environ[TEST_MARK_ENV] = _session_reaper.mark
+    _one_thread_per_process()
+
+
+def _one_thread_per_process() -> None:
+    """One compute thread for every process of the tests (what the launcher gives CPU
+    workers): the suite runs a process per core (``-n 2``) and most tests start more, so a
+    second thread per process only spins, waiting for a core (a CNN trained in a test took
+    twice the CPU it needed). A user's own setting is kept."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:  # imported already: it has read the variable, tell it
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _session_reaper.close()  # what a test left running ends now, not at the machine's reboot
 
 
+# tryfirst: xdist's worker turns these marks into the groups it schedules by in a hook of its
+# own, which, registered after this file, would otherwise run first and never see them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # With pytest-xdist (the README's `-n 2 --dist loadgroup`), the tests that make network
     # namespaces run on one worker, one after another: their leak checks look at the whole
     # machine (test_netns_scheduler.snapshot), where another worker's cluster would show.
+    # The tests of a module that share a module-scoped fixture (a training run, a sweep, a
+    # checkpointed folder) run on one worker too, so the fixture is made once: xdist's load
+    # distribution would otherwise make it on every worker that gets one of them.
+    by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if "netns" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("netns"))
+        by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
+    for module, module_items in by_module.items():
+        netns = ["netns" in getattr(item, "fixturenames", ()) for item in module_items]
+        group = "netns" if any(netns) else module
+        for item, in_netns in zip(module_items, netns, strict=True):
+            if in_netns or _uses_module_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(defs and defs[-1].scope in ("module", "package") for defs in definitions.values())
 
 
 def in_ci() -> bool:

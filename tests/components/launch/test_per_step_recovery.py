@@ -105,7 +105,9 @@ def test_losing_node_0_costs_its_step_in_flight_and_its_replacement_copies_a_pee
 
 def test_a_node_killed_in_the_all_reduce_between_groups_drops_that_step_only(
         tmp_path: Path) -> None:
-    output, summary = _run(tmp_path, *PER_STEP, *THREE, "-p", "epochs=30", faults={
+    # nodes=3: every step needs the three groups, so the job cannot end before node 1's
+    # replacement has joined, however short it is.
+    output, summary = _run(tmp_path, *PER_STEP, *THREE, "-p", "epochs=3", faults={
         "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": "40", "SUBLIMATE_FAIL_RANK": "1"})
     assert "fault injection: killing slot 1 during the all-reduce of step 40" in output
     assert "relaunching" not in output
@@ -114,13 +116,15 @@ def test_a_node_killed_in_the_all_reduce_between_groups_drops_that_step_only(
     # the survivors were in that all-reduce with it: each dropped step 40 (and took it again)
     dropped = re.findall(r"node([02]): step (\d+) dropped, every group takes it again", output)
     assert dropped and {step for _, step in dropped} == {"40"}, output[-3000:]
-    assert summary["steps"] == 30 * 23
+    assert summary["steps"] == 3 * 23
 
 
 def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
         tmp_path: Path) -> None:
     # nodes=2:3: a step needs two groups. Losing two of three at once leaves one, which waits
-    # for a replacement instead of training alone; both replacements copy its state.
+    # for a replacement instead of training alone; that replacement copies its state. The other
+    # replacement joins whenever it is ready: on a loaded machine its start-up (imports, then
+    # its peer's state) may outlast the steps left, and the job ends without it.
     output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=2:3", "-p",
                            "global-batch-size=60", "-p", "epochs=8",
                            faults={"SUBLIMATE_FAIL_AT_STEP": "60", "SUBLIMATE_FAIL_RANK": "1,2"})
@@ -129,11 +133,14 @@ def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
     assert sorted(failure["node"] for failure in failures) == [1, 2]
     for failure in failures:
         assert failure["step"] == 60 and failure["steps_lost"] <= 1
+    # No step was committed while node 0 was alone: the first replacement to train copied step
+    # 60's state; a second one that trained joined the two later.
+    trained = [failure for failure in failures if "replacement_trained_after_seconds" in failure]
+    assert trained, failures
+    for failure in trained:
         assert failure["replacement_trained_after_seconds"] > 0
-    # No step was committed while node 0 was alone: the first replacement copied step 60's
-    # state; the second joined the two whenever it was ready.
-    healed = sorted(failure["healed_at_step"] for failure in failures)
-    assert healed[0] == 60 and healed[1] >= 60, failures
+        assert failure["healed_at_step"] is not None, failure
+    assert min(failure["healed_at_step"] for failure in trained) == 60, failures
     assert summary["steps"] == 8 * 23
 
 

