@@ -27,8 +27,13 @@ _session_reaper = JobReaper(TEST_MARK_ENV)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    _session_reaper.start()  # before the mark is set: the reaper itself is not marked
-    os.environ[TEST_MARK_ENV] = _session_reaper.mark
+    # An xdist worker (the README's `-n 2`) keeps the mark of the session that started it, in
+    # its environment already: that session's reaper ends the worker and all it started. A
+    # reaper of the worker's own would carry that mark too and be killed by it first, leaving
+    # what the worker started (marked only with the worker's mark) running.
+    if not hasattr(config, "workerinput"):
+        _session_reaper.start()  # before the mark is set: the reaper itself is not marked
+        os.environ[TEST_MARK_ENV] = _session_reaper.mark
     _one_thread_per_process()
 
 

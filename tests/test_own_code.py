@@ -200,9 +200,10 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     their nodes and the step, and relaunches it from the last checkpoint."""
     home = tmp_path / "home"
     # Rank 1 stops itself at step 30 (fault injection, the launcher's first attempt only): no
-    # race between the test and a job that, on a fast machine, trains 880 steps in 2.5 s.
+    # race between the test and a job that, on a fast machine, trains 880 steps in 2.5 s (and
+    # so no need for more steps than the relaunch's few after its checkpoint).
     started = time.monotonic()
-    result = run_cli("run", "-p", "epochs=40", "-p", "checkpoint-every=20",
+    result = run_cli("run", "-p", "epochs=4", "-p", "checkpoint-every=20",
                      "-p", "max-restarts=1", "-p", "stall-seconds=6",
                      "-p", "collective-timeout=600", home=home, timeout=400,
                      env={"SUBLIMATE_FREEZE_AT_STEP": "30", "SUBLIMATE_FAIL_RANK": "1"})

