@@ -246,16 +246,25 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
     started = time.perf_counter()
     chaos = start_chaos(args, scheduler)
     try:
+        # What each relaunch cost (train-summary.json's relaunches): when the attempt before
+        # it ended, when it started.
+        relaunches: list[dict[str, float]] = []
         with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
             for attempt in range(args.max_restarts + 1):
+                if attempt:
+                    relaunches[-1]["relaunched_at"] = time.time()
                 outcome = run_attempt(runner, args, scheduler, attempt, chaos)
                 if outcome not in (STALLED, LOST):
                     break
                 if attempt < args.max_restarts:
+                    relaunches.append({"previous_ended_at": time.time()})
                     print(f"train: relaunching {failures.relaunch_note(args.run_dir)} (relaunch "
                           f"{attempt + 1} of {args.max_restarts})", file=sys.stderr, flush=True)
             if outcome != SUCCEEDED:
                 return 143 if outcome == STOPPED else 1
+        if relaunches and not args.dryrun:
+            recovery.merge_into_summary(
+                args.run_dir, recovery.relaunches_section(args.run_dir, relaunches), "relaunches")
     finally:
         if chaos is not None:
             chaos.stop()
