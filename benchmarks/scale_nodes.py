@@ -27,7 +27,7 @@ succeeded. ``--plot`` draws rendezvous, first step and all-reduce against N (log
 per backend and recovery mode, from this run's results or from ``--from`` a saved ``--results``.
 
 With ``--kill-node I --kill-at-epoch E`` every run trains ``E + --epochs-after`` epochs (a
-checkpoint every epoch) and node I is killed whole (every process of its namespace, as chaos
+checkpoint every 2 epochs) and node I is killed whole (every process of its namespace, as chaos
 kills) as soon as an epoch record of epoch E appears (step 22 x E, or a few steps later: the
 records are polled every 20 ms). What each mode recorded then gives the time from the kill to
 training again:
@@ -38,7 +38,7 @@ training again:
   the steps done again (the step reached at the kill less the step resumed from);
 - ``per-step``: the launcher's ``fault_tolerance`` section: the kill to the replacement's start
   (the loss seen), its start to its first committed step, and the steps lost (the one in flight;
-  the others never stop).
+  the others never stop) and the steps the others committed until the replacement healed.
 
 The machine is shared: the 1-minute load before and after each run is printed; read the figures
 as indicative and the exponents as the result.
@@ -130,7 +130,9 @@ def run(nodes: int, rendezvous: str, recovery: str, home: Path,
     if recovery != "per-step":  # per-step: every node meets only itself
         params.append(f"rendezvous={rendezvous}")
     if kill_node is not None:
-        params.append(f"checkpoint-every={STEPS_PER_EPOCH}")
+        # every 2 epochs: the kill (just after epoch E = 3) lands mid-interval, where an
+        # average loss lands, not just after a checkpoint
+        params.append(f"checkpoint-every={2 * STEPS_PER_EPOCH}")
         if recovery == "restart":
             params.append("max-restarts=1")  # one relaunch
     process = subprocess.Popen(
@@ -196,7 +198,8 @@ def recovered(summary: dict[str, Any], kill: dict[str, Any]) -> dict[str, Any]:
         return {"killed_step": kill["step"], "seen_s": last["previous_ended_at"] - kill["time"],
                 "back_s": last["trained_again_at"] - last["relaunched_at"],
                 "recovery_s": last["trained_again_at"] - kill["time"],
-                "steps_again": kill["step"] - (last["resumed_from_step"] or 0)}
+                "steps_again": kill["step"] - (last["resumed_from_step"] or 0),
+                "others_meanwhile": 0}
     failures = (summary.get("fault_tolerance") or {}).get("failures") or []
     replaced = [f for f in failures if f.get("replacement_trained_after_seconds") is not None]
     if replaced:
@@ -205,7 +208,9 @@ def recovered(summary: dict[str, Any], kill: dict[str, Any]) -> dict[str, Any]:
                 "back_s": failure["replacement_trained_after_seconds"],
                 "recovery_s": failure["replaced_at"]
                 + failure["replacement_trained_after_seconds"] - kill["time"],
-                "steps_again": failure.get("steps_lost")}
+                "steps_again": failure.get("steps_lost"),
+                # the steps the survivors committed until the replacement healed
+                "others_meanwhile": (failure.get("healed_at_step") or 0) - (failure["step"] or 0)}
     if failures:
         return {"recovery_error": "the job ended before the replacement trained: give more "
                 "--epochs-after"}
@@ -253,17 +258,19 @@ def print_growth(results: list[dict], columns: tuple[str, ...] = COLUMNS) -> Non
 
 
 def print_recovery(results: list[dict]) -> None:
-    print("\n| N | recovery | load | killed at step | kill -> loss seen | -> training again "
-          "| kill -> training again | steps done again | wall |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| N | recovery | load | killed at step | kill -> attempt ended / replacement "
+          "started | -> training again | kill -> training again | steps done again | steps the "
+          "others trained meanwhile | wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if not r["ok"] or "recovery_s" not in r:
             print(f"| {r['nodes']} | {r['recovery']} | {r['load']} | failed: "
-                  f"{r.get('error') or r.get('recovery_error')} | | | | | {r['wall']:.0f} s |")
+                  f"{r.get('error') or r.get('recovery_error')} | | | | | | {r['wall']:.0f} s |")
             continue
         print(f"| {r['nodes']} | {r['recovery']} | {r['load']} | {r['killed_step']} "
               f"| {r['seen_s']:.1f} s | {r['back_s']:.1f} s | {r['recovery_s']:.1f} s "
-              f"| {r['steps_again']} | {r['wall']:.0f} s |", flush=True)
+              f"| {r['steps_again']} | {r['others_meanwhile']} | {r['wall']:.0f} s |",
+              flush=True)
 
 
 def _series(results: list[dict]) -> list[tuple[str, str]]:
@@ -274,24 +281,32 @@ def _series(results: list[dict]) -> list[tuple[str, str]]:
 def plot(results: list[dict], path: Path) -> None:
     """Rendezvous, first step and all-reduce against N, log-log, a line per series."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(PLOTTED), figsize=(11, 3.4))
     for axis, (column, label) in zip(axes, PLOTTED, strict=True):
+        axis.set(xscale="log", yscale="log", xlabel="nodes (N)", title=label)
+        failures = []
         for recovery, backend in _series(results):
-            points = sorted((r["nodes"], r[column]) for r in results
-                            if r["recovery"] == recovery and r["backend"] == backend
-                            and r["ok"] and r.get(column))
+            series = [r for r in results if r["recovery"] == recovery and r["backend"] == backend]
+            points = sorted((r["nodes"], r[column]) for r in series if r["ok"] and r.get(column))
             if points:
                 name = backend if recovery == "restart" else recovery
-                axis.plot(*zip(*points, strict=True), marker="o", label=name)
-        axis.set(xscale="log", yscale="log", xlabel="nodes (N)", title=label)
-        axis.set_xticks(sorted({r["nodes"] for r in results}))
-        axis.set_xticklabels([str(n) for n in sorted({r["nodes"] for r in results})])
+                line, = axis.plot(*zip(*points, strict=True), marker="o", label=name)
+                failures += [(r["nodes"], line.get_color()) for r in series if not r["ok"]]
+        for nodes, color in failures:  # a failed run has no figures: a cross on the top edge
+            axis.plot(nodes, axis.get_ylim()[1], marker="x", markersize=9, color=color,
+                      clip_on=False)
+        # N's own values as ticks (log axes would label powers of 10 and their minor ticks)
+        nodes = sorted({r["nodes"] for r in results})
+        axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        axis.set_xticks(nodes, [str(n) for n in nodes])
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, title="x: a run failed" if any(not r["ok"] for r in results)
+                   else None, title_fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=72)
     plt.close(figure)
