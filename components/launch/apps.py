@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.components.base import replica_groups
 from sublimate.components.base.runtime import DEFAULT_IMAGE
-from sublimate.components.launch import lighthouse
+from sublimate.components.launch import etcd_server, lighthouse
 from sublimate.components.monitoring import metrics
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ def _shell(command: list[str]) -> list[str]:
     # Shell expansions (the rendezvous host, the scheduler's rendezvous options, a local
     # Lighthouse's address) stay unquoted.
     return ["-c", " ".join(arg if RANK0_HOST in arg or arg.startswith(RDZV_CONF)
-                           or arg == LOCAL_BIND else shlex.quote(arg) for arg in command)]
+                           or arg == LOCAL_BIND or etcd_server.NODE_ENDPOINT_HOST in arg
+                           else shlex.quote(arg) for arg in command)]
 
 
 def _mounts(mounts: list[str] | None) -> list[specs.Mount]:
@@ -93,6 +94,7 @@ def trainer(
     min_nodes: int | None = None,
     rendezvous_timeout: int = 300,
     rendezvous: str = "c10d",
+    rdzv_endpoint: str = "",
     recovery: str = "restart",
     lighthouse_port: int = 29510,
     lighthouse_bind: str = LOCAL_BIND,
@@ -125,7 +127,10 @@ def trainer(
         rendezvous: torchrun's rendezvous backend: ``c10d`` (dynamic: the nodes join a shared
             state on node 0's store; elastic jobs and in-place restarts need it) or
             ``static`` (a fixed number of nodes, each told its rank: one store connection and
-            one barrier per node, no polling; see docs/scale.md)
+            one barrier per node, no polling; see docs/scale.md) or ``etcd-v2`` (c10d's
+            protocol with its state in an etcd server: give ``rdzv_endpoint``)
+        rdzv_endpoint: ``HOST:PORT`` of the rendezvous (default: node 0's store, on
+            ``rdzv_port``); etcd-v2's server
         recovery: ``restart`` (a lost node stops the job, which restarts from its last
             checkpoint) or ``per-step`` (torchft: every node is a replica group with its own
             single-node torchrun; a ``lighthouse`` role forms the quorum of the groups alive
@@ -154,6 +159,8 @@ def trainer(
         raise ValueError(f"min_nodes must be between 1 and nodes ({nodes})")
     if rendezvous == "static" and min_nodes < nodes:
         raise ValueError("a static rendezvous needs a fixed number of nodes")
+    if rendezvous == "etcd-v2" and not rdzv_endpoint:
+        raise ValueError("an etcd-v2 rendezvous needs rdzv_endpoint (the etcd server)")
     # An elastic job notices a lost node within a few seconds (a keep-alive, three misses) and
     # closes a rendezvous that has its minimum soon after, not torch's 30 s. The keep-alive
     # grows with the nodes (1 s per 8): every keep-alive is a compare-and-set on the one state
@@ -169,7 +176,7 @@ def trainer(
         "--nnodes", f"{min_nodes}:{nodes}" if min_nodes < nodes else str(nodes),
         "--nproc-per-node", str(procs_per_node),
         "--rdzv-backend", rendezvous,
-        "--rdzv-endpoint", f"{RANK0_HOST}:{rdzv_port}",
+        "--rdzv-endpoint", rdzv_endpoint or f"{RANK0_HOST}:{rdzv_port}",
         "--rdzv-conf", RDZV_CONF + rdzv_conf,
         "--rdzv-id", specs.macros.app_id,
         # static: the node's rank is its replica's index (on Kubernetes, Volcano's task index)

@@ -35,7 +35,7 @@ from sublimate.components.base.contract import contract_env, is_script, locate_e
 from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import PER_STEP, RESTART, to_flags, worker_settings
 from sublimate.components.base.termination import fail
-from sublimate.components.launch import failures
+from sublimate.components.launch import etcd_server, failures
 from sublimate.components.launch import per_step as recovery
 from sublimate.components.launch.apps import parameter_server, trainer
 from sublimate.components.launch.chaos import Chaos
@@ -167,6 +167,11 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
               "max_restarts": args.max_restarts,
               "rendezvous_timeout": int(args.rendezvous_timeout),
               "rendezvous": declared.rendezvous_backend(vars(args))}
+    if layout["rendezvous"] == declared.ETCD_V2:
+        # The user's server, or the one the launcher starts for this attempt (run_attempt);
+        # building the job before that (the GPU plan, a dry run) gets a placeholder port.
+        layout["rdzv_endpoint"] = getattr(args, "rendezvous_endpoint", "") \
+            or f"{etcd_server.NODE_ENDPOINT_HOST}:{etcd_server.DEFAULT_PORT}"
     if per_step(args):
         # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
         layout["min_nodes"] = args.nodes.minimum if getattr(args.nodes, "ranged", False) else 1
@@ -241,16 +246,25 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
     started = time.perf_counter()
     chaos = start_chaos(args, scheduler)
     try:
+        # What each relaunch cost (train-summary.json's relaunches): when the attempt before
+        # it ended, when it started.
+        relaunches: list[dict[str, float]] = []
         with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
             for attempt in range(args.max_restarts + 1):
+                if attempt:
+                    relaunches[-1]["relaunched_at"] = time.time()
                 outcome = run_attempt(runner, args, scheduler, attempt, chaos)
                 if outcome not in (STALLED, LOST):
                     break
                 if attempt < args.max_restarts:
+                    relaunches.append({"previous_ended_at": time.time()})
                     print(f"train: relaunching {failures.relaunch_note(args.run_dir)} (relaunch "
                           f"{attempt + 1} of {args.max_restarts})", file=sys.stderr, flush=True)
             if outcome != SUCCEEDED:
                 return 143 if outcome == STOPPED else 1
+        if relaunches and not args.dryrun:
+            recovery.merge_into_summary(
+                args.run_dir, recovery.relaunches_section(args.run_dir, relaunches), "relaunches")
     finally:
         if chaos is not None:
             chaos.stop()
@@ -326,7 +340,40 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
     STALLED (the watchdog stopped it), LOST (a node died while the others waited for it, or,
     under per-step recovery, every node at once) or STOPPED (the step was stopped). Under
     per-step recovery on one machine a lost node is replaced alone (:class:`recovery.Replacer`)
-    and the job goes on."""
+    and the job goes on. A local ``etcd-v2`` job gets its etcd server for the attempt: started
+    before its nodes, stopped (its data removed) however the attempt ends."""
+    server = rendezvous_server(args, scheduler)
+    if server is None:
+        return _run_attempt(runner, args, scheduler, attempt, chaos)
+    try:
+        server.start()
+    except etcd_server.EtcdError as error:
+        print(f"train: error: {error}", file=sys.stderr, flush=True)
+        return FAILED
+    try:
+        endpoint = f"{etcd_server.NODE_ENDPOINT_HOST}:{server.port}"
+        return _run_attempt(runner, argparse.Namespace(**{**vars(args),
+                                                          "rendezvous_endpoint": endpoint}),
+                            scheduler, attempt, chaos)
+    finally:
+        server.stop()
+
+
+def rendezvous_server(args: argparse.Namespace, scheduler: str) -> etcd_server.EtcdServer | None:
+    """The etcd server a local ``etcd-v2`` job needs (None: another backend, the user's server,
+    a cluster, or a dry run). On ``local_netns`` it listens where the nodes reach the host
+    (:mod:`.etcd_server`)."""
+    if args.dryrun or scheduler not in LOCAL_SCHEDULERS or per_step(args) \
+            or getattr(args, "rendezvous_endpoint", "") \
+            or declared.rendezvous_backend(vars(args)) != declared.ETCD_V2:
+        return None
+    return etcd_server.EtcdServer(args.run_dir / run_files.ETCD,
+                                  args.run_dir / run_files.LOGS / "etcd.log",
+                                  listen="0.0.0.0" if scheduler == "local_netns" else "127.0.0.1")
+
+
+def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int,
+                 chaos: Chaos | None = None) -> str:
     from torchx.specs import AppState
 
     attempt_started = time.time()

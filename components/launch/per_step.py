@@ -218,6 +218,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
                 # own first record, after its imports
                 started = loss.replaced if loss is not None and loss.replaced else \
                     replacement["start"]
+                entry["replaced_at"] = round(started, 3)
                 entry["replacement_trained_after_seconds"] = round(first["time"] - started, 3)
                 healed = _event(replacement, "healed")
                 entry["healed_at_step"] = healed["step"] if healed else None
@@ -261,8 +262,8 @@ def timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return spans
 
 
-def merge_into_summary(run_dir: Path, section: dict[str, Any]) -> None:
-    """Add ``section`` to the run's ``train-summary.json`` (written by the workers)."""
+def merge_into_summary(run_dir: Path, section: Any, key: str = "fault_tolerance") -> None:
+    """Add ``section`` to the run's ``train-summary.json`` (written by the workers) as ``key``."""
     from sublimate.components.base.durable_files import write_json
 
     path = run_dir / run_files.SUMMARY
@@ -270,7 +271,7 @@ def merge_into_summary(run_dir: Path, section: dict[str, Any]) -> None:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         summary = {}
-    summary["fault_tolerance"] = section
+    summary[key] = section
     write_json(summary, path, sort_keys=False)
 
 
@@ -300,6 +301,26 @@ def describe(section: dict[str, Any]) -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # Kubernetes: Volcano replaces a lost node
+
+
+def relaunches_section(run_dir: Path, relaunches: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """What each relaunch of a ``recovery=restart`` job cost, for ``train-summary.json``'s
+    ``relaunches``: when the attempt before it ended (the loss seen and the job cancelled) and
+    when it started (epoch seconds); for the last one, which wrote the summary, when it trained
+    again (its start plus the workers' launch-to-first-step: a relaunch's start-up is timed
+    from its start) and the step it resumed from."""
+    try:
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+    except (OSError, ValueError):
+        summary = {}
+    section = [{key: round(value, 3) for key, value in relaunch.items()}
+               for relaunch in relaunches]
+    first_step = summary.get("launch_to_first_step_seconds")
+    if section and first_step is not None:
+        last = section[-1]
+        last["trained_again_at"] = round(last["relaunched_at"] + first_step, 3)
+        last["resumed_from_step"] = summary.get("resumed_from_step")
+    return section
 
 
 def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> dict[str, Any]:

@@ -19,14 +19,17 @@ from pathlib import Path
 
 from sublimate.components.base import settings as declared
 from sublimate.components.base.settings import (
+    ETCD_V2,
     PER_STEP,
     SettingError,
     add_arguments,
     check,
     max_restarts,
     recovery_mode,
+    rendezvous_backend,
 )
 from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.launch import etcd_server
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan
 from sublimate.components.launch.launcher import (
@@ -74,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(it names a folder on the shared volume)")
         args.run_dir = args.runs_root / run_id
     try:  # the rules `sublimate run` and `submit` checked before any step, in the same words
-        check(vars(args))
+        # (with scheduler auto as it resolves here: kubernetes in a cluster's pod)
+        check({**vars(args), "scheduler": choose_scheduler(args.scheduler)})
     except SettingError as error:
         parser.error(str(error))
     args.max_restarts = max_restarts(vars(args))  # auto: what the mode needs
@@ -155,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail(STEP, "recovery per-step needs torchft in the image (pip install "
                           "'torchft>=0.2'); or use recovery restart")
     scheduler = choose_scheduler(args.scheduler)
+    problem = etcd_server.missing_prerequisite(
+        serve=scheduler in LOCAL_SCHEDULERS and not args.rendezvous_endpoint) \
+        if rendezvous_backend(vars(args)) == ETCD_V2 else None
+    if problem is not None:
+        return fail(STEP, problem)
     if scheduler in LOCAL_SCHEDULERS:  # simulated nodes share this host's GPUs
         try:
             plan = gpu_plan(args, build_app(args, scheduler))

@@ -44,6 +44,11 @@ def test_values_are_typed() -> None:
     ({"rendezvous": "static", "nodes": "2:4"}, "rendezvous static needs a fixed number of nodes "
      "and max-restarts 0"),
     ({"rendezvous": "static", "max-restarts": "2"}, "rendezvous static needs a fixed number"),
+    # etcd-v2's server: the launcher starts one on one machine; a cluster's is the user's
+    ({"rendezvous": "etcd-v2", "scheduler": "kubernetes"}, "rendezvous etcd-v2 on kubernetes "
+     "needs rendezvous-endpoint"),
+    ({"rendezvous": "etcd-v2", "recovery": "per-step"}, "rendezvous etcd-v2: under recovery "
+     "per-step every node meets only itself"),
 ])
 def test_cross_setting_rules(texts: dict[str, str], message: str) -> None:
     with pytest.raises(S.SettingError, match="^" + message.replace("(", r"\(")):
@@ -145,3 +150,11 @@ def test_every_step_cli_prints_its_help_with_a_literal_percent_in_a_description(
         parser.parse_args(["--help"])
     assert exit_info.value.code == 0
     assert "e.g. 0.1%;" in capsys.readouterr().out
+
+
+def test_etcd_v2_on_kubernetes_passes_with_an_endpoint_and_elastic_nodes() -> None:
+    S.check(S.parse_values({"rendezvous": "etcd-v2", "scheduler": "kubernetes",
+                            "rendezvous-endpoint": "etcd.default.svc:2379", "nodes": "1:2"}))
+    S.check(S.parse_values({"rendezvous": "etcd-v2", "scheduler": "local_netns"}))
+    with pytest.raises(S.SettingError, match=r"^rendezvous-endpoint: "):
+        S.parse_values({"rendezvous-endpoint": "http://etcd:2379"})  # HOST:PORT, no scheme

@@ -148,26 +148,38 @@ def test_a_slowed_node_is_named_as_the_straggler(tmp_path: Path) -> None:
     assert (straggler["rank"], straggler["node"], straggler["cause"]) == (2, "node2", "compute")
 
 
-def test_an_elastic_job_loses_a_node_and_finishes_on_the_minimum(tmp_path: Path) -> None:
-    """nodes=2:3: node 2 is killed after the first checkpoint; the two that remain notice
-    (collective timeout, rendezvous keep-alive), meet again as a world of 2 and resume from the
-    committed step with the data re-divided (each rank's share of the global batch grows)."""
-    home = tmp_path / "home"
-    process = start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
-                        "-p", "global-batch-size=60", "-p", "epochs=12",
-                        "-p", "checkpoint-every=20", "-p", "max-restarts=2",
-                        "-p", "collective-timeout=5")
+def start_elastic(home: Path, *params: str) -> subprocess.Popen[str]:
+    """An elastic job of 2 to 3 nodes (12 epochs, a checkpoint every 20 steps, collectives
+    that give up on a lost peer after 5 s) started in the background, for a node to be lost."""
+    return start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
+                     "-p", "global-batch-size=60", "-p", "epochs=12",
+                     "-p", "checkpoint-every=20", "-p", "collective-timeout=5", *params)
+
+
+def finish_on_two_without(home: Path, node: int, *params: str) -> str:
+    """Run :func:`start_elastic`, kill ``node`` after the first checkpoint, and check that the
+    two that remain finished the job as a world of 2, resumed from a committed step; returns
+    the run's output."""
+    process = start_elastic(home, "-p", "max-restarts=2", *params)
     run_dir, committed = first_checkpoint(home, process)
-    faults.kill_node(faults.load_running(run_dir), 2)
+    faults.kill_node(faults.load_running(run_dir), node)
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
-    assert re.search(r"train: finished on 2 of 3 nodes \(elastic, lost node2", output), \
+    assert re.search(rf"train: finished on 2 of 3 nodes \(elastic, lost node{node}", output), \
         output[-3000:]
     resumed = [int(step) for step in re.findall(r"resumed from checkpoint at step (\d+)", output)]
     assert resumed and resumed[0] >= committed, output[-3000:]
     summary = json.loads((results_folder(home) / "train-summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 276
     assert summary["resumed_from_step"] >= committed
+    return output
+
+
+def test_an_elastic_job_loses_a_node_and_finishes_on_the_minimum(tmp_path: Path) -> None:
+    """nodes=2:3: node 2 is killed after the first checkpoint; the two that remain notice
+    (collective timeout, rendezvous keep-alive), meet again as a world of 2 and resume from the
+    committed step with the data re-divided (each rank's share of the global batch grows)."""
+    finish_on_two_without(tmp_path / "home", 2)
 
 
 def test_an_elastic_job_that_loses_node0_is_relaunched_from_the_last_checkpoint(
@@ -177,9 +189,7 @@ def test_an_elastic_job_that_loses_node0_is_relaunched_from_the_last_checkpoint(
     not (within one poll), the attempt is LOST and relaunched from the checkpoint (it ended
     FAILED, never relaunched, when the loss had been tolerated first)."""
     home = tmp_path / "home"
-    process = start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
-                        "-p", "global-batch-size=60", "-p", "epochs=12",
-                        "-p", "checkpoint-every=20", "-p", "collective-timeout=5")
+    process = start_elastic(home)
     run_dir, committed = first_checkpoint(home, process)
     faults.kill_node(faults.load_running(run_dir), 0)
     output = finish_run(process)

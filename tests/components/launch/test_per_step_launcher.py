@@ -235,8 +235,8 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
     section = per_step.summarize(tmp_path, [loss], since=99.0, kills=[kill])
     assert section["failures"] == [{
         "node": 0, "time": 108.0, "step": 120, "steps_lost": 1,
-        "detected_after_seconds": 0.3, "replacement_trained_after_seconds": 2.5,
-        "healed_at_step": 131}]
+        "detected_after_seconds": 0.3, "replaced_at": 110.0,
+        "replacement_trained_after_seconds": 2.5, "healed_at_step": 131}]
     assert (section["steps_attempted"], section["steps_committed"]) == (392, 389)
     assert section["committed_ratio"] == round(389 / 392, 5)
     assert section["committed_bound"] == round(1 - 1 / 392, 5)
@@ -249,3 +249,13 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
     assert lines[0] == ("lost node0, at step 120, 1 step(s) lost, its replacement trained again "
                         "2.5s after starting (healed at step 131)")
     assert "389 of 392 group-steps committed (99.23%, bound 99.74%)" in lines[-1]
+
+
+def test_a_relaunch_is_timed_from_the_lost_attempt_to_training_again(tmp_path: Path) -> None:
+    # The last relaunch wrote the summary: its start-up is timed from its own start.
+    (tmp_path / "train-summary.json").write_text(
+        json.dumps({"launch_to_first_step_seconds": 4.25, "resumed_from_step": 66}))
+    section = per_step.relaunches_section(
+        tmp_path, [{"previous_ended_at": 100.0, "relaunched_at": 100.5}])
+    assert section == [{"previous_ended_at": 100.0, "relaunched_at": 100.5,
+                        "trained_again_at": 104.75, "resumed_from_step": 66}]
