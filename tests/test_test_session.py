@@ -82,7 +82,7 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
 
 
 def test_the_readme_test_commands_workers_keep_a_modules_shared_fixture_on_one_of_them() -> None:
-    """`--dist loadgroup` (the README's test command) sends the tests that share a
+    """`-n 2 --dist loadgroup` (the README's test command) sends the tests that share a
     module-scoped fixture to one worker, which makes it once (tests/conftest.py marks them).
     pytest 9.2 broke the grouping silently (pytest-xdist issue #1386: the group never reaches
     the scheduler, every test is dealt out alone), hence pytest<9.2 in the test extra."""
