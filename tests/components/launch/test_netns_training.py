@@ -141,10 +141,12 @@ def test_a_slowed_node_is_named_as_the_straggler(tmp_path: Path) -> None:
     faults.slow_node(faults.load_running(results_folder(home)), 2, cpu=0.15)
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
-    assert re.search(r"straggler: rank 2 \(node2\) compute [0-9.]+x median", output), \
+    assert re.search(r"stragglers?: rank 2 \(node2\) compute [0-9.]+x median", output), \
         output[-3000:]
     report = json.loads((results_folder(home) / "report" / "report.json").read_text())
-    (straggler,) = report["stragglers"]["ranks"]
+    # The slowed node comes first (stragglers come slowest first); on a machine busy with other
+    # tests another rank may pass the rule too, for moments, and follow it.
+    straggler = report["stragglers"]["ranks"][0]
     assert (straggler["rank"], straggler["node"], straggler["cause"]) == (2, "node2", "compute")
 
 

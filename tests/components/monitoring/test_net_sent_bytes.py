@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring.tensorboard_log import EpochLog
-from tests.conftest import REPO, require
+from tests.components.launch.test_netns_scheduler import netns
+from tests.conftest import REPO
+
+__all__ = ["netns"]
 
 
 def _sent_by_interface(text: str) -> dict[str, int]:
@@ -79,9 +81,9 @@ print(json.dumps({"after_loopback": after_loopback, "after_udp": counter.sent()}
 """
 
 
-def test_bytes_sent_over_a_veth_are_counted_and_loopback_is_not() -> None:
-    require(os.geteuid() == 0 and shutil.which("ip"),
-            "needs root and iproute2 (ip) to make network namespaces")
+# `netns` (root and the tools): also what puts these tests with the others that make network
+# namespaces, on one xdist worker, away from their whole-machine leak checks.
+def test_bytes_sent_over_a_veth_are_counted_and_loopback_is_not(netns: None) -> None:
     tag = f"snb{os.getpid() % 100000}"
     sender, peer = f"{tag}a", f"{tag}b"
     ip = ["ip"]
@@ -112,20 +114,11 @@ def test_bytes_sent_over_a_veth_are_counted_and_loopback_is_not() -> None:
     assert count * (size + 28) <= on_the_wire <= count * (size + 42) + 2_000
 
 
-def test_a_local_netns_run_records_its_all_reduce_traffic(tmp_path: Path) -> None:
+def test_a_local_netns_run_records_its_all_reduce_traffic(tmp_path: Path, netns: None) -> None:
     """Each node of a 2-node sync run sends, per step, about one copy of the gradients: ring
     all-reduce sends 2(n-1)/n of the buffer per rank, which is 1x for n = 2."""
     from sublimate.components.data.datasets import build_builtin
-    from sublimate.components.launch.netns_scheduler import TOOLS, NetnsError, check_privileges
 
-    try:
-        check_privileges()
-        problem = next((f"missing command: {tool}" for tool in TOOLS
-                        if not shutil.which(tool)), None)
-    except NetnsError as error:
-        problem = str(error)
-    require(os.geteuid() == 0 and problem is None,
-            f"local_netns needs root and its tools ({problem or 'not root'})")
     data = build_builtin("digits", tmp_path / "digits")
     completed = subprocess.run(
         [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
