@@ -273,6 +273,11 @@ def print_recovery(results: list[dict]) -> None:
               flush=True)
 
 
+def _measured_recovery(result: dict) -> bool:
+    """A run of ``--kill-node`` (recovered or not), not a row of the N table."""
+    return "recovery_s" in result or "recovery_error" in result
+
+
 def _series(results: list[dict]) -> list[tuple[str, str]]:
     """(recovery, backend) pairs in the order they were run."""
     return list(dict.fromkeys((r["recovery"], r["backend"]) for r in results))
@@ -331,7 +336,7 @@ def main() -> None:
     args.rendezvous = args.rendezvous or ("c10d" if args.kill_node is not None else "static,c10d")
     if args.saved:
         results = json.loads(args.saved.read_text())
-        print_table([r for r in results if "recovery_s" not in r and "recovery_error" not in r])
+        print_table([r for r in results if not _measured_recovery(r)])
     else:
         results = []
         print_table([])
@@ -348,13 +353,12 @@ def main() -> None:
                     if args.results:  # after every run: a long run's figures survive a crash
                         args.results.write_text(json.dumps(results, indent=1))
     print_growth(results)
-    if any("recovery_s" in r or "recovery_error" in r for r in results):
-        print_recovery([r for r in results if "recovery_s" in r or "recovery_error" in r])
+    if any(_measured_recovery(r) for r in results):
+        print_recovery([r for r in results if _measured_recovery(r)])
         print_growth([r for r in results if "recovery_s" in r], ("seen_s", "back_s",
                                                                   "recovery_s"))
     if args.plot:
-        plot([r for r in results if "recovery_s" not in r and "recovery_error" not in r],
-             args.plot)
+        plot([r for r in results if not _measured_recovery(r)], args.plot)
         print(f"plot: {args.plot} ({args.plot.stat().st_size:,} bytes)")
 
 

@@ -17,12 +17,14 @@ Light imports only, as the launcher.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base.elastic_errors import LOG_DIR_ENV, Failure, log_dir, read_failures
@@ -154,6 +156,26 @@ def relaunch_note(run_dir: Path) -> str:
     if committed.is_file() or (Path(run_dir) / run_files.SERVER_CHECKPOINT).is_file():
         return "from the last checkpoint"
     return "from step 0: no checkpoint was committed"
+
+
+def relaunches_section(run_dir: Path, relaunches: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """What each relaunch of a ``recovery=restart`` job cost, for ``train-summary.json``'s
+    ``relaunches``: when the attempt before it ended (the loss seen and the job cancelled) and
+    when it started (epoch seconds); for the last one, which wrote the summary, when it trained
+    again (its start plus the workers' launch-to-first-step: a relaunch's start-up is timed
+    from its start) and the step it resumed from."""
+    try:
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+    except (OSError, ValueError):
+        summary = {}
+    section = [{key: round(value, 3) for key, value in relaunch.items()}
+               for relaunch in relaunches]
+    first_step = summary.get("launch_to_first_step_seconds")
+    if section and first_step is not None:
+        last = section[-1]
+        last["trained_again_at"] = round(last["relaunched_at"] + first_step, 3)
+        last["resumed_from_step"] = summary.get("resumed_from_step")
+    return section
 
 
 # --- the followed logs ------------------------------------------------------------------------

@@ -264,7 +264,7 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
                 return 143 if outcome == STOPPED else 1
         if relaunches and not args.dryrun:
             recovery.merge_into_summary(
-                args.run_dir, recovery.relaunches_section(args.run_dir, relaunches), "relaunches")
+                args.run_dir, failures.relaunches_section(args.run_dir, relaunches), "relaunches")
     finally:
         if chaos is not None:
             chaos.stop()

@@ -303,26 +303,6 @@ def describe(section: dict[str, Any]) -> list[str]:
 # Kubernetes: Volcano replaces a lost node
 
 
-def relaunches_section(run_dir: Path, relaunches: list[dict[str, float]]) -> list[dict[str, Any]]:
-    """What each relaunch of a ``recovery=restart`` job cost, for ``train-summary.json``'s
-    ``relaunches``: when the attempt before it ended (the loss seen and the job cancelled) and
-    when it started (epoch seconds); for the last one, which wrote the summary, when it trained
-    again (its start plus the workers' launch-to-first-step: a relaunch's start-up is timed
-    from its start) and the step it resumed from."""
-    try:
-        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
-    except (OSError, ValueError):
-        summary = {}
-    section = [{key: round(value, 3) for key, value in relaunch.items()}
-               for relaunch in relaunches]
-    first_step = summary.get("launch_to_first_step_seconds")
-    if section and first_step is not None:
-        last = section[-1]
-        last["trained_again_at"] = round(last["relaunched_at"] + first_step, 3)
-        last["resumed_from_step"] = summary.get("resumed_from_step")
-    return section
-
-
 def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> dict[str, Any]:
     """Make the Volcano job of a per-step app replace a lost node alone.
 

@@ -8,7 +8,13 @@ import json
 from pathlib import Path
 
 from sublimate.components.base.elastic_errors import ERROR_FILE_ENV, log_dir, write_failure
-from sublimate.components.launch.failures import explain, quiet, relaunch_note, restarts
+from sublimate.components.launch.failures import (
+    explain,
+    quiet,
+    relaunch_note,
+    relaunches_section,
+    restarts,
+)
 
 # What one node printed when its rank 1 raised (torch 2.13, abridged where it repeats itself),
 # around the lines that matter: the training's own.
@@ -167,3 +173,13 @@ def test_a_worker_killed_by_a_signal_is_named_before_the_errors_that_followed(
     assert restarts(tmp_path, "local_cwd://torchx/job-9", "local_cwd") == [
         "local rank 0 of node1 was killed by SIGKILL (from outside, or out of memory); torchrun "
         "restarted the workers"]
+
+
+def test_a_relaunch_is_timed_from_the_lost_attempt_to_training_again(tmp_path: Path) -> None:
+    # The last relaunch wrote the summary: its start-up is timed from its own start.
+    (tmp_path / "train-summary.json").write_text(
+        json.dumps({"launch_to_first_step_seconds": 4.25, "resumed_from_step": 66}))
+    section = relaunches_section(
+        tmp_path, [{"previous_ended_at": 100.0, "relaunched_at": 100.5}])
+    assert section == [{"previous_ended_at": 100.0, "relaunched_at": 100.5,
+                        "trained_again_at": 104.75, "resumed_from_step": 66}]

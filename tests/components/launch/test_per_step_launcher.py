@@ -250,12 +250,3 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
                         "2.5s after starting (healed at step 131)")
     assert "389 of 392 group-steps committed (99.23%, bound 99.74%)" in lines[-1]
 
-
-def test_a_relaunch_is_timed_from_the_lost_attempt_to_training_again(tmp_path: Path) -> None:
-    # The last relaunch wrote the summary: its start-up is timed from its own start.
-    (tmp_path / "train-summary.json").write_text(
-        json.dumps({"launch_to_first_step_seconds": 4.25, "resumed_from_step": 66}))
-    section = per_step.relaunches_section(
-        tmp_path, [{"previous_ended_at": 100.0, "relaunched_at": 100.5}])
-    assert section == [{"previous_ended_at": 100.0, "relaunched_at": 100.5,
-                        "trained_again_at": 104.75, "resumed_from_step": 66}]
