@@ -5,7 +5,8 @@
 (SIGKILL, the OOM killer) runs no ``finally``: its keeper, a small process of its own started
 with the run's first container, does it instead. The runner tells it, one line each on its
 stdin, which containers exist (``watch NAME [PGID]``: the container, and the process group of
-the engine command running in it) and which it has removed itself (``forget NAME``). When its
+the engine command running in it, which the keeper looks up itself if the runner died before
+it could say) and which it has removed itself (``forget NAME``). When its
 stdin ends without the runner having closed it on purpose, the runner is gone: the keeper
 stops each container's command as the runner's own stop would (SIGTERM to the step's
 processes, SIGKILL to the group after the grace period: ``process.LocalProcess.stop``) and
@@ -54,6 +55,28 @@ def container_processes(pgid: int, engine_exes: tuple[str, ...]) -> list[int]:
     return found
 
 
+def engine_group(name: str) -> int | None:
+    """The process group of the engine command that runs the container ``name``: the group
+    leader (started in a session of its own) whose arguments include the name. For a
+    container the keeper knows by name only: the runner tells the group once the engine
+    command has started, and a runner killed in between never does, though the command runs."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                text = stat.read()
+            if int(text[text.rindex(b")") + 2:].split()[2]) != int(entry):
+                continue  # not a group leader
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                arguments = cmdline.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if name.encode() in arguments:
+            return int(entry)
+    return None
+
+
 def stop_group(pgid: int, engine_exes: tuple[str, ...], grace_s: float) -> None:
     """SIGTERM the step's processes of ``pgid``, then SIGKILL the whole group once
     ``grace_s`` has passed with any process of it left."""
@@ -97,6 +120,8 @@ def main(config_text: str) -> int:
         return 0
     # The runner is gone (or closed with containers it could not remove): finish its work.
     for name, pgid in kept.items():
+        if pgid is None:
+            pgid = engine_group(name)
         if pgid is not None:
             stop_group(pgid, engine_exes, grace_s)
         subprocess.run([*remove, name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -8,6 +8,7 @@ cannot be run on this machine: they are checked as text only.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -567,6 +568,42 @@ def test_the_keeper_removes_what_a_vanished_runner_left(images: dict[str, str]) 
     finally:
         for name in names:
             _buildah("rm", name, check=False)
+
+
+
+def test_a_runner_killed_before_naming_the_engines_group_still_has_its_step_stopped(
+        tmp_path: Path) -> None:
+    """The runner names the engine command's process group once that command has started; a
+    runner killed in between (CI hit it once, under load) has told its keeper the container's
+    name only. The keeper finds the group by the name and stops the step with SIGTERM, as the
+    runner would, before removing the container (a bare ``rm`` kills the step outright)."""
+    name = f"{PREFIX}unnamed-group-{os.getpid()}"
+    stopped = tmp_path / "stopped"
+    # The engine command, as the runner starts it: a session of its own, the name in its argv.
+    engine = subprocess.Popen(
+        ["sh", "-c", f"trap 'echo stopped > {stopped}; exit 7' TERM; echo started > "
+         f"{tmp_path}/started; while true; do sleep 0.1; done", name],
+        start_new_session=True)
+    config = {"remove": ["true"], "engine_exes": [], "grace_s": 30}
+    keeper = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(REPO / "pipelines/runner/images/keeper.py"),
+         json.dumps(config)], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert time.monotonic() < deadline, "the engine command never started"
+            time.sleep(0.05)
+        assert keeper.stdin is not None
+        keeper.stdin.write(f"watch {name}\n")  # no group: the runner died before it knew
+        keeper.stdin.close()  # the runner's end
+        assert keeper.wait(timeout=60) == 0
+        assert engine.wait(timeout=30) == 7  # the trap ran: SIGTERM, not SIGKILL
+        assert stopped.read_text() == "stopped\n"
+    finally:
+        for process in (engine, keeper):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 LATE = """
