@@ -31,12 +31,9 @@ import time
 GONE_POLL_S = 0.1
 
 
-def container_processes(pgid: int, engine_exes: tuple[str, ...]) -> list[int]:
-    """The processes of the process group ``pgid`` that belong to the step, not to the engine
-    that runs it: those whose executable does not start with one of ``engine_exes``. Empty
-    ``engine_exes``: the whole group (an engine whose client passes signals on, such as
-    ``docker run``'s signal proxy, is signalled itself)."""
-    found: list[int] = []
+def _process_groups() -> list[tuple[int, int]]:
+    """Every process's id and process group, from ``/proc``."""
+    found: list[tuple[int, int]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -45,13 +42,27 @@ def container_processes(pgid: int, engine_exes: tuple[str, ...]) -> list[int]:
                 text = stat.read()
             # Fields after the command name (which may hold spaces and parentheses):
             # state, ppid, pgrp, ...
-            if int(text[text.rindex(b")") + 2:].split()[2]) != pgid:
-                continue
-            exe = os.readlink(f"/proc/{entry}/exe") if engine_exes else ""
+            found.append((int(entry), int(text[text.rindex(b")") + 2:].split()[2])))
         except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return found
+
+
+def container_processes(pgid: int, engine_exes: tuple[str, ...]) -> list[int]:
+    """The processes of the process group ``pgid`` that belong to the step, not to the engine
+    that runs it: those whose executable does not start with one of ``engine_exes``. Empty
+    ``engine_exes``: the whole group (an engine whose client passes signals on, such as
+    ``docker run``'s signal proxy, is signalled itself)."""
+    found: list[int] = []
+    for pid, group in _process_groups():
+        if group != pgid:
+            continue
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe") if engine_exes else ""
+        except OSError:
             continue  # ended meanwhile, or a kernel thread
         if not any(exe.startswith(prefix) for prefix in engine_exes):
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -60,20 +71,16 @@ def engine_group(name: str) -> int | None:
     leader (started in a session of its own) whose arguments include the name. For a
     container the keeper knows by name only: the runner tells the group once the engine
     command has started, and a runner killed in between never does, though the command runs."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid, group in _process_groups():
+        if group != pid:
+            continue  # not a group leader
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                text = stat.read()
-            if int(text[text.rindex(b")") + 2:].split()[2]) != int(entry):
-                continue  # not a group leader
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 arguments = cmdline.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         if name.encode() in arguments:
-            return int(entry)
+            return pid
     return None
 
 
