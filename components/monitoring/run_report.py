@@ -19,6 +19,7 @@ it only the JSON is written.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -522,6 +523,50 @@ def plot(reports: Sequence[dict[str, Any]], output: Path, title: str | None = No
     return output
 
 
+PANEL_MARGIN_PX = 8  # white kept around a panel cut out of the overview
+
+
+def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
+    """``overview.png`` and each panel's PNG (``PLOTS``) for one run; returns name -> file.
+
+    The overview is drawn once and each panel is cut out of its pixels (the panel's axes with
+    its title, labels and legend, and a margin): drawing the four panels as figures of their
+    own as well took most of the evaluate step's time after importing torch (0.6 s of 1.4 s
+    for the report)."""
+    import numpy as np
+    from PIL import Image
+
+    plt = _pyplot()
+    figure = draw([report])
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    pixels = np.asarray(figure.canvas.buffer_rgba())
+    height, width = pixels.shape[:2]
+    written = {}
+    boxes = [ax.get_tightbbox(renderer) for ax in figure.axes]  # display pixels, origin at
+    for name, box in zip(PLOTS, boxes, strict=True):  # the bottom left
+        left, right = box.x0 - PANEL_MARGIN_PX, box.x1 + PANEL_MARGIN_PX
+        low, high = box.y0 - PANEL_MARGIN_PX, box.y1 + PANEL_MARGIN_PX
+        for other in boxes:  # a margin stops halfway to a neighbour: no cut takes another's
+            if other.x0 >= box.x1:
+                right = min(right, (box.x1 + other.x0) / 2)
+            if other.x1 <= box.x0:
+                left = max(left, (other.x1 + box.x0) / 2)
+            if other.y0 >= box.y1:
+                high = min(high, (box.y1 + other.y0) / 2)
+            if other.y1 <= box.y0:
+                low = max(low, (other.y1 + box.y0) / 2)
+        # whole pixels inside those limits (a pixel on a shared limit goes to neither)
+        rows = slice(max(0, math.ceil(height - high)), min(height, math.floor(height - low)))
+        columns = slice(max(0, math.ceil(left)), min(width, math.floor(right)))
+        Image.fromarray(pixels[rows, columns]).save(folder / f"{name}.png")
+        written[name] = f"{name}.png"
+    Image.fromarray(pixels).save(folder / "overview.png")
+    written["overview"] = "overview.png"
+    plt.close(figure)
+    return written
+
+
 def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     """Build the report and write ``report/report.json`` and the PNGs; returns the report."""
     run_dir = Path(run_dir)
@@ -531,17 +576,11 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     report["plots"] = {}
     if plots:
         try:
-            plt = _pyplot()
+            _pyplot()
         except ImportError:
             report["plots_skipped"] = "matplotlib is not installed"
         else:
-            for name in PLOTS:
-                figure = draw_panel(name, [report])
-                figure.savefig(folder / f"{name}.png", dpi=100)
-                plt.close(figure)
-                report["plots"][name] = f"{name}.png"
-            plot([report], folder / "overview.png")
-            report["plots"]["overview"] = "overview.png"
+            report["plots"].update(write_plots(report, folder))
             if (report.get("fault_tolerance") or {}).get("timeline"):
                 plot_recovery(report, folder / "recovery.png")
                 report["plots"]["recovery"] = "recovery.png"

@@ -66,6 +66,44 @@ def test_report_describes_the_run_and_draws_every_plot(tmp_path: Path) -> None:
     assert report["plots"]["overview"] == "overview.png"
 
 
+
+def test_each_panel_is_cut_from_the_overview_whole_and_apart_from_the_others(
+        tmp_path: Path) -> None:
+    # The panels are cut out of the overview's pixels (drawn once): each must be that image's
+    # own pixels, one quarter of it (no neighbour's axes), with what lies outside its axes
+    # (the time split's legend, below them) inside the cut.
+    import numpy as np
+    from PIL import Image
+
+    run_dir = fake_run(tmp_path / "run-a", accuracies=[0.5, 0.7, 0.9])
+    write_report(run_dir)
+    folder = run_dir / "report"
+    overview = np.asarray(Image.open(folder / "overview.png"))
+    height, width = overview.shape[:2]
+    places = []
+    for name in PLOTS:
+        panel = np.asarray(Image.open(folder / f"{name}.png"))
+        rows, columns = panel.shape[:2]
+        assert 0.35 * width < columns <= 0.5 * width and 0.35 * height < rows <= 0.5 * height
+        # where it lies in the overview: the one offset, near its quarter's corner, at which
+        # its pixels are the overview's (its middle row first: margins are plain white)
+        quarter_top, quarter_left = len(places) // 2 * height // 2, len(places) % 2 * width // 2
+        middle = panel[rows // 2]
+        tops = range(max(0, quarter_top - 60), min(height - rows, quarter_top + 60) + 1)
+        lefts = range(max(0, quarter_left - 60), min(width - columns, quarter_left + 60) + 1)
+        found = [(top, left) for top in tops for left in lefts
+                 if np.array_equal(overview[top + rows // 2, left:left + columns], middle)
+                 and np.array_equal(overview[top:top + rows, left:left + columns], panel)]
+        places.append((*found[0], rows, columns))
+    for index, (top, left, rows, columns) in enumerate(places):  # no two cuts overlap
+        for other_top, other_left, other_rows, other_columns in places[index + 1:]:
+            assert top + rows <= other_top or other_top + other_rows <= top \
+                or left + columns <= other_left or other_left + other_columns <= left
+    legend = np.asarray(Image.open(folder / "time-split.png"))[-40:, :, :3].reshape(-1, 3)
+    for colour in ((0x4C, 0x72, 0xB0), (0xDD, 0x84, 0x52), (0x55, 0xA8, 0x68)):
+        assert (legend == colour).all(axis=1).any(), colour  # compute, comm, data patches
+
+
 def test_a_run_that_never_trained_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="has this run trained yet"):
         build_report(tmp_path)
