@@ -43,6 +43,11 @@ class SyncSGD(Paradigm):
         with self.training_model().no_sync():  # type: ignore[operator]
             yield
 
+    def averaged_parameters(self) -> list[nn.Parameter]:
+        """The parameters whose gradients :meth:`average_gradients` all-reduces, flattened in
+        this order: the trainable ones."""
+        return [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+
     def average_gradients(self) -> None:
         """Per-step recovery: every gradient replaced by its mean over the whole global batch,
         in one flat all-reduce (DDP's job, which its buckets do during the backward pass in the
@@ -55,8 +60,7 @@ class SyncSGD(Paradigm):
         averages a quarter of it. Scaling the update by the share keeps the linear scaling rule
         for the batch that took part; without it a node left alone stepped at four times the
         rate its batch allows and its model collapsed (mnist1d, 4 nodes, loss to ln 10)."""
-        parameters = [parameter for parameter in self.model.parameters()
-                      if parameter.requires_grad]
+        parameters = self.averaged_parameters()
         for parameter in parameters:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)

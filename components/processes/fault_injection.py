@@ -76,17 +76,17 @@ def die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str,
     replace_atomically(checkpoint.step_path(run_dir, step, rank), write_half_and_die)
 
 
-def kill_in_allreduce(manager: Any, model: torch.nn.Module, slot: int, step: int) -> None:
+def kill_in_allreduce(manager: Any, parameters: list[torch.nn.Parameter], slot: int,
+                      step: int) -> None:
     """Fault injection (per-step recovery): start this step's all-reduce between the replica
     groups, then SIGKILL this process while it is in flight, so that the peers' all-reduce
     fails mid-way (``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP``).
 
-    The payload is the step's own: the flat gradient's length and dtype (what
-    ``average_gradients`` all-reduces). A payload of another size is not a peer dying in the
-    step's collective but a collective mismatch, which gloo does not report as an error: it
-    aborts the receiving process (``op.preamble.length <= op.nbytes``), so a peer that should
-    have dropped the step was lost with it."""
-    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    The payload is the step's own: the flat gradient of ``parameters`` (the paradigm's
+    ``averaged_parameters``), its length and dtype. A payload of another size is not a peer
+    dying in the step's collective but a collective mismatch, which gloo does not report as an
+    error: it aborts the receiving process (``op.preamble.length <= op.nbytes``), so a peer
+    that should have dropped the step was lost with it."""
     payload = torch.zeros(sum(parameter.numel() for parameter in parameters),
                           dtype=parameters[0].dtype)
     manager.allreduce(payload)  # not waited for: the peers are in it with this process

@@ -271,7 +271,8 @@ class PerStepRun(Run):
         if step + 1 == self.fail_in_allreduce:
             from sublimate.components.processes.fault_injection import kill_in_allreduce
 
-            kill_in_allreduce(self.ft.manager, self.learner.model, self.group.slot, step + 1)
+            kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(), self.group.slot,
+                              step + 1)
         paradigm.average_gradients()
         if not self.ft.commit():
             return False

@@ -8,6 +8,7 @@ import signal
 import pytest
 import torch
 
+from sublimate.components.paradigms.sync_sgd import SyncSGD
 from sublimate.components.processes import fault_injection
 
 
@@ -32,7 +33,8 @@ def test_a_node_killed_in_the_all_reduce_sends_the_steps_own_payload(
     kills: list[tuple[int, int]] = []
     monkeypatch.setattr(fault_injection.os, "kill", lambda pid, sig: kills.append((pid, sig)))
     manager = _RecordingManager()
-    fault_injection.kill_in_allreduce(manager, model, slot=1, step=40)
+    paradigm = SyncSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), {})
+    fault_injection.kill_in_allreduce(manager, paradigm.averaged_parameters(), slot=1, step=40)
     (payload,) = manager.payloads
     assert payload.numel() == 7 * 5 + 5 * 3 + 3
     assert payload.dtype == torch.float32
