@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from sublimate.components.base.settings import SettingError, check
 from sublimate.components.paradigms import flat_parameters
 from sublimate.components.paradigms.diloco import DiLoCo, model_fragments
+from tests.ranks import run_ranks
 
 from .test_per_step_rounds import VetoingReplicas, _free_port, _local_step
 
@@ -69,7 +69,7 @@ def _outer_steps_on(rank: int, results: Path, wire: str) -> None:
 
 def test_the_outer_step_is_the_papers_nesterov_step_on_the_mean_pseudo_gradient(
         tmp_path: Path) -> None:
-    mp.spawn(_outer_steps, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
+    run_ranks(_outer_steps, (_free_port(), tmp_path), WORLD)
     for wire in WIRES:
         _check_outer_steps(tmp_path, wire)
 
@@ -166,7 +166,7 @@ def _rounds_of(rank: int, results: Path, fragments: int) -> None:
 
 def test_a_discarded_round_leaves_every_tensor_as_it_was_and_a_committed_one_is_the_restart_modes(
         tmp_path: Path) -> None:
-    mp.spawn(_rounds, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
+    run_ranks(_rounds, (_free_port(), tmp_path), WORLD)
     for fragments in FRAGMENTS:  # 2: Streaming DiLoCo
         _check_rounds(tmp_path, fragments)
 
@@ -230,7 +230,7 @@ def _resume(rank: int, port: int, results: Path) -> None:
 
 
 def test_a_checkpoint_mid_round_resumes_bit_for_bit(tmp_path: Path) -> None:
-    mp.spawn(_resume, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
+    run_ranks(_resume, (_free_port(), tmp_path), WORLD)
     for rank in range(WORLD):
         saved = torch.load(tmp_path / f"rank-{rank}.pt")
         assert torch.equal(saved["straight"], saved["resumed"])

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from sublimate.components.paradigms import flat_parameters, lr_schedule
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
 from sublimate.components.paradigms.parameter_server import ParameterServer
+from tests.ranks import run_ranks
 
 WORLD = 2
 PERIOD = 4
@@ -85,7 +85,7 @@ def _spawn(tmp_path: Path, algorithm: str, steps: int) -> list[dict[str, Any]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.spawn(_periodic_run, args=(port, tmp_path, algorithm, steps), nprocs=WORLD, join=True)
+    run_ranks(_periodic_run, (port, tmp_path, algorithm, steps), WORLD)
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

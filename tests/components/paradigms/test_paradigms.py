@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from sublimate.components.paradigms import flat_parameters, paradigm_class
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
 from sublimate.components.processes.async_sgd import ParameterServer
+from tests.ranks import run_ranks
 
 WORLD = 2
 PERIOD = 3
@@ -84,7 +84,7 @@ def _easgd_one_round(rank: int, port: int, results: Path) -> None:
 
 
 def _spawn(function: object, tmp_path: Path, *extra: object) -> list[dict[str, Any]]:
-    mp.spawn(function, args=(_free_port(), tmp_path, *extra), nprocs=WORLD, join=True)
+    run_ranks(function, (_free_port(), tmp_path, *extra), WORLD)
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

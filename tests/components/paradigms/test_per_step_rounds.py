@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from sublimate.components.paradigms import flat_parameters
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
 from sublimate.components.paradigms.sync_sgd import SyncSGD
+from tests.ranks import run_ranks
 
 WORLD = 2
 PERIOD = 3
@@ -132,7 +132,7 @@ def test_a_refused_round_leaves_every_tensor_as_it_was_and_a_committed_one_is_th
         tmp_path: Path, algorithm: str) -> None:
     # spawn, not fork: a fork of a process whose OpenMP pool already ran (pytest's, after other
     # tests) can deadlock in the child's first parallel kernel
-    mp.spawn(_rounds, args=(_free_port(), tmp_path, algorithm), nprocs=WORLD, join=True)
+    run_ranks(_rounds, (_free_port(), tmp_path, algorithm), WORLD)
     for rank in range(WORLD):
         record = torch.load(tmp_path / f"rank-{rank}.pt")
         # per-step, every round committed: bit for bit the restart mode's three rounds
@@ -182,7 +182,7 @@ def _gradients(rank: int, port: int, results: Path) -> None:
 
 
 def test_sync_sgds_flat_gradient_average_is_ddps_over_the_global_batch(tmp_path: Path) -> None:
-    mp.spawn(_gradients, args=(_free_port(), tmp_path), nprocs=WORLD, join=True)
+    run_ranks(_gradients, (_free_port(), tmp_path), WORLD)
     for rank in range(WORLD):
         grads = torch.load(tmp_path / f"rank-{rank}.pt")
         for ddp, flat in zip(grads["ddp"], grads["per-step"], strict=True):

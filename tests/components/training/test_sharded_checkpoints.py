@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from sublimate.components.model import checkpoint
 from sublimate.components.model.sharded_checkpoint import METADATA_FILE, WeightsOnlyReader
 from sublimate.components.training import Checkpointer, ShardedCheckpointer
+from tests.ranks import run_ranks
 
 STEP = 3
 
@@ -107,7 +107,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder with step STEP checkpointed by two ranks (spawn, not fork: see
     test_per_step_rounds)."""
     run_dir = tmp_path_factory.mktemp("run")
-    mp.spawn(_save_two_ranks, args=(_free_port(), run_dir), nprocs=2, join=True)
+    run_ranks(_save_two_ranks, (_free_port(), run_dir), 2)
     return run_dir
 
 
@@ -131,7 +131,7 @@ def test_a_step_saved_by_two_ranks_resumes_exactly_on_another_number(saved: Path
     if world == 1:  # one process, no process group at all
         _restore_and_compare(saved, 0, 1)
     else:
-        mp.spawn(_restore, args=(_free_port(), saved, world), nprocs=world, join=True)
+        run_ranks(_restore, (_free_port(), saved, world), world)
     for rank in range(world):
         step, seconds, compared, differ = (saved / f"restored-{world}-{rank}.txt") \
             .read_text().split(" ", 3)
