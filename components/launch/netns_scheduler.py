@@ -64,6 +64,7 @@ from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.base.replica_groups import volcano_hosts_env
 from sublimate.components.launch import cpu_cgroups, faults
 from sublimate.components.launch.faults import CLUSTER_FILE, Cluster, Node
+from sublimate.components.launch.forked_agents import AgentServers
 from sublimate.components.launch.job_reaper import MARK_ENV, JobReaper
 
 NAME = "local_netns"
@@ -451,6 +452,7 @@ class HostGpuLocalScheduler(LocalScheduler):
         self._appending = False  # while a replica starts again: its logs are appended to
         self._restarts: dict[str, dict[int, int]] = {}  # by app and node: times started again
         self.reaper = JobReaper()  # the job's processes end with this launcher (job_reaper)
+        self.agent_servers = AgentServers()  # CPU nodes forked, not started afresh
 
     def _cuda_device_count(self) -> int:
         return host_gpu_count() if self.gpu_count is None else self.gpu_count
@@ -506,6 +508,33 @@ class HostGpuLocalScheduler(LocalScheduler):
         finally:
             self._appending = False
 
+    # local_netns starts each node inside namespaces of its own instead (NetnsScheduler).
+    FORKS_AGENTS = True
+
+    def _popen(self, role_name: str, replica_id: int, replica_params: ReplicaParam,
+               ) -> _LocalReplica:
+        """TorchX's, but a CPU node's torchrun agent is forked from :mod:`.forked_agents`'
+        server (its output, environment and session as TorchX would give it)."""
+        env = self._get_replica_env(replica_params)
+        found = self.agent_servers.server_for(replica_params.args, env, replica_params.cwd) \
+            if self.FORKS_AGENTS else None
+        if found is None:
+            return super()._popen(role_name, replica_id, replica_params)
+        server, argv = found
+        stdout, stderr, combined = self._get_replica_output_handles(replica_params)
+        try:
+            agent = server.fork(argv, env, replica_params.cwd,
+                                stdout.fileno() if stdout else 1,
+                                stderr.fileno() if stderr else 2)
+        except OSError:
+            for handle in (stdout, stderr, combined):
+                if handle is not None:
+                    handle.close()
+            raise
+        return _LocalReplica(role_name, replica_id, agent, stdout=stdout, stderr=stderr,
+                             combined=combined,
+                             error_file=env.get("TORCHELASTIC_ERROR_FILE", "<N/A>"))
+
     def _get_file_io(self, file: str | None) -> Any:
         # A replica started again writes on at the end of its logs, which the launcher tails.
         if file and self._appending:
@@ -516,6 +545,7 @@ class HostGpuLocalScheduler(LocalScheduler):
         try:
             super().close()
         finally:
+            self.agent_servers.close()
             self.reaper.close()
 
 
@@ -577,6 +607,8 @@ class NetnsScheduler(HostGpuLocalScheduler):
     **Config Options**: those of ``local_cwd`` and ``link_rate``, ``link_delay``, ``link_loss``,
     ``volume`` (see :meth:`_run_opts`).
     """
+
+    FORKS_AGENTS = False  # a node's processes start inside its namespaces (_start_node)
 
     def __init__(self, session_name: str, cache_size: int = 100,
                  extra_paths: list[str] | None = None, gpu_count: int | None = None) -> None:

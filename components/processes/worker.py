@@ -76,6 +76,8 @@ PER_STEP_PRELOAD = (
     *(name for name in PRELOAD if not name.startswith(("torch._dynamo", "torch.nn.parallel",
                                                         "torch.distributed.algorithms"))),
 )
+# Set by agent_zygote in an agent it forked: [["scheduler", t], ["agent_imports", t]].
+FORKED_MARKS_ENV = "SUBLIMATE_FORKED_AGENT_MARKS"
 # What torchrun's agent imports on its way to forking the workers (rendezvous backend, agent,
 # multiprocessing's fork support), imported before the preload starts so that only one thread
 # imports at a time: two threads importing overlapping modules can deadlock on module locks.
@@ -159,6 +161,11 @@ def refusal(args: argparse.Namespace) -> str | None:
     return data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
 
 
+def preload_modules() -> tuple[str, ...]:
+    """What this process's workers import on their way to the first step (its recovery's)."""
+    return PER_STEP_PRELOAD if os.environ.get(RECOVERY_ENV) == PER_STEP else PRELOAD
+
+
 def _preload() -> threading.Thread | None:
     """Import :data:`PRELOAD` in a background thread; None when they are all loaded already.
 
@@ -167,7 +174,7 @@ def _preload() -> threading.Thread | None:
     anything itself until it joins the thread: two threads importing overlapping modules can
     deadlock on Python's module locks.
     """
-    modules = PER_STEP_PRELOAD if os.environ.get(RECOVERY_ENV) == PER_STEP else PRELOAD
+    modules = preload_modules()
     if all(name in sys.modules for name in modules):
         return None
 
@@ -228,12 +235,16 @@ def agent(argv: list[str]) -> None:
     from torch.distributed import run as torchrun
 
     # This agent's start-up, for its workers' report (metrics.StartupClock): TorchX started it,
-    # it imported torch and torchrun, then it meets the other nodes and forks.
-    marks = [("scheduler", monitoring.process_start_time())]
+    # it imported torch and torchrun, then it meets the other nodes and forks. An agent forked
+    # by the launcher's fork server (agent_zygote) is told when the server did the first two.
+    forked = os.environ.pop(FORKED_MARKS_ENV, None)
+    marks = [(name, at) for name, at in json.loads(forked)] if forked else \
+        [("scheduler", monitoring.process_start_time())]
     for name in AGENT_IMPORTS:
         with contextlib.suppress(ImportError):  # moved in another torch: imported when needed
             importlib.import_module(name)
-    marks.append(("agent_imports", time.time()))
+    if not forked:
+        marks.append(("agent_imports", time.time()))
     # The workers' remaining imports load while the agent waits for the other nodes; a fork
     # must not happen while another thread imports (the child would inherit held locks), so
     # every fork waits for the preload to end.

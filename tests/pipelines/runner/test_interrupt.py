@@ -256,7 +256,19 @@ def _command_line(pid: int) -> str:
 
 
 def _agents_started(home: Path) -> bool:
-    return any("processes.worker agent" in _command_line(pid) for pid in _processes_of(home))
+    """Whether the run's torchrun agents run: started afresh (``worker agent``), or forked by
+    the launcher's fork server (launch.forked_agents), a process whose parent is that server
+    and whose command line, forked, is the server's."""
+    server = "processes.agent_zygote"
+    return any("processes.worker agent" in _command_line(pid) or
+               server in _command_line(pid) and server in _command_line(_parent(pid))
+               for pid in _processes_of(home))
+
+
+def _parent(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return 0
 
 
 def _launcher_of(home: Path) -> int:

@@ -1,0 +1,184 @@
+"""The fork server of local_cwd's CPU nodes (launch.forked_agents, processes.agent_zygote).
+
+A real server (it imports torch once for the module) forks real torchrun agents: one that meets
+no peer waits in its rendezvous, which is where these tests signal it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch import forked_agents
+from sublimate.components.launch.apps import WORKER_AGENT, WORKER_MODULE
+from sublimate.components.launch.forked_agents import AgentServer, AgentServers, agent_command
+from tests.conftest import REPO, wait_for
+
+AGENT = f"python -m {WORKER_MODULE} {WORKER_AGENT}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _in_rendezvous(port: int) -> bool:
+    """Whether the agent hosts its rendezvous's store (it listens on the endpoint's port)."""
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _waiting_agent(port: int) -> list[str]:
+    """An agent of a two-node job whose other node never comes: it waits in its rendezvous."""
+    return [sys.executable, "-m", WORKER_MODULE, WORKER_AGENT, "--nnodes", "2",
+            "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lonely",
+            "--rdzv-conf", "join_timeout=600", "--", "--data-dir", "/nowhere", "--run-dir",
+            "/nowhere"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentServer]:
+    started = AgentServer(sys.executable, {**os.environ, "OMP_NUM_THREADS": "1"}, str(REPO))
+    yield started
+    started.close()
+
+
+def test_the_replicas_bash_words_are_expanded_as_its_bash_would() -> None:
+    script = (f"{AGENT} --rdzv-endpoint ${{TORCHX_RANK0_HOST:=localhost}}:29500 "
+              f"--rdzv-conf ${{PET_RDZV_CONF:+$PET_RDZV_CONF,}}join_timeout=600 -- 'a b' \"$HOME\"")
+    env = {"PATH": os.environ["PATH"], "HOME": "/home/me", "TORCHX_RANK0_HOST": "node0"}
+    assert agent_command(["bash", "-c", script], env, None) == [
+        "python", "-m", WORKER_MODULE, WORKER_AGENT, "--rdzv-endpoint", "node0:29500",
+        "--rdzv-conf", "join_timeout=600", "--", "a b", "/home/me"]
+    del env["TORCHX_RANK0_HOST"]
+    assert agent_command(["/usr/bin/bash", "-c", script], env, None)[5] == "localhost:29500"
+
+
+@pytest.mark.parametrize("args", [
+    ["bash", "-c", f"python -m {WORKER_MODULE} --data-dir d"],  # a worker, not an agent
+    ["bash", "-c", "python -m torch.distributed.run -m my.module"],  # a user's entry point
+    ["bash", "-c", f"cd /tmp && {AGENT} --nnodes 1 "],  # more than one command
+    ["sh", "-c", f"{AGENT} --nnodes 1 "],
+    ["python", "-m", WORKER_MODULE, WORKER_AGENT, "--nnodes", "1"],
+])
+def test_anything_but_a_workers_agent_is_started_afresh(args: list[str]) -> None:
+    assert agent_command(args, {"PATH": os.environ["PATH"]}, None) is None
+
+
+def test_switched_off_every_agent_is_started_afresh(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], forked_agents.ENABLE_ENV: "0"}
+    assert AgentServers().server_for(["bash", "-c", f"{AGENT} --nnodes 1 "], env, None) is None
+
+
+def test_an_agent_is_a_session_of_its_own_in_the_requests_directory(
+        server: AgentServer, tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    port = _free_port()
+    with open(log, "wb") as output:
+        agent = server.fork(_waiting_agent(port), dict(os.environ), str(tmp_path),
+                            output.fileno(), output.fileno())
+    try:
+        assert agent.poll() is None
+        assert os.getsid(agent.pid) == agent.pid == os.getpgid(agent.pid)
+        assert os.readlink(f"/proc/{agent.pid}/cwd") == str(tmp_path)
+        # its parent is the server, not this process: TorchX handles it through the server
+        assert f"PPid:\t{server.process.pid}" in Path(f"/proc/{agent.pid}/status").read_text()
+        wait_for(lambda: _in_rendezvous(port), 60, "the agent's rendezvous")
+        with pytest.raises(subprocess.TimeoutExpired):
+            agent.wait(timeout=0.2)
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)  # as TorchX's local scheduler kills a replica
+    assert agent.wait(timeout=30) == -signal.SIGKILL
+    assert agent.returncode == -signal.SIGKILL
+
+
+def test_an_agents_exit_status_is_its_own(server: AgentServer, tmp_path: Path) -> None:
+    """torchrun refusing its flags exits 2, as it would started afresh; SIGTERM to the group (a
+    TorchX cancel) ends a waiting agent with torchrun's own handling of it."""
+    with open(tmp_path / "refused.log", "wb") as output:
+        refused = server.fork([sys.executable, "-m", WORKER_MODULE, WORKER_AGENT,
+                               "--no-such-flag", "--"], dict(os.environ), str(tmp_path),
+                              output.fileno(), output.fileno())
+    assert refused.wait(timeout=60) == 2
+    assert b"--no-such-flag" in (tmp_path / "refused.log").read_bytes()
+
+    fresh = subprocess.run([sys.executable, "-m", WORKER_MODULE, WORKER_AGENT, "--no-such-flag",
+                            "--"], capture_output=True, cwd=REPO, check=False)
+    assert fresh.returncode == refused.returncode
+
+    port = _free_port()
+    with open(tmp_path / "cancelled.log", "wb") as output:
+        waiting = server.fork(_waiting_agent(port), dict(os.environ), str(tmp_path),
+                              output.fileno(), output.fileno())
+    wait_for(lambda: _in_rendezvous(port), 60, "the agent's rendezvous")
+    os.killpg(waiting.pid, signal.SIGTERM)
+    code = waiting.wait(timeout=60)
+    assert code != 0 and waiting.poll() == code
+
+
+def test_a_closed_server_ends_and_its_agents_still_read_as_running_then_ended(
+        tmp_path: Path) -> None:
+    """The server ends with the launcher's socket; an agent it forked is the launcher's to end
+    (its cancel, or the job reaper), and with no server left to report it, an agent that is
+    gone reads as killed."""
+    server = AgentServer(sys.executable, dict(os.environ), str(tmp_path))
+    with open(tmp_path / "agent.log", "wb") as output:
+        agent = server.fork(_waiting_agent(_free_port()), dict(os.environ), str(tmp_path),
+                            output.fileno(), output.fileno())
+    try:
+        server.close()
+        assert server.process.returncode == 0
+        assert agent.poll() is None and Path(f"/proc/{agent.pid}").exists()
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL)
+    assert agent.wait(timeout=30) == -signal.SIGKILL
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_local_cwd_job_forks_its_nodes_from_one_server(tmp_path: Path) -> None:
+    """The train step on local_cwd: both nodes' agents are children of one fork server (seen
+    while it runs), and the job trains as it would (the same step count and its model)."""
+    data = build_builtin("digits", tmp_path / "digits")
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    with open(log, "wb") as output:  # a file: a pipe nobody reads meanwhile could fill up
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
+             "--run-dir", str(run_dir), "--scheduler", "local_cwd", "--nodes", "2",
+             "--epochs", "1", "--checkpoint-every", "0"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=output, stderr=subprocess.STDOUT)
+    agents: dict[int, set[int]] = {}  # server -> the agents seen under it
+    while launcher.poll() is None:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and _parent(int(entry.name)) == launcher.pid:
+                server = int(entry.name)
+                with contextlib.suppress(OSError):
+                    if forked_agents.SERVER_MODULE.encode() in (entry / "cmdline").read_bytes():
+                        agents.setdefault(server, set()).update(
+                            int(child.name) for child in Path("/proc").iterdir()
+                            if child.name.isdigit() and _parent(int(child.name)) == server)
+        time.sleep(0.05)
+    output = log.read_text()
+    assert launcher.returncode == 0, output
+    assert len(agents) == 1 and len(next(iter(agents.values()))) == 2, (agents, output)
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    assert summary["steps"] == 22 and (run_dir / "model.pt").is_file()
