@@ -80,7 +80,11 @@ class AgentServer:
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
         finally:
             theirs.close()
-        ready = self._next_answer(READY_SECONDS)
+        try:
+            ready = self._next_answer(READY_SECONDS)
+        except BaseException:  # e.g. the launcher stopped meanwhile: no server left behind
+            self.close()
+            raise
         if ready is None or "ready" not in ready:
             self.close()
             raise OSError(f"the agents' fork server ({python} -m {SERVER_MODULE}) did not start"
@@ -138,8 +142,8 @@ class AgentServer:
 
     @property
     def ended(self) -> bool:
-        """Whether the server is gone (it reports no more exits)."""
-        return self._closed
+        """Whether the server is gone (it reports no more exits, and forks nothing more)."""
+        return self._closed or self.process.poll() is not None
 
     def close(self) -> None:
         """End the server (the agents it forked are left to their own ends)."""
@@ -213,12 +217,16 @@ class AgentServers:
         python = argv and shutil.which(argv[0], path=env.get("PATH"))
         if not argv or not python:
             return None
-        if python not in self._servers:
+        server = self._servers.get(python)
+        if python not in self._servers or (server is not None and server.ended):
+            # a server that ended (killed: the OOM killer) is not started again
+            if server is not None:
+                server.close()
             try:
-                self._servers[python] = AgentServer(python, env, cwd)
+                server = AgentServer(python, env, cwd) if python not in self._servers else None
             except OSError:
-                self._servers[python] = None  # started afresh, where its failure shows
-        server = self._servers[python]
+                server = None  # started afresh, where its failure shows
+            self._servers[python] = server
         return None if server is None else (server, argv)
 
     def close(self) -> None:

@@ -182,3 +182,27 @@ def test_a_local_cwd_job_forks_its_nodes_from_one_server(tmp_path: Path) -> None
     assert len(agents) == 1 and len(next(iter(agents.values()))) == 2, (agents, output)
     summary = json.loads((run_dir / "train-summary.json").read_text())
     assert summary["steps"] == 22 and (run_dir / "model.pt").is_file()
+
+
+def test_after_its_server_died_a_node_starts_afresh(tmp_path: Path) -> None:
+    """A server killed (the OOM killer) is not asked again: the next node starts afresh, and the
+    agents it forked read as killed once they are gone."""
+    servers = AgentServers()
+    args = ["bash", "-c", f"{sys.executable} -m {WORKER_MODULE} {WORKER_AGENT} --nnodes 1 "]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        found = servers.server_for(args, env, str(tmp_path))
+        assert found is not None
+        server, argv = found
+        assert argv[1:4] == ["-m", WORKER_MODULE, WORKER_AGENT]
+        port = _free_port()
+        with open(tmp_path / "agent.log", "wb") as output:
+            agent = server.fork(_waiting_agent(port), env, str(tmp_path), output.fileno(),
+                                output.fileno())
+        server.process.kill()
+        server.process.wait()
+        assert servers.server_for(args, env, str(tmp_path)) is None
+        os.killpg(agent.pid, signal.SIGKILL)
+        assert agent.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        servers.close()

@@ -261,7 +261,7 @@ def _agents_started(home: Path) -> bool:
     and whose command line, forked, is the server's."""
     server = "processes.agent_zygote"
     return any("processes.worker agent" in _command_line(pid) or
-               server in _command_line(pid) and server in _command_line(_parent(pid))
+               (server in _command_line(pid) and server in _command_line(_parent(pid)))
                for pid in _processes_of(home))
 
 
