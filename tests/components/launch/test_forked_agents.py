@@ -92,11 +92,12 @@ def test_an_agent_is_a_session_of_its_own_in_the_requests_directory(
                             output.fileno(), output.fileno())
     try:
         assert agent.poll() is None
+        # its own session from the moment its pid is known: TorchX may signal it at once
         assert os.getsid(agent.pid) == agent.pid == os.getpgid(agent.pid)
-        assert os.readlink(f"/proc/{agent.pid}/cwd") == str(tmp_path)
         # its parent is the server, not this process: TorchX handles it through the server
         assert f"PPid:\t{server.process.pid}" in Path(f"/proc/{agent.pid}/status").read_text()
         wait_for(lambda: _in_rendezvous(port), 60, "the agent's rendezvous")
+        assert os.readlink(f"/proc/{agent.pid}/cwd") == str(tmp_path)
         with pytest.raises(subprocess.TimeoutExpired):
             agent.wait(timeout=0.2)
     finally:
