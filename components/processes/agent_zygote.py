@@ -36,6 +36,7 @@ import time
 import traceback
 from typing import Any, NoReturn
 
+from sublimate.components.monitoring.metrics import process_start_time
 from sublimate.components.processes import worker
 
 MESSAGE_BYTES = 1 << 20  # a request's environment and arguments fit many times over
@@ -77,8 +78,8 @@ def serve(control: socket.socket, started: float, ready: float) -> None:
                     request["env"][worker.FORKED_MARKS_ENV] = json.dumps(
                         first or [("scheduler", now), ("agent_imports", now)])
                     first = []
-                    _answer(control, request, fds, (control.fileno(), wakeup_read,
-                                                    wakeup_write))
+                    _answer(control, request, fds, (control.fileno(), selector.fileno(),
+                                                    wakeup_read, wakeup_write))
                 else:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wakeup_read, 4096)
@@ -174,8 +175,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if len(args) != 1 or not args[0].isdigit():
         raise SystemExit("usage: python -m sublimate.components.processes.agent_zygote FD")
     control = socket.socket(fileno=int(args[0]))
-    from sublimate.components.monitoring.metrics import process_start_time
-
     started = process_start_time()
     preload()
     control.send(json.dumps({"ready": os.getpid()}).encode())
