@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -41,6 +42,7 @@ MESSAGE_BYTES = 1 << 20
 # agents afresh instead (a second or two when idle; far more on a machine that is swapping).
 READY_SECONDS = 300.0
 CLOSE_SECONDS = 5.0
+SHELL_OPERATORS = "();<>|&"
 
 
 def enabled(env: dict[str, str]) -> bool:
@@ -51,11 +53,11 @@ def agent_command(args: list[str], env: dict[str, str], cwd: str | None) -> list
     """The agent's command line if ``args`` (a replica's, ``bash -c SCRIPT``) runs a torchrun
     agent of the worker module, with bash's expansions done as the replica's bash would."""
     if len(args) != 3 or os.path.basename(args[0]) != "bash" or args[1] != "-c" or \
-            f" -m {WORKER_MODULE} {WORKER_AGENT} " not in args[2]:
+            f" -m {WORKER_MODULE} {WORKER_AGENT} " not in args[2] or \
+            not _one_simple_command(args[2]):
         return None
     # bash expands the script's words (${TORCHX_RANK0_HOST:=localhost}, ...) in `set --` as it
-    # would for the command; printf hands them back NUL-separated. A script that is more than
-    # one simple command is not an agent's.
+    # would for the command; printf hands them back NUL-separated.
     shown = subprocess.run(["bash", "-c", f'set -- {args[2]}\nprintf "%s\\0" "$@"'], env=env,
                            cwd=cwd, capture_output=True, check=False)
     argv = shown.stdout.split(b"\0")[:-1]
@@ -63,6 +65,19 @@ def agent_command(args: list[str], env: dict[str, str], cwd: str | None) -> list
                                               WORKER_AGENT.encode()]:
         return None
     return [os.fsdecode(word) for word in argv]
+
+
+def _one_simple_command(script: str) -> bool:
+    """Whether ``script`` is one command and its words, with no operator (``&&``, ``;``, a
+    pipe, a redirection, a newline): reading its words through ``set --`` must not run any
+    part of it."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return "\n" not in script and not any(set(token) <= set(SHELL_OPERATORS)
+                                               for token in lexer)
+    except ValueError:  # an unclosed quote: bash would refuse it too
+        return False
 
 
 class AgentServer:

@@ -78,6 +78,16 @@ def test_anything_but_a_workers_agent_is_started_afresh(args: list[str]) -> None
     assert agent_command(args, {"PATH": os.environ["PATH"]}, None) is None
 
 
+@pytest.mark.parametrize("joint", ["; touch {ran}", " && touch {ran}", " || touch {ran}",
+                                   " | tee {ran}", " > {ran}", "\ntouch {ran}", " & touch {ran}"])
+def test_a_script_of_more_than_one_command_is_not_run_to_read_its_words(
+        tmp_path: Path, joint: str) -> None:
+    ran = tmp_path / "ran"
+    script = f"true -m {WORKER_MODULE} {WORKER_AGENT} --nnodes 1 " + joint.format(ran=ran)
+    assert agent_command(["bash", "-c", script], {"PATH": os.environ["PATH"]}, None) is None
+    assert not ran.exists()
+
+
 def test_switched_off_every_agent_is_started_afresh(tmp_path: Path) -> None:
     env = {"PATH": os.environ["PATH"], forked_agents.ENABLE_ENV: "0"}
     assert AgentServers().server_for(["bash", "-c", f"{AGENT} --nnodes 1 "], env, None) is None
