@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from sublimate.components.base.ports import free_port
 
 BINARY = "etcd"
 # The host the nodes dial (a shell expansion in their command): the launcher's host as the
@@ -59,12 +60,6 @@ def missing_prerequisite(serve: bool) -> str | None:
     if importlib.util.find_spec("etcd") is None:
         return MISSING_CLIENT
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 class EtcdServer:

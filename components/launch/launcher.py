@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import contract_env, is_script, locate_entrypoint
+from sublimate.components.base.ports import free_port
 from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import PER_STEP, RESTART, to_flags, worker_settings
 from sublimate.components.base.termination import fail
@@ -85,12 +85,6 @@ def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]
             "job_name": job_name(args.workflow_name, args.run_dir)}
 
 
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def choose_scheduler(requested: str) -> str:
@@ -156,7 +150,7 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
         },
     }
     # Simulated nodes share one host, so each local job needs its own rendezvous port.
-    port = _free_port() if local else 29500
+    port = free_port() if local else 29500
     # Every training process gets the contract (dataset, run folder, settings: contract.py);
     # the built-in workers read the same through their flags.
     common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
@@ -175,7 +169,7 @@ def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
     if per_step(args):
         # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
         layout["min_nodes"] = args.nodes.minimum if getattr(args.nodes, "ranged", False) else 1
-        layout.update(recovery=PER_STEP, lighthouse_port=_free_port() if local else 29510,
+        layout.update(recovery=PER_STEP, lighthouse_port=free_port() if local else 29510,
                       **({} if local else {"lighthouse_bind": "0.0.0.0"}))
     if args.entrypoint:
         target, pythonpath = locate_entrypoint(args.entrypoint, local)
