@@ -84,7 +84,6 @@ class AgentServer:
     """One running :mod:`agent_zygote` and the agents it forked (see the module's docstring)."""
 
     def __init__(self, python: str, env: dict[str, str], cwd: str | None) -> None:
-        self.python = python
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.RLock()
         self._statuses: dict[int, int] = {}
@@ -203,16 +202,10 @@ class ForkedAgent:
                 self.returncode = -signal.SIGKILL
         return self.returncode
 
-    def send_signal(self, signum: int) -> None:
+    def kill(self) -> None:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+                os.kill(self.pid, signal.SIGKILL)
 
 
 class AgentServers:
@@ -232,16 +225,15 @@ class AgentServers:
         python = argv and shutil.which(argv[0], path=env.get("PATH"))
         if not argv or not python:
             return None
-        server = self._servers.get(python)
-        if python not in self._servers or (server is not None and server.ended):
-            # a server that ended (killed: the OOM killer) is not started again
-            if server is not None:
-                server.close()
+        if python not in self._servers:
             try:
-                server = AgentServer(python, env, cwd) if python not in self._servers else None
+                self._servers[python] = AgentServer(python, env, cwd)
             except OSError:
-                server = None  # started afresh, where its failure shows
-            self._servers[python] = server
+                self._servers[python] = None  # started afresh, where its failure shows
+        server = self._servers[python]
+        if server is not None and server.ended:  # killed (the OOM killer): not started again
+            server.close()
+            self._servers[python] = server = None
         return None if server is None else (server, argv)
 
     def close(self) -> None:

@@ -85,8 +85,6 @@ def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]
             "job_name": job_name(args.workflow_name, args.run_dir)}
 
 
-
-
 def choose_scheduler(requested: str) -> str:
     if requested != "auto":
         return requested
