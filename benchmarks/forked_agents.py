@@ -1,10 +1,11 @@
-"""CPU and start-up of a local_cwd train step: nodes forked from one server, or started afresh.
+"""CPU and start-up of a local train step: nodes forked from one server, or started afresh.
 
 Interleaved, ``--repeat`` rounds, on the digits dataset staged once: the pipeline's train step
-(``python -m sublimate.components.steps.train``, TorchX ``local_cwd``, N nodes x 1 process,
-``--epochs 1``) with its agents forked from the launcher's fork server (the default,
-``launch.forked_agents``) and with ``SUBLIMATE_FORK_AGENTS=0`` (every agent a new interpreter
-that imports torch itself, as before the server). For each: the CPU time of the whole step (the
+(``python -m sublimate.components.steps.train``, TorchX ``local_cwd``, or ``local_netns`` with
+``--scheduler local_netns`` (root), N nodes x 1 process, ``--epochs 1``) with its agents forked
+from the launcher's fork server (the default, ``launch.forked_agents``) and with
+``SUBLIMATE_FORK_AGENTS=0`` (every agent a new interpreter that imports torch itself, as
+before the server). For each: the CPU time of the whole step (the
 launcher and every process under it: each waits for its children, so the kernel's accounting of
 waited-for children holds them all), its wall time, and launch to first step. Medians, spreads
 (min-max) and the ratios forked / afresh are printed, never asserted.
@@ -14,6 +15,7 @@ nodes, 10 epochs) whose node 0 is killed at step 100, and prints how long its re
 from its start to training again (``replacement_trained_after_seconds``), forked and afresh.
 
 Usage: python benchmarks/forked_agents.py [--repeat 7] [--nodes 2,4] [--replacements 3]
+                                         [--scheduler local_cwd|local_netns]
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING", "PYTHONUNBUF
 MODES = {"afresh": "0", "forked": "1"}
 
 
-def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str) -> tuple[float, float,
-                                                                                float]:
+def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str,
+               scheduler: str) -> tuple[float, float, float]:
     """(CPU seconds, wall seconds, launch to first step) of one train step."""
     command = [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir",
                str(data_dir), "--run-dir", str(run_dir), "--nodes", str(nodes), "--epochs", "1",
-               "--scheduler", "local_cwd"]
+               "--scheduler", scheduler]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.time()
     env = {**ENV, "SUBLIMATE_LAUNCH_TIME": f"{started:.3f}", "SUBLIMATE_FORK_AGENTS": forked}
@@ -52,13 +54,14 @@ def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str) -> tuple[
     return cpu, wall, summary["launch_to_first_step_seconds"]
 
 
-def replacement(home: Path, forked: str) -> float:
+def replacement(home: Path, forked: str, scheduler: str) -> float:
     """Seconds from node 0's replacement's start to its training again, in a per-step job."""
     env = {**ENV, "SUBLIMATE_HOME": str(home), "SUBLIMATE_FORK_AGENTS": forked,
            "SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "0"}
     completed = subprocess.run(
         [sys.executable, "-m", "sublimate.pipelines", "run", "-q", "-p", "recovery=per-step",
-         "-p", "nodes=3:3", "-p", "global-batch-size=60", "-p", "epochs=10"],
+         "-p", "nodes=3:3", "-p", "global-batch-size=60", "-p", "epochs=10",
+         "-p", f"scheduler={scheduler}"],
         env=env, capture_output=True, text=True, check=False)
     if completed.returncode:
         raise SystemExit(f"per-step run failed:\n{completed.stdout}\n{completed.stderr}")
@@ -76,26 +79,28 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--nodes", default="2,4")
     parser.add_argument("--replacements", type=int, default=0)
+    parser.add_argument("--scheduler", choices=["local_cwd", "local_netns"], default="local_cwd")
     args = parser.parse_args()
     from sublimate.components.data.datasets import build_builtin
 
     counts = [int(n) for n in args.nodes.split(",")] if args.repeat else []
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")
-        train_step(data_dir, Path(folder) / "warm-up", 2, "1")  # page cache
+        train_step(data_dir, Path(folder) / "warm-up", 2, "1", args.scheduler)  # page cache
         results: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
         for attempt in range(args.repeat):  # interleaved, so drift hits both alike
             for nodes in counts:
                 for mode, value in MODES.items():
                     run_dir = Path(folder) / f"{nodes}-{mode}-{attempt}"
                     results.setdefault((nodes, mode), []).append(
-                        train_step(data_dir, run_dir, nodes, value))
+                        train_step(data_dir, run_dir, nodes, value, args.scheduler))
         healed: dict[str, list[float]] = {}
         for attempt in range(args.replacements):
             for mode, value in MODES.items():
                 healed.setdefault(mode, []).append(
-                    replacement(Path(folder) / f"per-step-{mode}-{attempt}", value))
-    print(f"digits, train step on local_cwd, 1 epoch, median (min-max) of {args.repeat}, "
+                    replacement(Path(folder) / f"per-step-{mode}-{attempt}", value,
+                                args.scheduler))
+    print(f"digits, train step on {args.scheduler}, 1 epoch, median (min-max) of {args.repeat}, "
           f"{os.cpu_count()} CPUs")
     for nodes in counts:
         for mode in MODES:

@@ -1,4 +1,4 @@
-"""``local_cwd``'s CPU nodes, forked from one server that has imported torch once.
+"""Local CPU nodes, forked from one server that has imported torch once.
 
 Every node of a local job is a torchrun agent, ``python -m <worker> agent ...`` (the worker
 module forks its workers, see :func:`apps.trainer`). Started afresh, each one imports torch,
@@ -11,7 +11,9 @@ TorchX's local scheduler sees a replica (its ``PopenProtocol``: pid, poll, wait,
 What stays as it was: the agent's arguments (the replica's ``bash -c`` command, expanded by
 bash with the replica's environment), environment, working directory and log files; a session
 of its own (TorchX signals a replica with ``killpg(pid)``); its exit status (the server reports
-every exit). What differs: ``/proc/<pid>/cmdline`` and ``environ`` show the server's, whose
+every exit). ``local_netns`` has the agent forked into its node's namespaces instead
+(:meth:`AgentServer.fork_into_node`; the node's init stands for it as the replica's process).
+What differs: ``/proc/<pid>/cmdline`` and ``environ`` show the server's, whose
 environment is the first node's (the job's mark, which :mod:`.job_reaper` reads, included), and
 the server's own output (import warnings) goes to the launcher's standard error.
 ``SUBLIMATE_FORK_AGENTS=0`` starts every agent afresh instead.
@@ -116,6 +118,22 @@ class AgentServer:
                           f"{(answer or {}).get('error', 'it ended')}")
         return ForkedAgent(self, answer["pid"], argv)
 
+    def fork_into_node(self, argv: list[str], env: dict[str, str], cwd: str | None,
+                       fds: tuple[int, int, int, int], init: int, cgroup: str | None) -> int:
+        """Have a ``local_netns`` node's agent forked into that node once its init (``init``)
+        has mounted its volume (see :mod:`agent_zygote`); ``fds``: its stdout, stderr, and the
+        node's mounted (read end) and status (write end) pipes. Returns the pid of the server's
+        child that waits to do it (the agent's status reaches the init, not the launcher)."""
+        request = {"argv": argv[3:], "env": env, "cwd": cwd or os.getcwd(),
+                   "node": {"init": init, "cgroup": cgroup}}
+        with self._lock:
+            socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
+            answer = self._next_answer(READY_SECONDS)
+        if answer is None or "pid" not in answer:
+            raise OSError(f"the agents' fork server could not start {argv[3:5]} in a node: "
+                          f"{(answer or {}).get('error', 'it ended')}")
+        return int(answer["pid"])
+
     def _next_answer(self, timeout: float) -> dict[str, Any] | None:
         """The next message that is not an exit report (those are kept), or None at the
         server's end or after ``timeout``."""
@@ -213,31 +231,48 @@ class AgentServers:
 
     def __init__(self) -> None:
         self._servers: dict[str, AgentServer | None] = {}
+        self._lock = threading.Lock()  # a server may be started ahead, from another thread
+
+    @staticmethod
+    def agent_argv(args: list[str], env: dict[str, str], cwd: str | None) -> list[str] | None:
+        """The agent's command line if ``args`` (a replica's) runs a forkable agent and forking
+        is on; None for the caller to start it afresh."""
+        if not enabled(env):
+            return None
+        argv = agent_command(args, env, cwd)
+        return argv if argv and shutil.which(argv[0], path=env.get("PATH")) else None
+
+    def server(self, argv: list[str], env: dict[str, str], cwd: str | None,
+               ) -> AgentServer | None:
+        """The server for the interpreter of ``argv`` (an :meth:`agent_argv`), started if need
+        be; None when it could not start or has died since."""
+        python = shutil.which(argv[0], path=env.get("PATH"))
+        if python is None:
+            return None
+        with self._lock:
+            if python not in self._servers:
+                try:
+                    self._servers[python] = AgentServer(python, env, cwd)
+                except OSError:
+                    self._servers[python] = None  # started afresh, where its failure shows
+            server = self._servers[python]
+            if server is not None and server.ended:  # killed (the OOM killer): not again
+                server.close()
+                self._servers[python] = server = None
+            return server
 
     def server_for(self, args: list[str], env: dict[str, str], cwd: str | None,
                    ) -> tuple[AgentServer, list[str]] | None:
         """The server to fork the agent that ``args`` (a replica's) runs, started if need be,
         and the agent's command line; None when ``args`` is not a forkable agent (or its
         server could not start), for the caller to start it afresh."""
-        if not enabled(env):
-            return None
-        argv = agent_command(args, env, cwd)
-        python = argv and shutil.which(argv[0], path=env.get("PATH"))
-        if not argv or not python:
-            return None
-        if python not in self._servers:
-            try:
-                self._servers[python] = AgentServer(python, env, cwd)
-            except OSError:
-                self._servers[python] = None  # started afresh, where its failure shows
-        server = self._servers[python]
-        if server is not None and server.ended:  # killed (the OOM killer): not started again
-            server.close()
-            self._servers[python] = server = None
-        return None if server is None else (server, argv)
+        argv = self.agent_argv(args, env, cwd)
+        server = argv and self.server(argv, env, cwd)
+        return None if not argv or server is None else (server, argv)
 
     def close(self) -> None:
-        for server in self._servers.values():
-            if server is not None:
-                server.close()
-        self._servers.clear()
+        with self._lock:
+            for server in self._servers.values():
+                if server is not None:
+                    server.close()
+            self._servers.clear()

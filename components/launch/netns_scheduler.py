@@ -73,6 +73,9 @@ SUBNET_PREFIX = "10.213"
 HOST_OCTET = 254
 NODE_IFNAME = "eth0"  # every node's end of its link has this name, in its own namespace
 MAX_NODES = 253
+# What the launcher writes on a forked node's status pipe when no fork server can fork its
+# agent: its init then runs the command itself (NODE_INIT).
+RUN_IT_YOURSELF = b"run"
 # Serializes the choice of a free subnet between launchers (an empty file on tmpfs).
 LOCK_FILE = Path("/run/lock/sublimate-netns.lock")
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "nsenter": "util-linux",
@@ -88,8 +91,14 @@ START_SECONDS = 10.0
 # command as its child and exits with the command's status (128+N when killed by signal N).
 # As PID 1 it gets only the signals it handles: SIGTERM/SIGINT/SIGHUP are forwarded to every
 # process of the node, so TorchX's cancel (SIGTERM to the process group) stops the node cleanly.
+# A node whose command is the worker's torchrun agent (spec "forked") runs nothing itself: the
+# agents' fork server forks the agent into the node's namespaces once this init has written a
+# byte to the "mounted" pipe (forked_agents, agent_zygote), and the agent's exit status comes
+# back on the "status" pipe; a stop signal that finds no agent yet is passed on once it runs.
+# Where no fork server can (it did not start, or died), the launcher writes "run" on that pipe
+# instead, and the init runs the command itself as above.
 NODE_INIT = r"""
-import json, os, signal, subprocess, sys
+import json, os, select, signal, subprocess, sys
 go, spec, command = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
 STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def leave(signum, frame):
@@ -103,11 +112,49 @@ os.close(go)
 for source, target in spec["binds"]:
     os.makedirs(target, exist_ok=True)
     subprocess.run(["mount", "--bind", source, target], check=True)
+unsent = []  # a stop signal that found no other process of the node (forked mode)
 def forward(signum, frame):
     try:
         os.kill(-1, signum)  # from PID 1: every other process of the node's PID namespace
     except ProcessLookupError:
-        pass
+        unsent.append(signum)
+def reap():
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+forked = spec.get("forked")
+if forked:
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP)
+    for s in STOP:
+        signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)
+    try:
+        os.write(forked["mounted"], b"m")
+    except OSError:
+        pass  # no server waits for it: the status pipe ends empty below
+    os.close(forked["mounted"])
+    told = b""
+    while True:  # as PID 1 it also reaps every orphan of the node
+        ready = select.select([forked["status"]], [], [], 0.2)[0]
+        reap()
+        while unsent:
+            try:
+                os.kill(-1, unsent[0])
+                unsent.pop(0)
+            except ProcessLookupError:
+                break
+        if ready:
+            chunk = os.read(forked["status"], 16)
+            if not chunk:
+                break
+            told += chunk
+    if told != b"run":
+        sys.exit(int(told) if told.isdigit() else 128 + signal.SIGKILL)
+    if unsent:  # stopped before anything ran
+        os._exit(128 + unsent[0])
 # A stop signal from here until the child exists would find no one to forward to: hold them
 # (blocked, pending) across the fork. The child restores the defaults before unblocking, so a
 # pending stop ends it as it would end the command.
@@ -562,6 +609,23 @@ def create_local_cwd_scheduler(session_name: str, cache_size: int = 100,
 # The scheduler
 
 
+@dataclass
+class _NodeFork:
+    """A node's agent to be forked into it (``AgentServer.fork_into_node``), with the
+    launcher's ends of its pipes until the request is sent."""
+
+    index: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    fds: tuple[int, int, int, int]  # stdout, stderr (the replica's), mounted read, status write
+
+    def close(self) -> None:
+        for fd in self.fds[2:]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class _NetnsApp(_LocalAppDef):
     """A ``local_cwd`` app whose end also tears its cluster down (once, however it ends)."""
 
@@ -570,11 +634,34 @@ class _NetnsApp(_LocalAppDef):
         self.cluster_path = Path(log_dir) / CLUSTER_FILE
         self.supervisor: subprocess.Popen[bytes] | None = None
         self.go: list[int] = []  # write ends of the nodes' go pipes, until they are released
+        self.node_forks: list[_NodeFork] = []  # agents to fork into nodes, before the go
         self.addresses: dict[tuple[str, int], str] = {}
         self.torn_down = False
 
+    def fork_agents(self, servers: AgentServers, cluster: Cluster) -> None:
+        """Ask the fork server for each new node's agent, to be forked into the node once its
+        init has mounted the volume (after the go), in the node's CPU group. Where no server
+        can (it did not start, or died), the node's init runs the command itself."""
+        while self.node_forks:
+            fork = self.node_forks.pop(0)
+            try:
+                server = servers.server(fork.argv, fork.env, fork.cwd)
+                try:
+                    if server is not None:
+                        server.fork_into_node(fork.argv, fork.env, fork.cwd, fork.fds,
+                                              cluster.nodes[fork.index].init_pid,
+                                              cluster.nodes[fork.index].cgroup)
+                except OSError:
+                    server = None
+                if server is None:
+                    os.write(fork.fds[3], RUN_IT_YOURSELF)
+            finally:
+                fork.close()
+
     def release(self, go: bool) -> None:
         """Tell every waiting node to start (``go``) or to exit without running anything."""
+        while self.node_forks:  # never asked for: their nodes' inits exit with the pipes
+            self.node_forks.pop().close()
         while self.go:
             fd = self.go.pop()
             with contextlib.suppress(OSError):
@@ -608,7 +695,8 @@ class NetnsScheduler(HostGpuLocalScheduler):
     ``volume`` (see :meth:`_run_opts`).
     """
 
-    FORKS_AGENTS = False  # a node's processes start inside its namespaces (_start_node)
+    # A node's agent is forked into its namespaces from _start_node, not through _popen.
+    FORKS_AGENTS = False
 
     def __init__(self, session_name: str, cache_size: int = 100,
                  extra_paths: list[str] | None = None, gpu_count: int | None = None) -> None:
@@ -669,6 +757,7 @@ class NetnsScheduler(HostGpuLocalScheduler):
         return request.app_id
 
     def _start_cluster(self, app: _NetnsApp, request: NetnsRequest) -> None:
+        self._start_agent_server(request)
         cluster = Cluster(path=app.cluster_path, app_id=request.app_id, started=time.time(),
                           link=asdict(request.link),
                           volume=",".join(":".join(b) for b in request.binds) or None)
@@ -720,9 +809,22 @@ class NetnsScheduler(HostGpuLocalScheduler):
                 cluster.save()
                 (group / "cgroup.procs").write_text(str(node.init_pid))
         faults.in_netns(bridge.pid, bridge_script, "connecting the nodes to the bridge")
+        app.fork_agents(self.agent_servers, cluster)
         cluster.state = faults.RUNNING
         cluster.save()
         app.release(go=True)
+
+    def _start_agent_server(self, request: NetnsRequest) -> None:
+        """Start the fork server for the nodes' agents now, in the background, so that its
+        imports go on while the cluster is made (its nodes' agents need it only after)."""
+        for _, _, params, _ in _nodes(request):  # the first node that runs an agent
+            env = self._get_replica_env(params)
+            argv = self.agent_servers.agent_argv(params.args, env, params.cwd)
+            if argv is not None:
+                threading.Thread(target=self.agent_servers.server,
+                                 args=(argv, env, params.cwd),
+                                 name="local_netns-agent-server", daemon=True).start()
+                return
 
     @staticmethod
     def _wire_node(cluster: Cluster, node: Node, link: LinkConfig) -> str:
@@ -775,6 +877,7 @@ class NetnsScheduler(HostGpuLocalScheduler):
             if node.cgroup:
                 Path(node.cgroup, "cgroup.procs").write_text(str(node.init_pid))
         faults.in_netns(cluster.bridge_pid, bridge_script, f"connecting node {index} again")
+        app.fork_agents(self.agent_servers, cluster)
         app.release(go=True)
 
     def _start_node(self, app: _NetnsApp, index: int, role: str, replica: int,
@@ -785,16 +888,29 @@ class NetnsScheduler(HostGpuLocalScheduler):
         env = self._get_replica_env(params)
         go_read, go_write = os.pipe()
         app.go.append(go_write)
+        spec: dict[str, Any] = {"binds": binds}
+        init_fds = [go_read]
+        agent_argv = self.agent_servers.agent_argv(params.args, env, params.cwd)
+        if agent_argv is not None:  # the agent is forked into the node once it is up
+            mounted_read, mounted_write = os.pipe()
+            status_read, status_write = os.pipe()
+            spec["forked"] = {"mounted": mounted_write, "status": status_read}
+            init_fds += [mounted_write, status_read]
+            app.node_forks.append(_NodeFork(
+                index, agent_argv, env, params.cwd,
+                (stdout.fileno() if stdout else 1, stderr.fileno() if stderr else 2,
+                 mounted_read, status_write)))
         argv = _pdeathsig([
             "unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
             "--", sys.executable, "-I", "-S", "-c", NODE_INIT, str(go_read),
-            json.dumps({"binds": binds}), *params.args])
+            json.dumps(spec), *params.args])
         try:
             proc = _SPAWNER.call(lambda: subprocess.Popen(
                 argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True,
-                cwd=params.cwd, pass_fds=(go_read,)))
+                cwd=params.cwd, pass_fds=tuple(init_fds)))
         finally:
-            os.close(go_read)
+            for fd in init_fds:
+                os.close(fd)
         local = _LocalReplica(role, replica, proc, stdout=stdout, stderr=stderr,
                               combined=combined,
                               error_file=env.get("TORCHELASTIC_ERROR_FILE", "<N/A>"))

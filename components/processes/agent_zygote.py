@@ -1,4 +1,5 @@
-"""The fork server that ``local_cwd`` starts every CPU node's torchrun agent from.
+"""The fork server that ``local_cwd`` and ``local_netns`` start every CPU node's torchrun agent
+from.
 
 A node of a local job is a torchrun agent (``worker agent ...``, see :func:`worker.agent`), and
 each agent started afresh imports torch, torchrun and what its workers need (DDP's
@@ -13,6 +14,14 @@ The launcher's side (:mod:`sublimate.components.launch.forked_agents`) talks to 
     launcher -> server   {"argv": [...], "env": {...}, "cwd": "..."}  + stdout, stderr fds
     server -> launcher   {"pid": N}  or  {"error": "..."}            (the answer to a request)
     server -> launcher   {"exited": N, "status": S}                  (a wait status, any time)
+
+A ``local_netns`` node's agent is forked into the node's namespaces instead: the request names
+the node's PID 1 (``"node": {"init": PID, "cgroup": PATH}``) and passes two more descriptors,
+the node's *mounted* pipe (its init writes a byte once the node's volume is mounted) and its
+*status* pipe. The server's child waits for that byte, joins the node's CPU group and its
+network, mount and PID namespaces, and forks the agent there (it is the node's process as the
+command its init would have run); the agent's exit status goes down the status pipe, and the
+init exits with it (see ``netns_scheduler.NODE_INIT``).
 
 Each agent is the leader of a session of its own (as TorchX's ``start_new_session``), so the
 launcher signals it and its workers with ``killpg(pid)`` as it would a process it started; its
@@ -40,7 +49,10 @@ from sublimate.components.monitoring.metrics import process_start_time
 from sublimate.components.processes import worker
 
 MESSAGE_BYTES = 1 << 20  # a request's environment and arguments fit many times over
-ANSWER_FDS = 2  # stdout and stderr
+ANSWER_FDS = 4  # stdout and stderr; a netns node's mounted and status pipes as well
+# setns(2)'s namespace types (<sched.h>); os.setns is Python 3.12's
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+NODE_NAMESPACES = (("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS), ("pid", CLONE_NEWPID))
 
 
 def preload() -> None:
@@ -98,6 +110,8 @@ def _answer(control: socket.socket, request: dict[str, Any], fds: list[int],
         pid = -1
     if pid == 0:
         os.close(in_session)
+        if "node" in request:
+            _become_node(request, fds, (*own, session_started))
         _become_agent(request, fds, (*own, session_started))
     os.close(session_started)
     for fd in fds:
@@ -120,16 +134,77 @@ def _report_exits(control: socket.socket) -> None:
             control.send(json.dumps({"exited": pid, "status": status}).encode())
 
 
+def _become_node(request: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> NoReturn:
+    """In the fork: once the node's init has mounted its volume, enter the node (its CPU group
+    and namespaces) and fork the agent there; hand the agent's exit status to the init."""
+    code = 1
+    try:
+        os.setsid()
+        *own, session_started = own
+        os.write(session_started, b"s")  # the server answers at once: this child waits below
+        signal.set_wakeup_fd(-1)
+        for fd in (*own, session_started):
+            os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        stdout, stderr, mounted, status = fds
+        os.dup2(stderr, 2)  # what fails here shows in the node's log, not the launcher's
+        if os.read(mounted, 1) != b"m":  # the node never started (or its launcher failed it)
+            os._exit(125)
+        os.close(mounted)
+        node = request["node"]
+        if node.get("cgroup"):  # where the node's init is: a CPU cap on the node covers it
+            with open(os.path.join(node["cgroup"], "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+        _enter_namespaces(node["init"])
+        agent = os.fork()  # the first process this one makes in the node's PID namespace
+        if agent == 0:
+            os.close(status)
+            _become_agent(request, [stdout, stderr], ())
+        for fd in (stdout, stderr):
+            os.close(fd)
+        _, wait_status = os.waitpid(agent, 0)
+        code = os.waitstatus_to_exitcode(wait_status)
+        with contextlib.suppress(OSError):  # an init already gone has no use for it
+            os.write(status, str(code if code >= 0 else 128 - code).encode())
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _enter_namespaces(init: int) -> None:
+    """Join the network and mount namespaces of process ``init`` and its root (a pod's view
+    is a chroot, which joining a mount namespace leaves for that namespace's root), and make
+    its PID namespace the one this process's children start in (entered by the next fork)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    root = os.open(f"/proc/{init}/root", os.O_RDONLY | os.O_DIRECTORY)
+    opened = [(os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY), kind)
+              for name, kind in NODE_NAMESPACES]
+    for fd, kind in opened:
+        if libc.setns(fd, kind) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns into process {init}'s namespaces: "
+                                 f"{os.strerror(error)}")
+        os.close(fd)
+    os.fchdir(root)
+    os.chroot(".")
+    os.close(root)
+
+
 def _become_agent(request: dict[str, Any], fds: list[int], own: tuple[int, ...]) -> NoReturn:
     """In the fork: a torchrun agent as ``python -m worker agent ...`` would be, then exit."""
     code = 1
     try:
         os.setsid()
-        *own, session_started = own
-        os.write(session_started, b"s")
-        signal.set_wakeup_fd(-1)
-        for fd in (*own, session_started):
-            os.close(fd)
+        if own:
+            *own, session_started = own
+            os.write(session_started, b"s")
+            signal.set_wakeup_fd(-1)
+            for fd in (*own, session_started):
+                os.close(fd)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

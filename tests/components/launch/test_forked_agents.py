@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -23,7 +24,11 @@ from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch import forked_agents
 from sublimate.components.launch.apps import WORKER_AGENT, WORKER_MODULE
 from sublimate.components.launch.forked_agents import AgentServer, AgentServers, agent_command
+from sublimate.components.launch.netns_scheduler import NODE_INIT, RUN_IT_YOURSELF
+from tests.components.launch.test_netns_scheduler import netns
 from tests.conftest import REPO, wait_for
+
+__all__ = ["netns"]
 
 AGENT = f"python -m {WORKER_MODULE} {WORKER_AGENT}"
 
@@ -217,3 +222,124 @@ def test_after_its_server_died_a_node_starts_afresh(tmp_path: Path) -> None:
         assert agent.wait(timeout=30) == -signal.SIGKILL
     finally:
         servers.close()
+
+
+# --- local_netns: an agent forked into its node's namespaces --------------------------------
+
+
+def _namespaces(pid: int) -> tuple[str, str]:
+    return os.readlink(f"/proc/{pid}/ns/net"), os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _parent(int(entry.name)) == pid]
+
+
+@pytest.mark.usefixtures("netns")
+def test_a_local_netns_job_forks_each_agent_into_its_nodes_namespaces(tmp_path: Path) -> None:
+    """The train step on local_netns: every node's agent comes from the launcher's one fork
+    server, and runs in its node's network and PID namespaces (not the host's) and CPU group;
+    the job trains as it would."""
+    data = build_builtin("digits", tmp_path / "digits")
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    host = _namespaces(os.getpid())
+    with open(log, "wb") as output:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
+             "--run-dir", str(run_dir), "--scheduler", "local_netns", "--nodes", "2",
+             "--epochs", "1", "--checkpoint-every", "0"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=output, stderr=subprocess.STDOUT)
+    agents: dict[int, tuple[tuple[str, str], str]] = {}  # agent -> its namespaces, cgroups
+    servers: set[int] = set()
+    while launcher.poll() is None:
+        for server in _children(launcher.pid):
+            with contextlib.suppress(OSError):
+                if forked_agents.SERVER_MODULE.encode() not in \
+                        Path(f"/proc/{server}/cmdline").read_bytes():
+                    continue
+                servers.add(server)
+                for waiter in _children(server):  # the server's child that entered the node
+                    for agent in _children(waiter):
+                        agents.setdefault(agent, (_namespaces(agent),
+                                                  Path(f"/proc/{agent}/cgroup").read_text()))
+        time.sleep(0.05)
+    output = log.read_text()
+    assert launcher.returncode == 0, output
+    assert len(servers) == 1 and len(agents) == 2, (servers, agents, output)
+    nets = {namespaces[0] for namespaces, _ in agents.values()}
+    pids = {namespaces[1] for namespaces, _ in agents.values()}
+    assert len(nets) == len(pids) == 2 and host[0] not in nets and host[1] not in pids
+    cluster = json.loads(next(run_dir.glob("logs/**/cluster.json")).read_text())
+    groups = [Path(node["cgroup"]).name for node in cluster["nodes"] if node.get("cgroup")]
+    for group in groups:  # where the machine gives nodes CPU groups: the agents are in theirs
+        assert sum(group in cgroups for _, cgroups in agents.values()) == 1, (group, agents)
+    summary = json.loads((run_dir / "train-summary.json").read_text())
+    assert summary["steps"] == 22 and (run_dir / "model.pt").is_file()
+
+
+class _Init:
+    """A node's PID 1 (NODE_INIT) in a PID and mount namespace of its own, in forked mode,
+    past its go: the test holds the launcher's ends of its mounted and status pipes."""
+
+    def __init__(self, command: list[str] | None = None) -> None:
+        go_read, self.go = os.pipe()
+        self.mounted, mounted_write = os.pipe()
+        status_read, self.status = os.pipe()
+        spec = {"binds": [], "forked": {"mounted": mounted_write, "status": status_read}}
+        self.holder = subprocess.Popen(
+            ["setpriv", "--pdeathsig", "KILL", "--",  # ends with this test, however it ends
+             "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--",
+             sys.executable, "-I", "-S", "-c", NODE_INIT, str(go_read), json.dumps(spec),
+             *(command or ["the-command"])], pass_fds=(go_read, mounted_write, status_read),
+            start_new_session=True)
+        for fd in (go_read, mounted_write, status_read):
+            os.close(fd)
+        self.pid = wait_for(lambda: next(iter(_children(self.holder.pid)), None), 30,
+                            "the node's init")
+        os.write(self.go, b"1")
+        # its byte is written once its signal handlers are in place (left for the server)
+        assert select.select([self.mounted], [], [], 30)[0], "the init never mounted"
+
+    def fork(self, server: AgentServer, argv: list[str], log: Path) -> None:
+        with open(log, "wb") as output:
+            server.fork_into_node(argv, {**os.environ, "OMP_NUM_THREADS": "1"}, str(REPO),
+                                  (output.fileno(), output.fileno(), self.mounted,
+                                   self.status), self.pid, None)
+        for fd in (self.mounted, self.status, self.go):
+            os.close(fd)
+
+
+@pytest.mark.usefixtures("netns")
+def test_a_node_exits_with_its_forked_agents_status(server: AgentServer, tmp_path: Path) -> None:
+    init = _Init()
+    init.fork(server, [sys.executable, "-m", WORKER_MODULE, WORKER_AGENT, "--no-such-flag",
+                       "--"], tmp_path / "agent.log")
+    assert init.holder.wait(timeout=60) == 2  # torchrun's refusal, as the command's would be
+    assert b"--no-such-flag" in (tmp_path / "agent.log").read_bytes()
+
+
+@pytest.mark.usefixtures("netns")
+def test_a_stop_that_comes_before_the_agent_reaches_it_once_it_runs(
+        server: AgentServer, tmp_path: Path) -> None:
+    """A TorchX cancel (SIGTERM) that reaches a node's init before its agent is forked finds
+    no process to pass it to; the init passes it on once the agent runs, which then ends (it
+    would otherwise wait in its rendezvous for ten minutes)."""
+    init = _Init()
+    os.kill(init.pid, signal.SIGTERM)
+    time.sleep(0.5)  # handled meanwhile (were it handled later, it would reach the agent anyway)
+    init.fork(server, _waiting_agent(_free_port()), tmp_path / "agent.log")
+    code = init.holder.wait(timeout=60)
+    assert code != 0, (tmp_path / "agent.log").read_text()
+
+
+@pytest.mark.usefixtures("netns")
+def test_a_node_no_server_can_fork_for_runs_its_command_itself() -> None:
+    """No fork server to fork a node's agent (it did not start, or died): the launcher tells
+    the node's init so, and the init runs the replica's command as it would have."""
+    init = _Init(["sh", "-c", "exit 7"])
+    os.write(init.status, RUN_IT_YOURSELF)
+    for fd in (init.mounted, init.status, init.go):
+        os.close(fd)
+    assert init.holder.wait(timeout=60) == 7

@@ -93,7 +93,9 @@ def snapshot() -> dict[str, set[Any]]:
     for pid, cmdline, netns in _processes():
         namespaces.add(netns)
         ours = (marker in cmdline or b"sublimate.components.launch.faults" in cmdline
-                or (cmdline == b"sleep\0infinity\0" and netns != host))
+                or (cmdline == b"sleep\0infinity\0" and netns != host)
+                # an agent forked into a node (launch.forked_agents), or one of its workers
+                or (b"processes.agent_zygote" in cmdline and netns != host))
         if ours:
             procs.add((pid, cmdline[:60]))
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout

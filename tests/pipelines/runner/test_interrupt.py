@@ -255,19 +255,25 @@ def _command_line(pid: int) -> str:
     return "?"
 
 
-def _agents_started(home: Path) -> bool:
-    """Whether the run's torchrun agents run: started afresh (``worker agent``), or forked by
-    the launcher's fork server (launch.forked_agents), a process whose parent is that server
-    and whose command line, forked, is the server's."""
+def _agents_started(home: Path) -> set[int]:
+    """The run's processes, once its torchrun agents are among them (else none): agents started
+    afresh (``worker agent``), or forked by the launcher's fork server (launch.forked_agents):
+    a process whose parent is that server, whose command line, forked, is the server's, and
+    which leads a session of its own. One scan answers both, so the processes a test goes on
+    with are those among which it saw the agents."""
     server = "processes.agent_zygote"
-    return any("processes.worker agent" in _command_line(pid) or
-               (server in _command_line(pid) and server in _command_line(_parent(pid)))
-               for pid in _processes_of(home))
+    processes = _processes_of(home)
+    started = any("processes.worker agent" in _command_line(pid) or
+                  (server in _command_line(pid) and server in _command_line(_stat(pid, 1))
+                   and _stat(pid, 3) == pid)
+                  for pid in processes)
+    return processes if started else set()
 
 
-def _parent(pid: int) -> int:
+def _stat(pid: int, field: int) -> int:
+    """A numeric field of /proc/PID/stat after the command name: 1 the parent, 3 the session."""
     with contextlib.suppress(OSError, ValueError):
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[field])
     return 0
 
 
@@ -291,10 +297,10 @@ def test_an_interrupted_run_leaves_no_training_process(
     leftovers.append(runner.pid)
     try:
         if moment == "rendezvous":
-            wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
+            started = wait_for(lambda: _agents_started(home), 120, "the torchrun agents to start")
         else:
             first_checkpoint(home, runner)
-        started = _processes_of(home)
+            started = _processes_of(home)
         leftovers.extend(started)
         assert runner.pid in started and len(started) >= 4  # runner, launcher, 2 replicas...
         if victim == "runner":
