@@ -356,6 +356,10 @@ class PerStepRun(Run):
         return summary
 
     def finish(self) -> dict[str, Any]:
+        # The end is recorded before the leader writes the summary: the launcher ends the job
+        # once the summary is written, stopping a node still finishing (per_step.Replacer.check),
+        # and a node stopped with no end recorded would count as a loss at the last step.
+        self.ft.record_end()
         summary = super().finish()
         self.ft.close()
         return summary

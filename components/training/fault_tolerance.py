@@ -141,6 +141,7 @@ class FaultTolerance:
         folder = Path(run_dir) / run_files.FAULT_TOLERANCE
         stem = incarnation_name(groups.group, self.started)
         self._events = (folder / f"{stem}.jsonl") if self.recording else None
+        self._ended = False
         self._counters = StepCounters(folder / f"{stem}.counters") if self.recording else None
         self.record("start", step=0, pid=os.getpid(), replacement=groups.replacement)
 
@@ -229,8 +230,14 @@ class FaultTolerance:
         return {"attempted": self.attempted, "committed": self.committed,
                 "aborted": self.aborted, "heals": self.heals}
 
+    def record_end(self) -> None:
+        """Record that this process took its part to the job's end (once)."""
+        if not self._ended:
+            self._ended = True
+            self.record("end", step=self.step, **self.summary())
+
     def close(self) -> None:
-        self.record("end", step=self.step, **self.summary())
+        self.record_end()
         if self._counters is not None:
             self._counters.close()
         self.manager.shutdown(wait=False)
