@@ -27,7 +27,7 @@ _session_reaper = JobReaper(TEST_MARK_ENV)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # An xdist worker (the README's `-n 2`) keeps the mark of the session that started it, in
+    # An xdist worker (the README's `-n 3`) keeps the mark of the session that started it, in
     # its environment already: that session's reaper ends the worker and all it started. A
     # reaper of the worker's own would carry that mark too and be killed by it first, leaving
     # what the worker started (marked only with the worker's mark) running.
@@ -39,9 +39,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _one_thread_per_process() -> None:
     """One compute thread for every process of the tests (what the launcher gives CPU
-    workers): the suite runs a process per core (``-n 2``) and most tests start more, so a
-    second thread per process only spins, waiting for a core (a CNN trained in a test took
-    twice the CPU it needed). A user's own setting is kept."""
+    workers): the suite runs more workers than cores (``-n 3`` on 2) and most tests start more
+    processes, so a second thread per process only spins, waiting for a core (a CNN trained in
+    a test took twice the CPU it needed). A user's own setting is kept."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if "torch" in sys.modules:  # imported already: it has read the variable, tell it
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -55,7 +55,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # own, which, registered after this file, would otherwise run first and never see them.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # With pytest-xdist (the README's `-n 2 --dist loadgroup`), the tests that make network
+    # With pytest-xdist (the README's `-n 3 --dist loadgroup`), the tests that make network
     # namespaces run on one worker, one after another: their leak checks look at the whole
     # machine (test_netns_scheduler.snapshot), where another worker's cluster would show.
     # The tests of a module that share a module-scoped fixture (a training run, a sweep, a

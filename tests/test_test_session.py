@@ -82,13 +82,13 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
 
 
 def test_the_readme_test_commands_workers_keep_a_modules_shared_fixture_on_one_of_them() -> None:
-    """`-n 2 --dist loadgroup` (the README's test command) sends the tests that share a
+    """`-n 3 --dist loadgroup` (the README's test command) sends the tests that share a
     module-scoped fixture to one worker, which makes it once (tests/conftest.py marks them).
     pytest 9.2 broke the grouping silently (pytest-xdist issue #1386: the group never reaches
     the scheduler, every test is dealt out alone), hence pytest<9.2 in the test extra."""
     module = "tests/pipelines/test_sublimate_train.py"  # a module fixture, quick tests
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2",
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "3",
          "--dist", "loadgroup", module], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     grouped = [line.split()[0] for line in done.stdout.splitlines()
