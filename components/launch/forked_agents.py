@@ -232,6 +232,7 @@ class AgentServers:
     def __init__(self) -> None:
         self._servers: dict[str, AgentServer | None] = {}
         self._lock = threading.Lock()  # a server may be started ahead, from another thread
+        self._closed = False  # closed: a server started ahead now would outlive its launcher
 
     @staticmethod
     def agent_argv(args: list[str], env: dict[str, str], cwd: str | None) -> list[str] | None:
@@ -250,6 +251,8 @@ class AgentServers:
         if python is None:
             return None
         with self._lock:
+            if self._closed:
+                return None
             if python not in self._servers:
                 try:
                     self._servers[python] = AgentServer(python, env, cwd)
@@ -272,6 +275,7 @@ class AgentServers:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             for server in self._servers.values():
                 if server is not None:
                     server.close()

@@ -343,3 +343,12 @@ def test_a_node_no_server_can_fork_for_runs_its_command_itself() -> None:
     for fd in (init.mounted, init.status, init.go):
         os.close(fd)
     assert init.holder.wait(timeout=60) == 7
+
+
+def test_a_closed_launchers_servers_start_no_server(tmp_path: Path) -> None:
+    """A server asked for ahead (local_netns starts it in a thread while the cluster is made)
+    after the launcher closed its servers would outlive them: none starts."""
+    servers = AgentServers()
+    servers.close()
+    argv = [sys.executable, "-m", WORKER_MODULE, WORKER_AGENT, "--nnodes", "1"]
+    assert servers.server(argv, dict(os.environ), str(tmp_path)) is None
