@@ -139,12 +139,7 @@ def _become_node(request: dict[str, Any], fds: list[int], own: tuple[int, ...]) 
     and namespaces) and fork the agent there; hand the agent's exit status to the init."""
     code = 1
     try:
-        os.setsid()
-        *own, session_started = own
-        os.write(session_started, b"s")  # the server answers at once: this child waits below
-        signal.set_wakeup_fd(-1)
-        for fd in (*own, session_started):
-            os.close(fd)
+        _leave_server(own)  # the server answers at once: this child waits below
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         stdout, stderr, mounted, status = fds
         os.dup2(stderr, 2)  # what fails here shows in the node's log, not the launcher's
@@ -173,6 +168,19 @@ def _become_node(request: dict[str, Any], fds: list[int], own: tuple[int, ...]) 
         os._exit(code)
 
 
+def _leave_server(own: tuple[int, ...]) -> None:
+    """In the server's fork: a session of its own, then (``own``: the server's descriptors, the
+    last one the pipe its answer waits on) tell the server so and drop what was the server's.
+    A process forked in turn from such a fork passes no ``own``."""
+    os.setsid()
+    if own:
+        *servers, session_started = own
+        os.write(session_started, b"s")
+        signal.set_wakeup_fd(-1)
+        for fd in (*servers, session_started):
+            os.close(fd)
+
+
 def _enter_namespaces(init: int) -> None:
     """Join the network and mount namespaces of process ``init`` and its root (a pod's view
     is a chroot, which joining a mount namespace leaves for that namespace's root), and make
@@ -198,13 +206,7 @@ def _become_agent(request: dict[str, Any], fds: list[int], own: tuple[int, ...])
     """In the fork: a torchrun agent as ``python -m worker agent ...`` would be, then exit."""
     code = 1
     try:
-        os.setsid()
-        if own:
-            *own, session_started = own
-            os.write(session_started, b"s")
-            signal.set_wakeup_fd(-1)
-            for fd in (*own, session_started):
-                os.close(fd)
+        _leave_server(own)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -170,18 +170,23 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def _start_train_step(tmp_path: Path, scheduler: str) -> subprocess.Popen[bytes]:
+    """The pipeline's train step, 2 nodes, 1 epoch, on ``scheduler``: its run in
+    ``tmp_path / "run"``, its output in ``tmp_path / "train.log"``."""
+    data = build_builtin("digits", tmp_path / "digits")
+    with open(tmp_path / "train.log", "wb") as output:  # a pipe nobody reads could fill up
+        return subprocess.Popen(
+            [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
+             "--run-dir", str(tmp_path / "run"), "--scheduler", scheduler, "--nodes", "2",
+             "--epochs", "1", "--checkpoint-every", "0"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=output, stderr=subprocess.STDOUT)
+
+
 def test_a_local_cwd_job_forks_its_nodes_from_one_server(tmp_path: Path) -> None:
     """The train step on local_cwd: both nodes' agents are children of one fork server (seen
     while it runs), and the job trains as it would (the same step count and its model)."""
-    data = build_builtin("digits", tmp_path / "digits")
-    run_dir = tmp_path / "run"
-    log = tmp_path / "train.log"
-    with open(log, "wb") as output:  # a file: a pipe nobody reads meanwhile could fill up
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
-             "--run-dir", str(run_dir), "--scheduler", "local_cwd", "--nodes", "2",
-             "--epochs", "1", "--checkpoint-every", "0"],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=output, stderr=subprocess.STDOUT)
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    launcher = _start_train_step(tmp_path, "local_cwd")
     agents: dict[int, set[int]] = {}  # server -> the agents seen under it
     while launcher.poll() is None:
         for entry in Path("/proc").iterdir():
@@ -241,16 +246,9 @@ def test_a_local_netns_job_forks_each_agent_into_its_nodes_namespaces(tmp_path: 
     """The train step on local_netns: every node's agent comes from the launcher's one fork
     server, and runs in its node's network and PID namespaces (not the host's) and CPU group;
     the job trains as it would."""
-    data = build_builtin("digits", tmp_path / "digits")
-    run_dir = tmp_path / "run"
-    log = tmp_path / "train.log"
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
     host = _namespaces(os.getpid())
-    with open(log, "wb") as output:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir", str(data),
-             "--run-dir", str(run_dir), "--scheduler", "local_netns", "--nodes", "2",
-             "--epochs", "1", "--checkpoint-every", "0"],
-            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=output, stderr=subprocess.STDOUT)
+    launcher = _start_train_step(tmp_path, "local_netns")
     agents: dict[int, tuple[tuple[str, str], str]] = {}  # agent -> its namespaces, cgroups
     servers: set[int] = set()
     while launcher.poll() is None:
