@@ -48,7 +48,7 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -344,7 +344,7 @@ class ContainerProcess(LocalProcess):
             self._remove()
             raise
         assert self.proc is not None
-        self.keeper.watch(self.name, self.proc.pid)
+        self.keeper.watch(self.name, self.proc.pid, self.log_path, self.masked)
 
     def wait(self) -> tuple[int, str]:
         try:
@@ -409,12 +409,18 @@ class Keeper:
         self.engine = engine
         self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
-        self._kept: dict[str, int | None] = {}  # what the keeper knows: name -> process group
+        self._kept: dict[str, str] = {}  # what the keeper knows: name -> its watch line
 
-    def watch(self, name: str, pgid: int | None = None) -> None:
+    def watch(self, name: str, pgid: int | None = None, log: Path | None = None,
+              masked: Iterable[bytes] = ()) -> None:
+        """Name a container to the keeper; then, once its engine command runs, that command's
+        process group, the step's log and the values masked in it (``images.keeper``)."""
+        words = [name]
+        if pgid is not None:
+            words += [str(pgid), os.fsencode(log or "").hex(), *(m.hex() for m in masked)]
         with self._lock:
-            self._kept[name] = pgid
-            self._send(_watch_line(name, pgid))
+            self._kept[name] = line = "watch " + " ".join(words)
+            self._send(line)
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -425,8 +431,7 @@ class Keeper:
         for attempt in range(2):
             if self._process is None or self._process.poll() is not None:
                 self._process = self._start()
-                line = "".join(_watch_line(n, g) + "\n" for n, g in self._kept.items()) \
-                    or "\n"
+                line = "".join(f"{watch}\n" for watch in self._kept.values()) or "\n"
             assert self._process.stdin is not None
             try:
                 self._process.stdin.write(line.rstrip("\n") + "\n")
@@ -458,10 +463,6 @@ class Keeper:
             process.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout_s)
-
-
-def _watch_line(name: str, pgid: int | None) -> str:
-    return f"watch {name}" + (f" {pgid}" if pgid is not None else "")
 
 
 __all__ = ["ContainerEngineError", "ImageExecutor", "image_executor"]

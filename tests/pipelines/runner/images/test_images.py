@@ -447,9 +447,13 @@ def test_a_deadline_stops_the_step_with_sigterm(images: dict[str, str],
 
 def test_a_killed_runners_container_is_stopped_and_removed(images: dict[str, str],
                                                            tmp_path: Path) -> None:
-    """The run's keeper does what the runner's ``finally`` cannot: SIGTERM, then ``rm``."""
+    """The run's keeper does what the runner's ``finally`` cannot: SIGTERM, then ``rm``. The
+    step may print on its way out: the keeper holds its output pipes and reads them into the
+    log, where the dead runner would have left the engine a broken pipe (buildah's stdio relay
+    dies of SIGPIPE and takes the step with it, before its trap has run: CI, once)."""
     manifest = tmp_path / "slow.yaml"
-    manifest.write_text(textwrap.dedent(SLOW.replace("DEADLINE", "60")))
+    manifest.write_text(textwrap.dedent(SLOW.replace("DEADLINE", "60").replace(
+        "trap 'echo", "trap 'echo stopping; echo stopping, said on stderr >&2; sleep 1; echo")))
     home = tmp_path / "home"
     runner = subprocess.Popen(
         [sys.executable, "-m", "sublimate.pipelines", "run", str(manifest), "--containers",
@@ -471,6 +475,9 @@ def test_a_killed_runners_container_is_stopped_and_removed(images: dict[str, str
         assert time.monotonic() < deadline, "the killed runner's container was not removed"
         time.sleep(0.2)
     assert (shared / "stopped").read_text() == "stopped\n"
+    (log,) = (home / "runs/slow/nodes").glob("*/main.log")
+    said = log.read_text()
+    assert "stopping\n" in said and "stopping, said on stderr\n" in said
 
 
 # ----------------------------------------------------------------------------- no engine run
@@ -533,8 +540,7 @@ def test_the_keeper_needs_only_the_standard_library() -> None:
     source = (REPO / "pipelines/runner/images/keeper.py").read_text()
     imports = {line.split()[1] for line in source.splitlines()
                if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "contextlib", "json", "os", "signal", "subprocess", "sys",
-                       "time"}, imports
+    assert imports <= set(sys.stdlib_module_names) | {"__future__"}, imports
 
 
 def test_auto_takes_the_first_engine_that_works(images: dict[str, str]) -> None:
@@ -596,9 +602,49 @@ def test_a_runner_killed_before_naming_the_engines_group_still_has_its_step_stop
         assert keeper.stdin is not None
         keeper.stdin.write(f"watch {name}\n")  # no group: the runner died before it knew
         keeper.stdin.close()  # the runner's end
-        assert keeper.wait(timeout=60) == 0
+        # Reaped here first: as a zombie, it would keep its group alive for the keeper.
         assert engine.wait(timeout=30) == 7  # the trap ran: SIGTERM, not SIGKILL
+        assert keeper.wait(timeout=60) == 0
         assert stopped.read_text() == "stopped\n"
+    finally:
+        for process in (engine, keeper):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def test_a_killed_runners_step_may_print_on_its_way_out(tmp_path: Path) -> None:
+    """The engine command's output pipes lose their reader with the runner: the keeper holds
+    them from the ``watch`` on and reads them into the step's log, masked, once the runner is
+    gone, so a step that prints on SIGTERM is not killed by SIGPIPE before its cleanup."""
+    name = f"{PREFIX}printing-{os.getpid()}"
+    stopped, log = tmp_path / "stopped", tmp_path / "main.log"
+    log.write_text("the runner's lines\n")
+    engine = subprocess.Popen(
+        ["sh", "-c", "trap 'echo token s3cr3t-value; echo on stderr >&2; sleep 0.5; "
+         f"echo stopped > {stopped}; printf \"last words\"; exit 7' TERM; echo started; "
+         "while true; do sleep 0.1; done", name],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    config = {"remove": ["true"], "engine_exes": [], "grace_s": 30}
+    keeper = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(REPO / "pipelines/runner/images/keeper.py"),
+         json.dumps(config)], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert engine.stdout is not None and engine.stderr is not None
+        assert engine.stdout.readline() == b"started\n"
+        assert keeper.stdin is not None
+        keeper.stdin.write(f"watch {name} {engine.pid} {bytes(log).hex()} "
+                           f"{b's3cr3t-value'.hex()}\n")
+        keeper.stdin.close()  # the runner's end...
+        engine.stdout.close()  # ...and its pipes' reading ends
+        engine.stderr.close()
+        assert engine.wait(timeout=30) == 7  # the trap ran to its end: no SIGPIPE
+        assert keeper.wait(timeout=60) == 0
+        assert stopped.read_text() == "stopped\n"
+        said = log.read_text()
+        assert said.startswith("the runner's lines\nnote: the runner is gone")
+        assert "token ***\n" in said and "s3cr3t" not in said
+        assert "on stderr\n" in said and said.endswith("last words")
     finally:
         for process in (engine, keeper):
             if process.poll() is None:
