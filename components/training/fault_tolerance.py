@@ -21,7 +21,10 @@ Choices made against torchft's defaults, each checked on this machine with torch
 * the Manager's server bound to this node's address rather than ``[::]`` (torchft hard-codes
   the wildcard; :func:`_bind_manager_server_to` narrows it);
 * ``init_sync=False``: every group seeds its model identically (``seed``), so step 0 needs no
-  broadcast, and a failure-free per-step run computes exactly what the restart mode does.
+  broadcast, and a failure-free per-step run computes exactly what the restart mode does;
+* the quorum's store reached within ``STORE_CONNECT_SECONDS`` or the step dropped
+  (:func:`_fail_fast_on_a_gone_store`), where torchft's store client would wait the collective
+  timeout twice for a group that died after the quorum named its store.
 
 ``docs/fault-tolerance.md`` says when to use it and what it costs.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -51,6 +55,11 @@ from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 # The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
 QUORUM_TIMEOUT_SECONDS = 300
+# How long a group tries to reach the quorum's store before it drops the step. The store is
+# served by a group of the quorum from its start, and the kernel accepts a connection for a live
+# one however busy its process is: only a group that is gone (killed after the quorum named it)
+# takes this long.
+STORE_CONNECT_SECONDS = 5.0
 
 
 def _short(error: str) -> str:
@@ -83,6 +92,33 @@ def _bind_manager_server_to(address: str) -> None:
 
     bound_server.__wrapped__ = original  # type: ignore[attr-defined]
     manager_module.ManagerServer = bound_server
+
+
+def _fail_fast_on_a_gone_store(process_group: Any) -> None:
+    """Make a torchft process group check that the quorum's store answers before it
+    reconfigures on it.
+
+    torchft names the store of one group of the quorum; if that group dies before the others
+    have connected, their TCPStore client retries until the collective timeout, then once more
+    (a chaos run lost two nodes a step apart: every group waited 64 s for a store that no longer
+    existed). A plain connection first, refused or unanswered within ``STORE_CONNECT_SECONDS``,
+    fails the reconfiguration instead: the step is dropped and the next quorum leaves the dead
+    group out.
+    """
+    configure = process_group.configure
+
+    def configure_on_a_live_store(store_addr: str, *args: Any, **kwargs: Any) -> None:
+        address = store_addr.partition("/")[0]  # host:port/prefix
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)),
+                                     timeout=STORE_CONNECT_SECONDS).close()
+        except OSError as exc:
+            raise RuntimeError(f"the quorum's store at {address} does not answer ({exc}): "
+                               "the group serving it is gone") from exc
+        configure(store_addr, *args, **kwargs)
+
+    process_group.configure = configure_on_a_live_store
 
 
 class FaultTolerance:
@@ -122,6 +158,7 @@ class FaultTolerance:
         # gloo between groups on every device: torchft's NCCL groups need a GPU build to test,
         # and the tensors a step averages are copied to the CPU anyway when they are small.
         process_group = ProcessGroupGloo(timeout=timeout)
+        _fail_fast_on_a_gone_store(process_group)
         self.manager = Manager(
             pg=process_group, load_state_dict=load_state, state_dict=state,
             min_replica_size=groups.min_groups, use_async_quorum=async_quorum,
