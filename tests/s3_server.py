@@ -82,19 +82,26 @@ def seaweedfs(workdir: Path, timeout: float = 30.0) -> Iterator[S3Server]:
     config.write_text(json.dumps({"identities": [{
         "name": "tester", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    s3, master, volume, filer = _free_ports(4)
+    ports = _free_ports(5)
+    s3, master, volume, filer, admin = ports
     command = [
         weed, "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
         f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
         f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+        f"-admin.port={admin}",
     ]
     log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - closed in finally
     # SIGKILLed by the kernel when the thread that starts it ends (PR_SET_PDEATHSIG): a killed
     # benchmark leaves no server behind either (a test run's reaper, tests/conftest.py, would
     # end it anyway).
+    # Its own temporary folder for its log files (TMPDIR); its services' unix sockets are
+    # /tmp/seaweedfs-SERVICE-PORT.sock whatever TMPDIR says, removed below.
+    scratch = workdir / "tmp"
+    scratch.mkdir(exist_ok=True)
     process = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *command], stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+                               stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**os.environ, "TMPDIR": str(scratch)})
     server = S3Server(f"http://127.0.0.1:{s3}")
     try:
         _wait_ready(server, process, timeout, workdir / "weed.log")
@@ -103,6 +110,10 @@ def seaweedfs(workdir: Path, timeout: float = 30.0) -> Iterator[S3Server]:
         process.kill()  # a throwaway store: no need to wait for a graceful shutdown
         process.wait()
         log.close()
+        for port in ports:  # a killed server leaves its sockets, named by its ports
+            for twin in (port, port + GRPC_OFFSET):
+                for socket_file in Path("/tmp").glob(f"seaweedfs-*-{twin}.sock"):
+                    socket_file.unlink(missing_ok=True)
 
 
 def _wait_ready(server: S3Server, process: subprocess.Popen, timeout: float, log: Path) -> None:

@@ -159,10 +159,10 @@ def drain(kept: list[Kept], groups_gone: threading.Event) -> None:
             log = open(container.log or os.devnull, "ab")  # noqa: SIM115 - closed below
         except OSError:
             log = open(os.devnull, "ab")  # noqa: SIM115
-        log.write(b"note: the runner is gone: its keeper stops the step, its output follows\n")
         for fd in container.pipes:
             selector.register(fd, selectors.EVENT_READ)
             logs[fd], partial[fd] = (container, log), b""
+    noted: set[int] = set()  # the logs that say the keeper took over (on their first line)
     deadline: float | None = None
     while selector.get_map():
         if deadline is None and groups_gone.is_set():
@@ -185,6 +185,10 @@ def drain(kept: list[Kept], groups_gone: threading.Event) -> None:
             else:  # no writer left: what is left is the last line
                 lines, partial[fd] = ([text] if text else []), b""
                 selector.unregister(fd)
+            if lines and id(log) not in noted:
+                noted.add(id(log))
+                log.write(b"note: the runner is gone: its keeper stops the step, whose output "
+                          b"follows\n")
             for line in lines:
                 for secret in container.masked:
                     line = line.replace(secret, b"***")
