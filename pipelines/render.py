@@ -66,9 +66,9 @@ def runnable_dict(pipeline: str) -> dict[str, Any]:
     sublimate-train's) copied in from their Hera source, as Argo finds them installed beside
     it; ``sublimate run argo/FILE.yaml`` finds them in the files beside it instead.
 
-    Kept in the user's cache folder (:func:`rendered_cache`): importing Hera (some 300 pydantic
-    models) was most of the runner's own CPU time, 0.5 of 0.85 s, for a result that depends on
-    the code alone."""
+    Kept in the user's cache folder (:func:`rendered_cache`): rendering, mostly importing Hera
+    (some 300 pydantic models), was most of the runner's own start, 0.77 of its 0.87 CPU-s
+    (``benchmarks/render_cache.py``), for a result that depends on the code alone."""
     if pipeline not in PIPELINES:
         raise KeyError(f"unknown pipeline '{pipeline}' (known: {', '.join(sorted(PIPELINES))})")
     cache = rendered_cache(pipeline)
