@@ -78,18 +78,19 @@ def die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str,
 
 def kill_in_allreduce(manager: Any, parameters: list[torch.nn.Parameter], slot: int,
                       step: int) -> None:
-    """Fault injection (per-step recovery): start this step's all-reduce between the replica
-    groups, then SIGKILL this process while it is in flight, so that the peers' all-reduce
-    fails mid-way (``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP``).
+    """Fault injection (per-step recovery): SIGKILL this process once it is in this step's
+    quorum, where its peers' all-reduce of the step waits for its share
+    (``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP``): their collective fails mid-way, on the
+    connection the dead process closes.
 
-    The payload is the step's own: the flat gradient of ``parameters`` (the paradigm's
-    ``averaged_parameters``), its length and dtype. A payload of another size is not a peer
-    dying in the step's collective but a collective mismatch, which gloo does not report as an
-    error: it aborts the receiving process (``op.preamble.length <= op.nbytes``), so a peer
-    that should have dropped the step was lost with it."""
-    payload = torch.zeros(sum(parameter.numel() for parameter in parameters),
-                          dtype=parameters[0].dtype)
-    manager.allreduce(payload)  # not waited for: the peers are in it with this process
-    print(f"fault injection: killing slot {slot} during the all-reduce of step {step}",
-          flush=True)
+    It sends nothing. Its share sent first, the peers' all-reduce could complete before the
+    kill landed (when they were already waiting in it: CI, once), and they would go on as if
+    nothing had happened; a share of another size than the step's flat gradient (the
+    paradigm's ``averaged_parameters``) is worse, a collective mismatch that gloo does not
+    report as an error but aborts the receiving process with. ``parameters`` is kept for
+    that reason: what the step would all-reduce, for the message."""
+    manager.wait_quorum()  # this process is in the step's collective from here on
+    size = sum(parameter.numel() for parameter in parameters)
+    print(f"fault injection: killing slot {slot} during the all-reduce of step {step} "
+          f"({size} values that it will not send)", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
