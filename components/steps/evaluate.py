@@ -23,14 +23,18 @@ from sublimate.components.base.runtime import shown_path
 from sublimate.components.data.datasets import DatasetError
 
 
-def evaluate(model_dir: Path, data_dir: Path, split: str = "test") -> dict[str, float | int | str]:
+def evaluate(model_dir: Path, data_dir: Path, split: str = "test",
+             saved: dict[str, Any] | None = None) -> dict[str, float | int | str]:
+    """The built-in evaluation of ``model_dir``'s model (``saved``: that model, already
+    loaded by the caller) on ``split`` of ``data_dir``."""
     import torch
 
     from sublimate.components.data.datasets import read_split
     from sublimate.components.model import checkpoint
     from sublimate.components.model.models import build_model
 
-    saved = checkpoint.load(model_dir / run_files.MODEL)
+    if saved is None:
+        saved = checkpoint.load(model_dir / run_files.MODEL)
     if saved is None:
         raise FileNotFoundError(f"no trained model at {shown_path(model_dir / run_files.MODEL)}; "
                                 "did train succeed?")
@@ -93,13 +97,13 @@ def _read_metrics(path: Path) -> dict[str, Any]:
     return metrics
 
 
-def is_sublimate_model(model_dir: Path) -> bool:
-    """Whether the run's model.pt is one the built-in evaluation can rebuild."""
+def sublimate_model(model_dir: Path) -> dict[str, Any] | None:
+    """The run's model.pt, loaded, if it is one the built-in evaluation can rebuild; else None.
+    Loaded once for both the question and the evaluation: a model of a few GB takes seconds."""
     from sublimate.components.model import checkpoint
 
-    saved = checkpoint.load(model_dir / run_files.MODEL) \
-        if (model_dir / run_files.MODEL).is_file() else None
-    return isinstance(saved, dict) and "architecture" in saved
+    saved = checkpoint.load(model_dir / run_files.MODEL)
+    return saved if isinstance(saved, dict) and "architecture" in saved else None
 
 
 def _publish(run_dir: Path, metrics: dict[str, Any]) -> None:
@@ -144,8 +148,9 @@ def measure(model_dir: Path, data_dir: Path, eval_entrypoint: str = "",
     if eval_entrypoint:
         return (own_evaluation(eval_entrypoint, model_dir, data_dir),
                 f"eval-entrypoint {eval_entrypoint}")
-    if is_sublimate_model(model_dir):
-        return evaluate(model_dir, data_dir, split), BUILT_IN
+    saved = sublimate_model(model_dir)
+    if saved is not None:
+        return evaluate(model_dir, data_dir, split, saved), BUILT_IN
     if written.is_file():  # the user's training code evaluated itself
         return _read_metrics(written), f"{shown_path(written)}, written by the training code"
     raise ValueError(nothing_to_evaluate(model_dir))
