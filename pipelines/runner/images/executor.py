@@ -411,13 +411,15 @@ class Keeper:
         self._process: subprocess.Popen[str] | None = None
         self._kept: dict[str, str] = {}  # what the keeper knows: name -> its watch line
 
-    def watch(self, name: str, pgid: int | None = None, log: Path | None = None,
+    def watch(self, name: str, pgid: int | None = None, log: Path = Path(os.devnull),
               masked: Iterable[bytes] = ()) -> None:
         """Name a container to the keeper; then, once its engine command runs, that command's
-        process group, the step's log and the values masked in it (``images.keeper``)."""
+        process group, the step's log and the values masked in it (``images.keeper``). Every
+        word is one the keeper's ``split()`` keeps: a log hex-encoded as empty would vanish,
+        and the first masked value would be read as the log."""
         words = [name]
         if pgid is not None:
-            words += [str(pgid), os.fsencode(log or "").hex(), *(m.hex() for m in masked)]
+            words += [str(pgid), os.fsencode(log).hex(), *(m.hex() for m in masked)]
         with self._lock:
             self._kept[name] = line = "watch " + " ".join(words)
             self._send(line)

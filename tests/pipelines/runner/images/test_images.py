@@ -24,6 +24,7 @@ import yaml
 
 from sublimate.pipelines.runner import RunOptions
 from sublimate.pipelines.runner.engine import run_workflow
+from sublimate.pipelines.runner.images import keeper as keeper_script
 from sublimate.pipelines.runner.images.engines import (
     ENGINE_CLASSES,
     ENGINES,
@@ -548,6 +549,19 @@ def test_auto_takes_the_first_engine_that_works(images: dict[str, str]) -> None:
     assert engine.unavailable() == ""
     for name in ENGINES[:ENGINES.index(engine.name)]:  # each one before it was passed over
         assert ENGINE_CLASSES[name]().unavailable() != ""
+
+
+def test_the_keepers_watch_line_reads_back_as_written() -> None:
+    """Each word of a ``watch`` line is the keeper's to read back: the log given or not."""
+    keeper = Keeper(Buildah())
+    sent: list[str] = []
+    keeper._send = sent.append  # type: ignore[method-assign]  # the line, not a keeper process
+    gone = 2 ** 22 + 1  # above the kernel's largest pid: no pipes to hold
+    keeper.watch("step-a", gone, masked=[b"s3cret"])
+    keeper.watch("step-b", gone, Path("/runs/b/main.log"), [b"s3cret", b"token"])
+    (a, b) = (keeper_script.Kept(line.split()[1:]) for line in sent)
+    assert (a.name, a.pgid, a.log, a.masked) == ("step-a", gone, os.devnull, [b"s3cret"])
+    assert (b.log, b.masked) == ("/runs/b/main.log", [b"s3cret", b"token"])
 
 
 def test_the_keeper_removes_what_a_vanished_runner_left(images: dict[str, str]) -> None:
