@@ -129,6 +129,20 @@ def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def buildah_container_names() -> list[str]:
+    """The names of this machine's buildah containers. A listing fails ("reading build
+    containers: container not known") when another test's run removes one of its containers
+    between buildah's listing and its reading of that container's state (CI, once; about 1 in
+    400 listings beside three loops of ``buildah from``/``rm``): then it is taken again."""
+    for _ in range(20):
+        done = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return done.stdout.split()
+        assert "container not known" in done.stderr, f"buildah containers: {done.stderr}"
+    raise AssertionError(f"buildah containers: {done.stderr}")
+
+
 def run_outputs(text: str) -> dict[str, str]:
     """The workflow's outputs from `sublimate run`'s `outputs: a=1, b=2` line."""
     line = next(line for line in text.splitlines() if line.startswith("outputs: "))

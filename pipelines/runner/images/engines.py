@@ -161,10 +161,13 @@ class Buildah(Engine):
             return "buildah is not installed"
         if os.geteuid() != 0:
             return "buildah's chroot isolation needs root here"
+        # `buildah info` opens the store as every later command will; `buildah containers` (the
+        # probe before) also reads each container's state, and fails ("container not known")
+        # when another run removes one of its containers mid-listing (CI, once).
         try:
-            done = _run([self.program, "containers", "--quiet"], PROBE_TIMEOUT_S)
+            done = _run([self.program, "info"], PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"`buildah containers` failed: {exc}"
+            return f"`buildah info` failed: {exc}"
         return "" if done.returncode == 0 else f"buildah: {last_line(done.stderr)}"
 
     def inspect(self, image: str) -> ImageConfig | str:

@@ -38,7 +38,7 @@ from sublimate.pipelines.runner.images.engines import (
 )
 from sublimate.pipelines.runner.images.executor import Keeper
 from sublimate.pipelines.runner.mounts import Bind
-from tests.conftest import REPO, require, run_cli
+from tests.conftest import REPO, buildah_container_names, require, run_cli
 
 BUSYBOX = Path("/bin/busybox")
 PREFIX = f"sublimate-{os.getpid()}-"  # this process's containers (images.executor names them so)
@@ -100,8 +100,7 @@ def no_container_left() -> Iterator[None]:
     """Every container a test's run created is removed when the run ends."""
     yield
     if shutil.which("buildah"):
-        left = [n for n in _buildah("containers", "--format", "{{.ContainerName}}",
-                                    check=False).splitlines() if n.startswith(PREFIX)]
+        left = [n for n in buildah_container_names() if n.startswith(PREFIX)]
         assert left == [], f"containers left behind: {left}"
 
 
@@ -471,8 +470,7 @@ def test_a_killed_runners_container_is_stopped_and_removed(images: dict[str, str
         runner.wait()
     ours = f"sublimate-{runner.pid}-"
     deadline = time.monotonic() + 30
-    while any(n.startswith(ours) for n in _buildah("containers", "--format",
-                                                   "{{.ContainerName}}").splitlines()):
+    while any(n.startswith(ours) for n in buildah_container_names()):
         assert time.monotonic() < deadline, "the killed runner's container was not removed"
         time.sleep(0.2)
     assert (shared / "stopped").read_text() == "stopped\n"
@@ -544,6 +542,24 @@ def test_the_keeper_needs_only_the_standard_library() -> None:
     assert imports <= set(sys.stdlib_module_names) | {"__future__"}, imports
 
 
+def test_buildahs_probe_survives_another_runs_container_going(tmp_path: Path) -> None:
+    """Whether buildah works is asked of its store, not of each container in it: listing them
+    fails while another run removes one of its own (1 listing in 400 here, beside three loops
+    of ``buildah from``/``rm``), which made a run refuse a working engine. A buildah that fails
+    its listings that way, as the real one does mid-removal, stands for the race."""
+    require(os.geteuid() == 0, "buildah's chroot isolation needs root")
+    racing = tmp_path / "buildah"
+    racing.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        if [ "$1" = containers ]; then
+          echo 'Error: reading build containers: container not known' >&2; exit 125
+        fi
+        exec buildah "$@"
+        """))
+    racing.chmod(0o755)
+    assert Buildah(str(racing)).unavailable() == ""
+
+
 def test_auto_takes_the_first_engine_that_works(images: dict[str, str]) -> None:
     engine = choose_engine()
     assert engine.unavailable() == ""
@@ -583,8 +599,7 @@ def test_the_keeper_removes_what_a_vanished_runner_left(images: dict[str, str]) 
         assert second.stdin is not None
         second.stdin.close()  # as the runner's end closes it
         second.wait(timeout=30)
-        left = _buildah("containers", "--format", "{{.ContainerName}}").splitlines()
-        assert not set(names) & set(left)
+        assert not set(names) & set(buildah_container_names())
     finally:
         for name in names:
             _buildah("rm", name, check=False)
