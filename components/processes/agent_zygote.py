@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     preload()
     control.send(json.dumps({"ready": os.getpid()}).encode())
     serve(control, started, time.time())
-    os._exit(0)  # no interpreter teardown of torch (see worker.exit_now)
+    os._exit(0)  # no interpreter teardown of torch (see termination.exit_now)
 
 
 if __name__ == "__main__":

@@ -645,6 +645,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sublimate.components.processes.worker import exit_now
+    from sublimate.components.base.termination import exit_now
 
     exit_now(main())  # without the interpreter's teardown, which holds up the step's end

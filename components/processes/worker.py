@@ -22,13 +22,12 @@ import argparse
 import contextlib
 import importlib
 import json
-import logging
 import multiprocessing
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from sublimate.components import training
 from sublimate.components.base import run_files
@@ -43,7 +42,7 @@ from sublimate.components.base.settings import (
     check,
     collective_timeout,
 )
-from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.base.termination import OneLineParser, exit_now, fail
 from sublimate.components.data.datasets import data_problem
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import metrics as monitoring
@@ -187,19 +186,6 @@ def _preload() -> threading.Thread | None:
     thread = threading.Thread(target=load, name="sublimate-preload", daemon=True)
     thread.start()
     return thread
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process without the interpreter's teardown, once all output is flushed.
-
-    Tearing down an interpreter that holds torch (and torch._dynamo) takes 0.3-0.6 s, which
-    would delay the end of the train step; everything this process wrote is on disk by now.
-    multiprocessing ends its children the same way.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 @recorded  # torchrun's error file: why this rank failed, for the launcher (launch.failures)

@@ -20,6 +20,7 @@ from typing import Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base.runtime import shown_path
+from sublimate.components.base.termination import exit_now
 from sublimate.components.data.datasets import DatasetError
 
 
@@ -61,8 +62,13 @@ def evaluate(model_dir: Path, data_dir: Path, split: str = "test",
             "examples_per_second": round(len(data.y) / max(seconds, 1e-9), 1)}
 
 
+# Whether a user's evaluation ran in this process (it decides how the process ends).
+user_code_ran = False
+
+
 def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str, Any]:
     """Run the user's evaluation in this process with the contract; the metrics it wrote."""
+    global user_code_ran
     import os
 
     from sublimate.components.base.contract import DATA_DIR_ENV, RUN_DIR_ENV, locate_entrypoint
@@ -74,6 +80,7 @@ def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str
         sys.path.insert(0, pythonpath)
     written = model_dir / run_files.EVALUATION
     before = written.stat().st_mtime_ns if written.is_file() else None
+    user_code_ran = True
     try:
         code = run(target, [])
     except SystemExit as exit_:
@@ -219,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if user_code_ran:  # its objects may hold writes that only the interpreter's end flushes
+        sys.exit(status)
+    # The built-in evaluation closed all it wrote; tearing down an interpreter holding torch,
+    # matplotlib and TensorBoard took 0.55 of the step's 2.6 CPU-s (and as much wall time).
+    exit_now(status)
 
 
 def template(name: str = "evaluate", **step_options: object):
