@@ -143,3 +143,37 @@ def test_real_rpc_trainers_have_every_push_applied_once_within_the_staleness_bou
     assert saved is not None
     assert saved["version"] == summary["updates_applied"]
     assert saved["clocks"] == trainer_pushes
+
+
+IDLE_SECONDS = 2.0
+# CPU an idle role may spend per second: TensorPipe's shared-memory transport spun a core
+# (1.0 CPU-s a second); over TCP an idle role sleeps (0.001 measured).
+IDLE_CPU_PER_SECOND = 0.1
+
+
+def _idle_role(rank: int, port: int) -> None:
+    import resource
+
+    import torch
+    from torch.distributed import rpc
+
+    from sublimate.components.processes.async_sgd import init_rpc
+
+    init_rpc(f"127.0.0.1:{port}", f"role{rank}", rank, 2, 60)
+    if rank == 0:  # a round trip: the two roles are connected, as in training
+        assert rpc.rpc_sync("role1", torch.add, args=(torch.ones(2), 1)).tolist() == [2.0, 2.0]
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    time.sleep(IDLE_SECONDS)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    per_second = spent / (time.monotonic() - started)
+    rpc.shutdown()
+    assert per_second < IDLE_CPU_PER_SECOND, f"role {rank} idle at {per_second:.2f} CPU-s a second"
+
+
+def test_an_idle_role_spends_no_cpu_waiting_for_rpcs() -> None:
+    """The parameter server waits for pushes and a trainer for its answer: neither may spin a
+    core meanwhile, on a machine whose nodes share its cores."""
+    from tests.ranks import run_ranks
+
+    run_ranks(_idle_role, (_free_port(),), world=2)
