@@ -8,21 +8,25 @@ job, never on a training node: losing any node, node 0 included, leaves it stand
 own on the bridge, on Kubernetes a Volcano task (its pods reach it as ``$VC_LIGHTHOUSE_0_HOSTS``,
 Volcano's env plugin's name for the task's host).
 
-``python -m sublimate.components.launch.lighthouse --port P --min-groups M --bind ADDR`` execs
-torchft's ``torchft_lighthouse`` (a Rust binary in the torchft wheel) with the timings below. No
-torch here, nor in the binary.
+``python -m sublimate.components.launch.lighthouse --port P --min-groups M --bind ADDR`` runs
+torchft's Rust lighthouse (``lighthouse_main`` of the extension module ``torchft._torchft``) with
+the timings below. No torch here: torchft's own ``torchft_lighthouse`` script imports the
+extension through the ``torchft`` package, whose ``__init__`` loads torch (1.2 CPU-s, longer
+than every node's start from the fork server) for a server that never uses it; this loads the
+extension module alone. The Rust side reads the process's own argument vector (the second word
+on is its options), so the module execs this file as a script with torchft's options.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import os
-import shutil
 import sys
 from pathlib import Path
 
 MODULE = "sublimate.components.launch.lighthouse"
-BINARY = "torchft_lighthouse"
 # The worker role of a per-step job is marked (TorchX role metadata) with its recovery, the groups
 # a step needs and the replacements each node may have, for a scheduler to act on (Kubernetes:
 # the Volcano job's policies, launch.per_step.volcano_per_step).
@@ -52,14 +56,26 @@ def command(python: str, port: int, min_groups: int, bind: str) -> list[str]:
             "--bind", bind]
 
 
-def binary() -> str:
-    """The ``torchft_lighthouse`` executable: on PATH (an image's venv), or beside this
-    interpreter (a local venv that is not on PATH)."""
-    found = shutil.which(BINARY) or str(Path(sys.executable).with_name(BINARY))
-    if not os.access(found, os.X_OK):
-        raise FileNotFoundError(f"{BINARY} not found on PATH nor beside {sys.executable}: "
-                                "recovery per-step needs torchft (pip install torchft)")
-    return found
+def extension() -> Path:
+    """The file of torchft's extension module (``torchft/_torchft.*.so``), found without importing
+    the torchft package."""
+    spec = importlib.util.find_spec("torchft")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if (library := Path(folder) / f"_torchft{suffix}").is_file():
+                return library
+    raise FileNotFoundError("torchft's lighthouse is not installed: recovery per-step needs "
+                            "torchft (pip install torchft)")
+
+
+def serve(library: Path) -> None:
+    """Run the Rust lighthouse in this process until it ends; it reads its options from the
+    process's arguments (after the script's path)."""
+    spec = importlib.util.spec_from_file_location("torchft._torchft", library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.lighthouse_main()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,17 +86,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bind", required=True, help="the address to listen on")
     args = parser.parse_args(argv)
     try:
-        executable = binary()
+        extension()
     except FileNotFoundError as error:
         sys.exit(f"lighthouse: error: {error}")
     print(f"lighthouse: quorums of at least {args.min_groups} group(s) on "
           f"{args.bind}:{args.port}", flush=True)
     os.environ.setdefault("RUST_LOG", RUST_LOG)
-    os.execv(executable, [
-        executable, "--bind", f"{args.bind}:{args.port}", "--min_replicas", str(args.min_groups),
+    os.execv(sys.executable, [
+        sys.executable, __file__, "--bind", f"{args.bind}:{args.port}",
+        "--min_replicas", str(args.min_groups),
         "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
         "--join_timeout_ms", str(JOIN_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)])
 
 
 if __name__ == "__main__":
-    main()
+    if __spec__ is None:  # run as a file: the lighthouse itself (see the module's docstring)
+        serve(extension())
+    else:
+        main()
