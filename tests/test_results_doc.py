@@ -66,3 +66,21 @@ def test_where_the_large_batches_diverge() -> None:
                                     strict=True):
         worst_epoch, worst = max(_loss_curve(batch, 0.0), key=lambda point: point[1])
         assert (int(epoch), int(loss.replace(",", ""))) == (worst_epoch, round(worst)), batch
+
+
+def test_async_measured_again_over_tcp() -> None:
+    sync, async_ = (_point("paradigms-rpc-over-tcp", algorithm=a) for a in ("sync", "async"))
+    before = _point("paradigms", algorithm="async", **{"link-rate": "1gbit"})
+    quoted = _quoted(r"async trained at ([\d,]+) samples/s in ([\d.]+) s \(([\d.]+)x the "
+                     r"table's ([\d,]+)\), sync at ([\d,]+), so sync's lead is ([\d.]+)x in "
+                     r"throughput and ([\d.]+)x in time to ([\d.]+) "
+                     r"\(([\d.]+) s against ([\d.]+) s\)")
+    rate, before_rate = float(async_["samples_per_second"]), float(before["samples_per_second"])
+    sync_rate = float(sync["samples_per_second"])
+    to_target = [float(p["time_to_target_seconds"]) for p in (sync, async_)]
+    target = json.loads((RESULTS / "paradigms-rpc-over-tcp" / "report.json").read_text())
+    assert quoted.groups() == (
+        f"{rate:,.0f}", f"{float(async_['train_seconds']):.1f}", f"{rate / before_rate:.1f}",
+        f"{before_rate:,.0f}", f"{sync_rate:,.0f}", f"{sync_rate / rate:.2f}",
+        f"{to_target[1] / to_target[0]:.1f}", f"{target['target']:.3f}",
+        f"{to_target[0]:.1f}", f"{to_target[1]:.1f}")
