@@ -278,8 +278,12 @@ def _stat(pid: int, field: int) -> int:
 
 
 def _launcher_of(home: Path) -> int:
-    (launcher,) = [pid for pid in _processes_of(home)
-                   if "-m sublimate.components.steps.train " in _command_line(pid)]
+    """The train step's launcher. A child it is forking (the bash that expands a replica's
+    command, forked_agents.agent_command) shows the launcher's command line until it execs: the
+    launcher is the one whose parent is not one of them (two were found once, under load)."""
+    named = [pid for pid in _processes_of(home)
+             if "-m sublimate.components.steps.train " in _command_line(pid)]
+    (launcher,) = [pid for pid in named if _stat(pid, 1) not in named]
     return launcher
 
 
