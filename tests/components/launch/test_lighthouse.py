@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -11,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.launch import lighthouse
 from tests.conftest import wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _dashboard(port: int) -> str | None:
@@ -33,7 +27,7 @@ def test_the_lighthouse_serves_without_loading_torch() -> None:
     """torchft's own ``torchft_lighthouse`` script imports the torchft package, whose __init__
     loads torch: 1.2 CPU-s before a server that never uses it listens. The role loads torchft's
     extension module alone."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", lighthouse.MODULE, "--port", str(port), "--min-groups", "2",
          "--bind", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.base import run_files
+from sublimate.components.base.ports import free_port
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.model import checkpoint
 from tests.conftest import REPO
@@ -32,12 +32,6 @@ GLOBAL_BATCH = 32
 BOUND = 2
 PAUSE_SECONDS = 1.0  # trainer 1 frozen this long: hundreds of trainer 0's steps, were it free
 TIMEOUT = 120  # for the whole job; it takes about 7 s on 2 busy cores
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -79,7 +73,7 @@ def test_real_rpc_trainers_have_every_push_applied_once_within_the_staleness_bou
     data = build_builtin("digits", tmp_path / "digits")
     run_dir = tmp_path / "run"
     common = ["--data-dir", str(data), "--run-dir", str(run_dir),
-              "--num-trainers", str(TRAINERS), "--rpc-endpoint", f"127.0.0.1:{_free_port()}",
+              "--num-trainers", str(TRAINERS), "--rpc-endpoint", f"127.0.0.1:{free_port()}",
               "--rpc-timeout", "60", "--epochs", str(EPOCHS),
               "--global-batch-size", str(GLOBAL_BATCH), "--staleness-bound", str(BOUND),
               "--eval-every-epoch", "false", "--checkpoint-every", "0",
@@ -176,4 +170,4 @@ def test_an_idle_role_spends_no_cpu_waiting_for_rpcs() -> None:
     core meanwhile, on a machine whose nodes share its cores."""
     from tests.ranks import run_ranks
 
-    run_ranks(_idle_role, (_free_port(),), world=2)
+    run_ranks(_idle_role, (free_port(),), world=2)
