@@ -45,6 +45,7 @@ import time
 import traceback
 from typing import Any, NoReturn
 
+from sublimate.components.base.termination import exit_now
 from sublimate.components.monitoring.metrics import process_start_time
 from sublimate.components.processes import worker
 
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     preload()
     control.send(json.dumps({"ready": os.getpid()}).encode())
     serve(control, started, time.time())
-    os._exit(0)  # no interpreter teardown of torch (see termination.exit_now)
+    exit_now(0)  # no interpreter teardown of torch
 
 
 if __name__ == "__main__":
