@@ -128,6 +128,31 @@ def init_rpc(endpoint: str, name: str, rank: int, world_size: int, timeout: floa
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=options)
 
 
+# A store key every role adds 1 to once its rpc.shutdown() has returned (see shutdown_rpc).
+LEFT_KEY = "sublimate/left-rpc"
+
+
+def shutdown_rpc(rank: int, world_size: int, timeout: float) -> None:
+    """``rpc.shutdown()``, and rank 0 (the parameter server, whose process hosts the group's
+    store) keeps the store up until every role's shutdown has returned.
+
+    The shutdown ends with a count taken on that store: every role waits until all have
+    arrived, then reads the total. Rank 0 destroyed the store with its agent as soon as it had
+    read it, so a role that read later (a busy core, a millisecond) failed with "Connection
+    reset by peer" after training had ended (seen once in a test run). Each role holds the
+    store past its agent here and says on it that it has left; rank 0 waits for all of them
+    (``timeout`` at most: a role that died has nothing more to read)."""
+    from torch.distributed import rpc
+
+    store = rpc.api._get_current_rpc_agent().store  # torch's own handle on the group's store
+    rpc.shutdown()
+    left = store.add(LEFT_KEY, 1)
+    deadline = time.monotonic() + timeout
+    while rank == 0 and left < world_size and time.monotonic() < deadline:
+        time.sleep(0.005)
+        left = store.add(LEFT_KEY, 0)
+
+
 def _init_rpc(args: argparse.Namespace, name: str, rank: int) -> None:
     init_rpc(args.rpc_endpoint, name, rank, args.num_trainers + 1, args.rpc_timeout)
 
@@ -336,13 +361,11 @@ class ServerRun:
     def finish(self) -> dict[str, Any]:
         """Shut the RPC group down, stop monitoring, save the last checkpoint, the model and
         the summary; return the summary."""
-        from torch.distributed import rpc
-
         from sublimate.components.model.models import model_spec
 
         args, server = self.args, self.server
         seconds = time.perf_counter() - self.started
-        rpc.shutdown()
+        shutdown_rpc(0, args.num_trainers + 1, args.rpc_timeout)
         self.epoch_log.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -520,7 +543,7 @@ class TrainerRun:
         from torch.distributed import rpc
 
         rpc.rpc_sync(PS_NAME, _remote_finish, args=(self.args.trainer_id,))
-        rpc.shutdown()
+        shutdown_rpc(self.args.trainer_id + 1, self.args.num_trainers + 1, self.args.rpc_timeout)
         self.epoch_log.close()
         if self.metrics is not None:
             self.metrics.close()

@@ -151,7 +151,7 @@ def _idle_role(rank: int, port: int) -> None:
     import torch
     from torch.distributed import rpc
 
-    from sublimate.components.processes.async_sgd import init_rpc
+    from sublimate.components.processes.async_sgd import init_rpc, shutdown_rpc
 
     init_rpc(f"127.0.0.1:{port}", f"role{rank}", rank, 2, 60)
     if rank == 0:  # a round trip: the two roles are connected, as in training
@@ -161,7 +161,7 @@ def _idle_role(rank: int, port: int) -> None:
     after = resource.getrusage(resource.RUSAGE_SELF)
     spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     per_second = spent / (time.monotonic() - started)
-    rpc.shutdown()
+    shutdown_rpc(rank, 2, 60)
     assert per_second < IDLE_CPU_PER_SECOND, f"role {rank} idle at {per_second:.2f} CPU-s a second"
 
 
@@ -171,3 +171,36 @@ def test_an_idle_role_spends_no_cpu_waiting_for_rpcs() -> None:
     from tests.ranks import run_ranks
 
     run_ranks(_idle_role, (free_port(),), world=2)
+
+
+LATE_SECONDS = 0.5
+
+
+def _late_leaver(rank: int, port: int, out: str) -> None:
+    from torch.distributed import rpc
+
+    from sublimate.components.processes.async_sgd import LEFT_KEY, init_rpc, shutdown_rpc
+
+    init_rpc(f"127.0.0.1:{port}", f"role{rank}", rank, 2, 60)
+    if rank == 0:  # the parameter server, host of the store
+        shutdown_rpc(0, 2, 60)
+        Path(out, "server").write_text(json.dumps(time.time()))
+        return  # and its process ends
+    # A trainer whose last read of the shutdown's count comes late, as on a busy core: the
+    # store must still answer (rank 0 destroyed it with its agent: "Connection reset by peer").
+    store = rpc.api._get_current_rpc_agent().store
+    rpc.shutdown()
+    time.sleep(LATE_SECONDS)
+    Path(out, "trainer").write_text(json.dumps(time.time()))
+    store.add(LEFT_KEY, 1)
+
+
+def test_the_servers_store_outlives_every_roles_rpc_shutdown(tmp_path: Path) -> None:
+    """The parameter server's process hosts the RPC group's store, whose last reads end every
+    role's shutdown: it keeps it until each role has left, however late."""
+    from tests.ranks import run_ranks
+
+    run_ranks(_late_leaver, (free_port(), str(tmp_path)), world=2)
+    server_left = json.loads((tmp_path / "server").read_text())
+    trainer_left = json.loads((tmp_path / "trainer").read_text())
+    assert server_left >= trainer_left  # it waited for the trainer (one machine: one clock)
