@@ -114,6 +114,26 @@ def require_module(name: str, install: str) -> ModuleType:
     return importlib.import_module(name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every temporary file of the session, its processes' included, under pytest's own base
+    folder (which pytest prunes: the last three sessions are kept): TMPDIR for the processes the
+    tests start, ``tempfile.tempdir`` for this one. Else what tests start without a folder of
+    their own leaves its temporary folders in /tmp at every run: torchrun (a
+    ``torchelastic_*`` log folder per agent, never removed), the harness's default homes."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp", numbered=False)
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
+    yield folder
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
+
+
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty SUBLIMATE_HOME: run folders and local volumes live here."""

@@ -110,10 +110,22 @@ def seaweedfs(workdir: Path, timeout: float = 30.0) -> Iterator[S3Server]:
         process.kill()  # a throwaway store: no need to wait for a graceful shutdown
         process.wait()
         log.close()
-        for port in ports:  # a killed server leaves its sockets, named by its ports
-            for twin in (port, port + GRPC_OFFSET):
-                for socket_file in Path("/tmp").glob(f"seaweedfs-*-{twin}.sock"):
-                    socket_file.unlink(missing_ok=True)
+        remove_sockets(ports)
+
+
+def remove_sockets(ports: list[int]) -> None:
+    """Remove the unix sockets of a killed server that listened on ``ports`` (a killed server
+    leaves them; they are named by its ports, its gRPC twins too)."""
+    for port in ports:
+        for twin in (port, port + GRPC_OFFSET):
+            for socket_file in Path("/tmp").glob(f"seaweedfs-*-{twin}.sock"):
+                socket_file.unlink(missing_ok=True)
+
+
+def ports_of(command: list[str]) -> list[int]:
+    """The ports in a ``weed mini`` command line (``-s3.port=8333`` and the like)."""
+    return [int(value) for flag, _, value in (arg.partition("=") for arg in command)
+            if flag.endswith(".port") and value.isdigit() and int(value) > 0]
 
 
 def _wait_ready(server: S3Server, process: subprocess.Popen, timeout: float, log: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import require
-from tests.s3_server import GRPC_OFFSET, seaweedfs, weed_binary
+from tests.s3_server import GRPC_OFFSET, ports_of, seaweedfs, weed_binary
 
 
 def test_a_stopped_server_leaves_no_socket_or_log_in_tmp(tmp_path: Path) -> None:
@@ -17,3 +17,10 @@ def test_a_stopped_server_leaves_no_socket_or_log_in_tmp(tmp_path: Path) -> None
     for twin in (port, port + GRPC_OFFSET):
         assert not list(Path("/tmp").glob(f"seaweedfs-*-{twin}.sock"))
     assert list((tmp_path / "tmp").glob("weed.*INFO*")), "its logs are in its own folder"
+
+
+def test_the_ports_of_a_servers_command_line_are_its_services_ports() -> None:
+    """What a test that killed a server (its cleanup never ran) removes its sockets by."""
+    command = ["weed", "mini", "-dir=/d", "-s3.port=20001", "-s3.port.iceberg=0",
+               "-master.port=20002", "-admin.ui=false", "-filer.port=20004"]
+    assert ports_of(command) == [20001, 20002, 20004]

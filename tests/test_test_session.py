@@ -1,9 +1,11 @@
 """The test suite's own hygiene: every process a test starts dies with the test process, however
-the test process ends (``tests/conftest.py``'s session reaper)."""
+the test process ends (``tests/conftest.py``'s session reaper), and every temporary folder a test
+or its processes make stays under pytest's own base folder, never in the machine's /tmp."""
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import pytest
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch.job_reaper import marked_processes
 from tests.conftest import REPO, require
-from tests.s3_server import weed_binary
+from tests.s3_server import ports_of, remove_sockets, weed_binary
 
 # A test run that starts what tests start, a real SeaweedFS server (the session fixture), a
 # helper in a session of its own and a helper's child left to init, and then is killed. Its
@@ -38,10 +40,27 @@ STARTS_THINGS = textwrap.dedent("""
 """)
 
 
-def _command(pid: int) -> str:
+# A test that makes temporary folders as torchrun (its log folder) and the harness's default
+# home do: where it ran, tempfile's default folder.
+MAKES_TEMPORARY_FOLDERS = textwrap.dedent("""
+    import subprocess, sys, tempfile
+
+    def test_makes_temporary_folders():
+        tempfile.mkdtemp(prefix="probe-of-the-test-")
+        subprocess.run([sys.executable, "-c",
+                        "import tempfile; tempfile.mkdtemp(prefix='probe-of-its-child-')"],
+                       check=True)
+""")
+
+
+def _command_line(pid: int) -> list[str]:
     with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    return ""
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    return []
+
+
+def _command(pid: int) -> str:
+    return next(iter(_command_line(pid)), "")
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist-workers"])
@@ -56,6 +75,7 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
         env={**os.environ, PROBE: str(tmp_path)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     started: dict[int, int | None] = {}
+    weed_ports: list[int] = []
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "ready").exists():
@@ -66,6 +86,8 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
                    if pid != run.pid}
         commands = sorted(Path(_command(pid)).name for pid in started)
         assert "weed" in commands and commands.count("sleep") == 2, commands
+        weed_ports = [port for pid in started if Path(_command(pid)).name == "weed"
+                      for port in ports_of(_command_line(pid))]
         run.kill()  # as a CI time limit ends a test run
         run.wait()
         deadline = time.monotonic() + 30
@@ -79,6 +101,9 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
         for pid in marked_processes(str(tmp_path), PROBE):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # The killed server's unix sockets (weed puts them in /tmp whatever TMPDIR says): its
+        # own cleanup never ran.
+        remove_sockets(weed_ports)
 
 
 def test_the_readme_test_commands_workers_keep_a_modules_shared_fixture_on_one_of_them() -> None:
@@ -95,3 +120,22 @@ def test_the_readme_test_commands_workers_keep_a_modules_shared_fixture_on_one_o
                if "PASSED" in line and line.rstrip().endswith(f"@{module}")]
     # the three tests that take the module's `manifest` fixture, all on one worker
     assert len(grouped) == 3 and len(set(grouped)) == 1, done.stdout[-3000:]
+
+
+def test_a_tests_temporary_folders_and_its_processes_stay_under_pytests_base_folder(
+        tmp_path: Path) -> None:
+    """The machine's temporary folder here is ``machine-tmp`` (TMPDIR): after the test run it
+    holds pytest's base folder and nothing else; both probes are inside that."""
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    (tmp_path / "test_makes_temporary_folders.py").write_text(MAKES_TEMPORARY_FOLDERS)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         str(tmp_path / "test_makes_temporary_folders.py")], cwd=REPO,
+        env={**os.environ, "TMPDIR": str(machine_tmp)}, capture_output=True, text=True,
+        timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    base = machine_tmp / f"pytest-of-{getpass.getuser()}"
+    assert [path.name for path in machine_tmp.iterdir()] == [base.name]
+    probes = sorted(path.name.rsplit("-", 1)[0] for path in base.rglob("probe-of-*"))
+    assert probes == ["probe-of-its-child", "probe-of-the-test"], probes
