@@ -19,7 +19,6 @@ import inspect
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from sublimate.components.base.ports import free_port
 from tests.conftest import REPO
 
 
@@ -155,12 +155,6 @@ def check_calls(example: Example) -> int:
 # Running them
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _one_process_job(tmp_path: Path, prelude: str, example: Example, epilogue: str = "",
                      settings: dict[str, Any] | None = None) -> str:
     """Run ``example`` as a script of a one-process torch job (what torchrun and sublimate's
@@ -171,7 +165,7 @@ def _one_process_job(tmp_path: Path, prelude: str, example: Example, epilogue: s
     script.write_text(f"{textwrap.dedent(prelude)}\n# ---- {example}\n{example.code}\n"
                       f"# ----\n{textwrap.dedent(epilogue)}")
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "GROUP_RANK": "0",
-           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "OMP_NUM_THREADS": "1",
            **contract_env(tmp_path / "data", tmp_path / "run", {
                "algorithm": "sync", "seed": 0, "collective_timeout": 60,

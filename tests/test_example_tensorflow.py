@@ -16,22 +16,16 @@ import json
 import os
 import re
 import runpy
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from sublimate.components.base.ports import free_port
 from tests.conftest import REPO, require
 
 EXAMPLE = REPO / "examples" / "keras_multiworker" / "train.py"
 EPOCHS = 3
 TIMEOUT = 300  # seconds for the job: TensorFlow's import (~4 s) and 3 tiny epochs, 2 workers
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _require_tensorflow() -> None:
@@ -64,7 +58,7 @@ def _launch(data: Path, run_dir: Path, epochs: int) -> str:
     })
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "keras-example",
+               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "keras-example",
                "--monitor-interval", "0.1", "--tee", "3",
                "-m", "tests.test_example_tensorflow", str(EXAMPLE), "--hidden", "32"]
     nodes = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch import forked_agents
 from sublimate.components.launch.apps import WORKER_AGENT, WORKER_MODULE
@@ -31,12 +32,6 @@ from tests.conftest import REPO, wait_for
 __all__ = ["netns"]
 
 AGENT = f"python -m {WORKER_MODULE} {WORKER_AGENT}"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _in_rendezvous(port: int) -> bool:
@@ -101,7 +96,7 @@ def test_switched_off_every_agent_is_started_afresh(tmp_path: Path) -> None:
 def test_an_agent_is_a_session_of_its_own_in_the_requests_directory(
         server: AgentServer, tmp_path: Path) -> None:
     log = tmp_path / "agent.log"
-    port = _free_port()
+    port = free_port()
     with open(log, "wb") as output:
         agent = server.fork(_waiting_agent(port), dict(os.environ), str(tmp_path),
                             output.fileno(), output.fileno())
@@ -135,7 +130,7 @@ def test_an_agents_exit_status_is_its_own(server: AgentServer, tmp_path: Path) -
                             "--"], capture_output=True, cwd=REPO, check=False)
     assert fresh.returncode == refused.returncode
 
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "cancelled.log", "wb") as output:
         waiting = server.fork(_waiting_agent(port), dict(os.environ), str(tmp_path),
                               output.fileno(), output.fileno())
@@ -152,7 +147,7 @@ def test_a_closed_server_ends_and_its_agents_still_read_as_running_then_ended(
     gone reads as killed."""
     server = AgentServer(sys.executable, dict(os.environ), str(tmp_path))
     with open(tmp_path / "agent.log", "wb") as output:
-        agent = server.fork(_waiting_agent(_free_port()), dict(os.environ), str(tmp_path),
+        agent = server.fork(_waiting_agent(free_port()), dict(os.environ), str(tmp_path),
                             output.fileno(), output.fileno())
     try:
         server.close()
@@ -216,7 +211,7 @@ def test_after_its_server_died_a_node_starts_afresh(tmp_path: Path) -> None:
         assert found is not None
         server, argv = found
         assert argv[1:4] == ["-m", WORKER_MODULE, WORKER_AGENT]
-        port = _free_port()
+        port = free_port()
         with open(tmp_path / "agent.log", "wb") as output:
             agent = server.fork(_waiting_agent(port), env, str(tmp_path), output.fileno(),
                                 output.fileno())
@@ -327,7 +322,7 @@ def test_a_stop_that_comes_before_the_agent_reaches_it_once_it_runs(
     init = _Init()
     os.kill(init.pid, signal.SIGTERM)
     time.sleep(0.5)  # handled meanwhile (were it handled later, it would reach the agent anyway)
-    init.fork(server, _waiting_agent(_free_port()), tmp_path / "agent.log")
+    init.fork(server, _waiting_agent(free_port()), tmp_path / "agent.log")
     code = init.holder.wait(timeout=60)
     assert code != 0, (tmp_path / "agent.log").read_text()
 

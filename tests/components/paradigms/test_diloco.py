@@ -13,12 +13,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.base.settings import SettingError, check
 from sublimate.components.paradigms import flat_parameters
 from sublimate.components.paradigms.diloco import DiLoCo, model_fragments
 from tests.ranks import run_ranks
 
-from .test_per_step_rounds import VetoingReplicas, _free_port, _local_step
+from .test_per_step_rounds import VetoingReplicas, _local_step
 
 WORLD = 2
 
@@ -69,7 +70,7 @@ def _outer_steps_on(rank: int, results: Path, wire: str) -> None:
 
 def test_the_outer_step_is_the_papers_nesterov_step_on_the_mean_pseudo_gradient(
         tmp_path: Path) -> None:
-    run_ranks(_outer_steps, (_free_port(), tmp_path), WORLD)
+    run_ranks(_outer_steps, (free_port(), tmp_path), WORLD)
     for wire in WIRES:
         _check_outer_steps(tmp_path, wire)
 
@@ -166,7 +167,7 @@ def _rounds_of(rank: int, results: Path, fragments: int) -> None:
 
 def test_a_discarded_round_leaves_every_tensor_as_it_was_and_a_committed_one_is_the_restart_modes(
         tmp_path: Path) -> None:
-    run_ranks(_rounds, (_free_port(), tmp_path), WORLD)
+    run_ranks(_rounds, (free_port(), tmp_path), WORLD)
     for fragments in FRAGMENTS:  # 2: Streaming DiLoCo
         _check_rounds(tmp_path, fragments)
 
@@ -230,7 +231,7 @@ def _resume(rank: int, port: int, results: Path) -> None:
 
 
 def test_a_checkpoint_mid_round_resumes_bit_for_bit(tmp_path: Path) -> None:
-    run_ranks(_resume, (_free_port(), tmp_path), WORLD)
+    run_ranks(_resume, (free_port(), tmp_path), WORLD)
     for rank in range(WORLD):
         saved = torch.load(tmp_path / f"rank-{rank}.pt")
         assert torch.equal(saved["straight"], saved["resumed"])

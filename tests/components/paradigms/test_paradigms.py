@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.paradigms import flat_parameters, paradigm_class
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
@@ -20,12 +20,6 @@ from tests.ranks import run_ranks
 
 WORLD = 2
 PERIOD = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _tiny_model() -> nn.Module:
@@ -84,7 +78,7 @@ def _easgd_one_round(rank: int, port: int, results: Path) -> None:
 
 
 def _spawn(function: object, tmp_path: Path, *extra: object) -> list[dict[str, Any]]:
-    run_ranks(function, (_free_port(), tmp_path, *extra), WORLD)
+    run_ranks(function, (free_port(), tmp_path, *extra), WORLD)
     return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
 
 

@@ -7,7 +7,6 @@ tests/components/training/test_fault_tolerance.py)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.paradigms import flat_parameters
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
@@ -121,18 +121,12 @@ def _rounds(rank: int, port: int, results: Path, algorithm: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.parametrize("algorithm", ["bmuf", "easgd"])
 def test_a_refused_round_leaves_every_tensor_as_it_was_and_a_committed_one_is_the_restart_modes(
         tmp_path: Path, algorithm: str) -> None:
     # spawn, not fork: a fork of a process whose OpenMP pool already ran (pytest's, after other
     # tests) can deadlock in the child's first parallel kernel
-    run_ranks(_rounds, (_free_port(), tmp_path, algorithm), WORLD)
+    run_ranks(_rounds, (free_port(), tmp_path, algorithm), WORLD)
     for rank in range(WORLD):
         record = torch.load(tmp_path / f"rank-{rank}.pt")
         # per-step, every round committed: bit for bit the restart mode's three rounds
@@ -182,7 +176,7 @@ def _gradients(rank: int, port: int, results: Path) -> None:
 
 
 def test_sync_sgds_flat_gradient_average_is_ddps_over_the_global_batch(tmp_path: Path) -> None:
-    run_ranks(_gradients, (_free_port(), tmp_path), WORLD)
+    run_ranks(_gradients, (free_port(), tmp_path), WORLD)
     for rank in range(WORLD):
         grads = torch.load(tmp_path / f"rank-{rank}.pt")
         for ddp, flat in zip(grads["ddp"], grads["per-step"], strict=True):

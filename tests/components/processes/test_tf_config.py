@@ -17,16 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.processes import tf_config
 from tests.conftest import REPO
 
 TIMEOUT = 120  # seconds for a whole job: torch's import on 2 busy cores is the slow part
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _sockets() -> int:
@@ -123,14 +118,14 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def test_one_node_three_workers(tmp_path: Path) -> None:
-    _run([_torchrun(1, 3, _free_port(), tmp_path)], [_clean_env()])
+    _run([_torchrun(1, 3, free_port(), tmp_path)], [_clean_env()])
     records = _records(tmp_path, 3)
     assert {r["address"] for r in records} == {"127.0.0.1"}  # the master is on loopback
 
 
 def test_two_simulated_nodes(tmp_path: Path) -> None:
     """Two torchrun agents meeting at one rendezvous, as ``sublimate run`` simulates nodes."""
-    port = _free_port()
+    port = free_port()
     _run([_torchrun(2, 1, port, tmp_path)] * 2, [_clean_env()] * 2)
     records = _records(tmp_path, 2)
     assert {r["address"] for r in records} == {"127.0.0.1"}
@@ -141,7 +136,7 @@ def test_rank0_hosted_store_and_node_addr(tmp_path: Path) -> None:
 
     ``SUBLIMATE_NODE_ADDR`` is what is published when set (here one loopback alias per node).
     """
-    port = _free_port()
+    port = free_port()
     envs = [_clean_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), SUBLIMATE_NODE_ADDR=f"127.0.0.{r + 1}")
             for r in range(2)]
@@ -154,7 +149,7 @@ def test_rank0_hosted_store_and_node_addr(tmp_path: Path) -> None:
 def test_single_worker_needs_no_store() -> None:
     """WORLD_SIZE=1: nothing to exchange (no store is contacted: the port below is closed)."""
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
+           "MASTER_PORT": str(free_port())}
     with tf_config.exchange(env) as reservation:
         assert reservation.held
         config = json.loads(reservation.tf_config)
@@ -174,7 +169,7 @@ def test_outside_torchrun_is_refused_with_the_reason() -> None:
 
 def test_unreachable_store_is_one_clear_error() -> None:
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+           "MASTER_PORT": str(free_port()), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     with pytest.raises(tf_config.TFConfigError, match="cannot reach torchrun's store"):
         tf_config.exchange(env, timeout=1)
 

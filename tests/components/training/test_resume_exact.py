@@ -6,6 +6,7 @@ shows up as a difference in the bits."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,34 +39,48 @@ def _assert_same_bits(home: Path, resumed: str, clean: str) -> None:
     assert not differing, f"the resumed model differs from the uninterrupted one in {differing}"
 
 
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The home of an uninterrupted run of a paradigm (run id ``clean-<algorithm>``), made
+    once for the module: the sync one is the oracle of two tests."""
+    home = tmp_path_factory.mktemp("clean-runs") / "home"
+    made: set[str] = set()
+
+    def of(algorithm: str) -> Path:
+        if algorithm not in made:
+            code, log = _run(home, f"clean-{algorithm}", "-p", f"algorithm={algorithm}")
+            assert code == 0, log[-3000:]
+            made.add(algorithm)
+        return home
+
+    return of
+
+
 @pytest.mark.parametrize("algorithm", ["sync", "bmuf", "easgd"])
 def test_a_killed_worker_resumes_to_the_uninterrupted_model_bit_for_bit(
-        tmp_path: Path, algorithm: str) -> None:
-    home = tmp_path / "home"
-    code, log = _run(home, "clean", "-p", f"algorithm={algorithm}")
-    assert code == 0, log[-3000:]
-    code, log = _run(home, "killed", "-p", f"algorithm={algorithm}", "-p", "max-restarts=1",
+        clean_run: Callable[[str], Path], algorithm: str) -> None:
+    home = clean_run(algorithm)
+    code, log = _run(home, f"killed-{algorithm}", "-p", f"algorithm={algorithm}",
+                     "-p", "max-restarts=1",
                      env={"SUBLIMATE_FAIL_AT_STEP": KILL_AT, "SUBLIMATE_FAIL_RANK": "1"})
     assert code == 0, log[-3000:]
     assert f"fault injection: killing rank 1 at step {KILL_AT}" in log
     assert re.search(r"resumed from checkpoint at step 20/132", log), log[-3000:]
-    _assert_same_bits(home, "killed", "clean")
+    _assert_same_bits(home, f"killed-{algorithm}", f"clean-{algorithm}")
 
 
 def test_a_kill_during_a_checkpoint_write_resumes_from_the_previous_commit(
-        tmp_path: Path) -> None:
+        clean_run: Callable[[str], Path]) -> None:
     """Rank 1 dies halfway through writing its file of step 40: the step is never committed,
     the half file is never read, the run resumes from step 20 and ends bit-identical; the
     half-written file is gone once its step folder is pruned."""
-    home = tmp_path / "home"
-    code, log = _run(home, "clean")
-    assert code == 0, log[-3000:]
+    home = clean_run("sync")  # the default paradigm
     code, log = _run(home, "torn", "-p", "max-restarts=1",
                      env={"SUBLIMATE_FAIL_DURING_CHECKPOINT": "40", "SUBLIMATE_FAIL_RANK": "1"})
     assert code == 0, log[-3000:]
     assert "killing rank 1 while it writes its checkpoint of step 40" in log
     assert re.search(r"resumed from checkpoint at step 20/132", log), log[-3000:]
-    _assert_same_bits(home, "torn", "clean")
+    _assert_same_bits(home, "torn", "clean-sync")
     checkpoints = home / "volumes" / "sublimate-data" / "runs" / "torn" / "checkpoints"
     assert sorted(path.name for path in checkpoints.iterdir() if path.is_dir()) == [
         "step-000000120", "step-000000132"]

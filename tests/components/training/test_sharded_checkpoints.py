@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from sublimate.components.base.ports import free_port
 from sublimate.components.model import checkpoint
 from sublimate.components.model.sharded_checkpoint import METADATA_FILE, WeightsOnlyReader
 from sublimate.components.training import Checkpointer, ShardedCheckpointer
@@ -96,18 +96,12 @@ def _compare(expected: Any, actual: Any, name: str = "") -> Any:
         yield name, expected == actual
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run folder with step STEP checkpointed by two ranks (spawn, not fork: see
     test_per_step_rounds)."""
     run_dir = tmp_path_factory.mktemp("run")
-    run_ranks(_save_two_ranks, (_free_port(), run_dir), 2)
+    run_ranks(_save_two_ranks, (free_port(), run_dir), 2)
     return run_dir
 
 
@@ -131,7 +125,7 @@ def test_a_step_saved_by_two_ranks_resumes_exactly_on_another_number(saved: Path
     if world == 1:  # one process, no process group at all
         _restore_and_compare(saved, 0, 1)
     else:
-        run_ranks(_restore, (_free_port(), saved, world), world)
+        run_ranks(_restore, (free_port(), saved, world), world)
     for rank in range(world):
         step, seconds, compared, differ = (saved / f"restored-{world}-{rank}.txt") \
             .read_text().split(" ", 3)

@@ -5,13 +5,13 @@ test asserts the phases, messages and outputs Argo gives."""
 from __future__ import annotations
 
 import os
-import socket
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from sublimate.components.base.ports import free_port
 from sublimate.pipelines.runner import run
 from sublimate.pipelines.runner.errors import ManifestError
 
@@ -207,12 +207,6 @@ spec:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -225,7 +219,7 @@ def _alive(pid: int) -> bool:
 def test_a_sidecar_serves_main_and_is_stopped_after_it(tmp_path: Path) -> None:
     started = time.monotonic()
     # on the volume the two containers share: a container's other files are its own
-    result = _run(tmp_path, SIDECAR, port=_free_port(), pidfile="/srv/server.pid")
+    result = _run(tmp_path, SIDECAR, port=free_port(), pidfile="/srv/server.pid")
     assert result.phase == "Succeeded", result.message  # its SIGTERM exit does not count
     assert result.node("sidecar").result == "hello from the sidecar"
     assert time.monotonic() - started < 20  # stopped by SIGTERM, not after the grace period
@@ -239,7 +233,7 @@ def test_a_sidecar_failing_on_its_own_fails_the_node(tmp_path: Path) -> None:
     # inferFailedReason: a sidecar's exit code other than 137/143 fails the pod.
     text = SIDECAR.replace('exec python -m http.server', 'exit 5; exec python -m http.server')
     text = text.replace("range(100)", "range(2)")  # nothing will answer: do not wait long
-    result = _run(tmp_path, text, port=_free_port(), pidfile=tmp_path / "server.pid")
+    result = _run(tmp_path, text, port=free_port(), pidfile=tmp_path / "server.pid")
     node = result.node("sidecar")
     assert node.phase == "Failed"
     assert node.message == "server: Error (exit code 5)"
