@@ -124,14 +124,10 @@ def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) ->
     import tempfile
 
     folder = tmp_path_factory.mktemp("tmp", numbered=False)
-    saved = os.environ.get("TMPDIR"), tempfile.tempdir
-    os.environ["TMPDIR"] = tempfile.tempdir = str(folder)
-    yield folder
-    if saved[0] is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = saved[0]
-    tempfile.tempdir = saved[1]
+    with pytest.MonkeyPatch.context() as patch:  # both as they were when the session ends
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", str(folder))
+        yield folder
 
 
 @pytest.fixture
