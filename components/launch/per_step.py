@@ -203,7 +203,12 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
                 unused.remove(loss)
             counters = record["counters"]
             last_event = record["events"][-1]["time"] if record["events"] else record["start"]
-            moment = (loss.killed or loss.detected) if loss is not None else last_event
+            # when it died: chaos's kill, else the fault injection's own record of its kill,
+            # else when the launcher saw it (a cluster's loss: later than the death)
+            injected = _event(record, "killed")
+            moment = (loss.killed if loss is not None and loss.killed else
+                      injected["time"] if injected is not None else
+                      loss.detected if loss is not None else last_event)
             entry: dict[str, Any] = {
                 "node": node, "time": round(moment or 0, 3), "step": counters.get("last_step"),
                 # the step in flight when it died: attempted, neither committed nor dropped
@@ -211,6 +216,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
                 - counters.get("dropped", 0)}
             if loss is not None:
                 entry["detected_after_seconds"] = round(loss.detected - moment, 3)
+            entry.update(_survivors(records, record, moment))
             replacement = incarnations[index + 1] if index + 1 < len(incarnations) else None
             first = _event(replacement, "first_commit") if replacement else None
             if replacement is not None and first is not None:
@@ -246,6 +252,24 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
         "dropped_steps": sum(1 for r in records for e in r["events"] if e["event"] == "abort"),
         "timeline": timeline(records),
     }
+
+
+def _survivors(records: list[dict[str, Any]], lost: dict[str, Any],
+               moment: float) -> dict[str, Any]:
+    """What a loss at ``moment`` cost the groups that survived it: how long they stood still,
+    from the loss to their first step committed after it (without the lost group, or after
+    dropping the step it broke), and the steps they dropped meanwhile (one per group that
+    dropped it). Empty when no survivor committed a step after it (the job was over)."""
+    others = [record for record in records if record is not lost
+              and record["node"] != lost["node"] and (record["start"] or 0) <= moment]
+    resumed = min((event["time"] for record in others for event in record["events"]
+                   if event["event"] == "resumed" and event["time"] >= moment), default=None)
+    if resumed is None:
+        return {}
+    dropped = sum(1 for record in others for event in record["events"]
+                  if event["event"] == "abort" and moment <= event["time"] <= resumed)
+    return {"survivors_stalled_seconds": round(resumed - moment, 3),
+            "survivor_steps_dropped": dropped}
 
 
 def timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -284,6 +308,9 @@ def describe(section: dict[str, Any]) -> list[str]:
             parts.append(f"at step {failure['step']}")
         if failure.get("steps_lost") is not None:
             parts.append(f"{failure['steps_lost']} step(s) lost")
+        if failure.get("survivors_stalled_seconds") is not None:
+            parts.append(f"the others went on {failure['survivors_stalled_seconds']:.1f}s "
+                         f"later ({failure['survivor_steps_dropped']} group-step(s) dropped)")
         if failure.get("replacement_trained_after_seconds") is not None:
             parts.append(f"its replacement trained again "
                          f"{failure['replacement_trained_after_seconds']:.1f}s after starting"

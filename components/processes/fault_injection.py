@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str,
 
 
 def kill_in_allreduce(manager: Any, parameters: list[torch.nn.Parameter], slot: int,
-                      step: int) -> None:
+                      step: int, record: Callable[..., None] | None = None) -> None:
     """Fault injection (per-step recovery): SIGKILL this process once it is in this step's
     quorum, where its peers' all-reduce of the step waits for its share
     (``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP``): their collective fails mid-way, on the
@@ -88,9 +89,12 @@ def kill_in_allreduce(manager: Any, parameters: list[torch.nn.Parameter], slot: 
     nothing had happened; a share of another size than the step's flat gradient (the
     paradigm's ``averaged_parameters``) is worse, a collective mismatch that gloo does not
     report as an error but aborts the receiving process with. ``parameters`` is kept for
-    that reason: what the step would all-reduce, for the message."""
+    that reason: what the step would all-reduce, for the message. ``record``: the replica
+    group's event record, which dates the kill (what the survivors' stall is measured from)."""
     manager.wait_quorum()  # this process is in the step's collective from here on
     size = sum(parameter.numel() for parameter in parameters)
+    if record is not None:
+        record("killed", step=step, fault="in the all-reduce")
     print(f"fault injection: killing slot {slot} during the all-reduce of step {step} "
           f"({size} values that it will not send)", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -218,6 +218,7 @@ class PerStepRun(Run):
             if synced >= progress.due:
                 progress.step(self.step)
             if self.step == self.fail_at:
+                self.ft.record("killed", step=self.step, fault="after the step")
                 kill_self(self.group.slot, self.step)
             if self.step == self.freeze_at:
                 freeze_self(self.group.slot, self.step)
@@ -272,7 +273,7 @@ class PerStepRun(Run):
             from sublimate.components.processes.fault_injection import kill_in_allreduce
 
             kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(), self.group.slot,
-                              step + 1)
+                              step + 1, record=self.ft.record)
         paradigm.average_gradients()
         if not self.ft.commit():
             return False

@@ -22,9 +22,11 @@ Choices made against torchft's defaults, each checked on this machine with torch
   the wildcard; :func:`_bind_manager_server_to` narrows it);
 * ``init_sync=False``: every group seeds its model identically (``seed``), so step 0 needs no
   broadcast, and a failure-free per-step run computes exactly what the restart mode does;
-* the quorum's store reached within ``STORE_CONNECT_SECONDS`` or the step dropped
-  (:func:`_fail_fast_on_a_gone_store`), where torchft's store client would wait the collective
-  timeout twice for a group that died after the quorum named its store.
+* a group between the replica groups that fails fast on every survivor
+  (:class:`~sublimate.components.training.fail_fast_gloo.FailFastGloo`): closed as soon as one
+  of its collectives fails, so that the failure reaches every survivor, not only the dead
+  node's neighbours; built within a few seconds or the step dropped, where torchft's would wait
+  the collective timeout for a peer that died after the quorum named it.
 
 ``docs/fault-tolerance.md`` says when to use it and what it costs.
 """
@@ -34,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -55,11 +56,6 @@ from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 # The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
 QUORUM_TIMEOUT_SECONDS = 300
-# How long a group tries to reach the quorum's store before it drops the step. The store is
-# served by a group of the quorum from its start, and the kernel accepts a connection for a live
-# one however busy its process is: only a group that is gone (killed after the quorum named it)
-# takes this long.
-STORE_CONNECT_SECONDS = 5.0
 
 
 def _short(error: str) -> str:
@@ -94,33 +90,6 @@ def _bind_manager_server_to(address: str) -> None:
     manager_module.ManagerServer = bound_server
 
 
-def _fail_fast_on_a_gone_store(process_group: Any) -> None:
-    """Make a torchft process group check that the quorum's store answers before it
-    reconfigures on it.
-
-    torchft names the store of one group of the quorum; if that group dies before the others
-    have connected, their TCPStore client retries until the collective timeout, then once more
-    (a chaos run lost two nodes a step apart: every group waited 64 s for a store that no longer
-    existed). A plain connection first, refused or unanswered within ``STORE_CONNECT_SECONDS``,
-    fails the reconfiguration instead: the step is dropped and the next quorum leaves the dead
-    group out.
-    """
-    configure = process_group.configure
-
-    def configure_on_a_live_store(store_addr: str, *args: Any, **kwargs: Any) -> None:
-        address = store_addr.partition("/")[0]  # host:port/prefix
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)),
-                                     timeout=STORE_CONNECT_SECONDS).close()
-        except OSError as exc:
-            raise RuntimeError(f"the quorum's store at {address} does not answer ({exc}): "
-                               "the group serving it is gone") from exc
-        configure(store_addr, *args, **kwargs)
-
-    process_group.configure = configure_on_a_live_store
-
-
 class FaultTolerance:
     """This process's share of per-step recovery: a torchft Manager for its replica group.
 
@@ -144,7 +113,8 @@ class FaultTolerance:
         _quiet_torchft()
         from torchft.checkpointing.pg_transport import PGTransport
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
+
+        from sublimate.components.training.fail_fast_gloo import FailFastGloo
 
         self.groups, self.group_rank, self.group_world = groups, group_rank, group_world
         self.workers = groups.groups * group_world  # every worker of the job, alive or not
@@ -157,8 +127,7 @@ class FaultTolerance:
         quorum_timeout = max(timeout, timedelta(seconds=QUORUM_TIMEOUT_SECONDS))
         # gloo between groups on every device: torchft's NCCL groups need a GPU build to test,
         # and the tensors a step averages are copied to the CPU anyway when they are small.
-        process_group = ProcessGroupGloo(timeout=timeout)
-        _fail_fast_on_a_gone_store(process_group)
+        process_group = self.process_group = FailFastGloo(timeout)
         self.manager = Manager(
             pg=process_group, load_state_dict=load_state, state_dict=state,
             min_replica_size=groups.min_groups, use_async_quorum=async_quorum,
@@ -175,6 +144,7 @@ class FaultTolerance:
         self.committed = self.attempted = self.aborted = self.heals = 0
         self._expected = 0  # the step count this step commits to, from start_step
         self._first_commit = True
+        self._disturbed = False  # a step was dropped since the last commit
         folder = Path(run_dir) / run_files.FAULT_TOLERANCE
         stem = incarnation_name(groups.group, self.started)
         self._events = (folder / f"{stem}.jsonl") if self.recording else None
@@ -205,6 +175,8 @@ class FaultTolerance:
             dist.all_reduce(tensor)
             tensor /= self.group_world
         self.manager.allreduce(tensor).wait()
+        if self.manager.errored() is not None:
+            self.process_group.close_after_error()  # its peers fail too, at once
         self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
 
     def commit(self) -> bool:
@@ -216,10 +188,16 @@ class FaultTolerance:
             self.heals += 1
             self.record("healed", step=step - committed)
         participants = self.manager.num_participants()
-        if participants != self.participants:
+        changed = participants != self.participants
+        if changed:
             self.participants = participants
             self.record("quorum", step=step, participants=participants)
         if committed:
+            if (changed or self._disturbed) and not self._first_commit:
+                # the first step committed after a drop or without a lost group: how long the
+                # survivors of a failure stood still (per_step.summarize)
+                self.record("resumed", step=step, participants=participants)
+            self._disturbed = False
             self.committed += 1
             if self._counters is not None:
                 values = self._counters.values
@@ -228,6 +206,7 @@ class FaultTolerance:
                 self._first_commit = False
                 self.record("first_commit", step=step)
         else:
+            self._disturbed = True
             self.aborted += 1
             if self._counters is not None:
                 self._counters.values[3] = self.aborted

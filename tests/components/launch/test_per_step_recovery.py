@@ -128,6 +128,33 @@ def test_a_node_killed_in_the_all_reduce_between_groups_drops_that_step_only(
     assert summary["steps"] == 30 * 23
 
 
+# The most a survivor may stand still after a node dies in the all-reduce: the Lighthouse's
+# join timeout (0.5 s) and a step, with room for a loaded machine; far below the collective
+# timeout (30 s) that the survivors away from the dead node waited out before.
+STALL_BOUND_SECONDS = 5.0
+
+
+def test_a_node_killed_in_the_all_reduce_of_six_stalls_no_survivor(tmp_path: Path) -> None:
+    # From 5 nodes up, only the dead node's two ring neighbours see its connections reset; the
+    # other three waited in gloo's recv for the neighbours' data until the collective timeout,
+    # and the neighbours alone were too few for a quorum (the Lighthouse refuses half or fewer
+    # of the groups heartbeating). A failed group is now closed at once, which fails its
+    # neighbours' waits in turn.
+    output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=6", "-p", "global-batch-size=120",
+                           "-p", "epochs=6", faults={
+                               "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": "40",
+                               "SUBLIMATE_FAIL_RANK": "2"})
+    (failure,) = _failures(summary)
+    assert failure["node"] == 2 and failure["steps_lost"] == 1
+    dropped = re.findall(r"node(\d): step (\d+) dropped, every group takes it again \(([^)]*)\)",
+                         output)
+    assert sorted(node for node, _, _ in dropped) == ["0", "1", "3", "4", "5"], output[-3000:]
+    assert not [why for _, _, why in dropped if "Timed out" in why], dropped
+    assert failure["survivor_steps_dropped"] == 5
+    assert 0 < failure["survivors_stalled_seconds"] <= STALL_BOUND_SECONDS, failure
+    assert "the others went on" in output and summary["steps"] == 6 * 11
+
+
 def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
         tmp_path: Path) -> None:
     # nodes=2:3: a step needs two groups. Losing two of three at once leaves one, which waits

@@ -1,4 +1,6 @@
-"""The quorum's store, reached before a group reconfigures on it (``fault_tolerance``)."""
+"""The group between replica groups (``fail_fast_gloo``): the quorum's store reached before a
+group reconfigures on it, and a new group built within its connect bound, not the collective
+timeout."""
 
 from __future__ import annotations
 
@@ -10,39 +12,62 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from sublimate.components.training.fault_tolerance import (
-    STORE_CONNECT_SECONDS,
-    _fail_fast_on_a_gone_store,
-)
+from sublimate.components.training.fail_fast_gloo import CONNECT_SECONDS, FailFastGloo
+
+# The collective timeout torchft's own group would wait for a store or a peer that is gone.
+COLLECTIVE = timedelta(seconds=120)
 
 
-def _gloo() -> object:
-    from torchft.process_group import ProcessGroupGloo
-
-    # The collective timeout torchft's store client would wait, twice, for a store that is gone.
-    process_group = ProcessGroupGloo(timeout=timedelta(seconds=120))
-    _fail_fast_on_a_gone_store(process_group)
-    return process_group
+def _store() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=30))
 
 
 def test_a_store_whose_group_is_gone_fails_the_reconfiguration_at_once() -> None:
     with socket.socket() as closed:  # a port nothing listens on: the store's node is gone
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    process_group = _gloo()
+    process_group = FailFastGloo(COLLECTIVE)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match=f"the quorum's store at 127.0.0.1:{port} does not "
                                            "answer"):
         process_group.configure(f"127.0.0.1:{port}/torchft/1/0", "node0", 0, 1)
     # Refused, not waited for: well within the check's own bound, let alone the 2 x 120 s.
-    assert time.monotonic() - started < STORE_CONNECT_SECONDS
+    assert time.monotonic() - started < CONNECT_SECONDS
 
 
-def test_a_live_store_is_configured_on_as_before() -> None:
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=30))
-    process_group = _gloo()
+def test_a_quorum_member_that_never_connects_fails_the_group_within_the_connect_bound() -> None:
+    # A group of the quorum killed after the Lighthouse named it: its address never reaches
+    # the store. torchft's group waited the collective timeout for it (a DiLoCo survivor sat
+    # 30 s in _create_pg while two replacements formed a quorum without it).
+    store = _store()
+    process_group = FailFastGloo(COLLECTIVE, connect_seconds=1.0)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 2)
+    assert time.monotonic() - started < 10  # the bound (1 s) and gloo's own retries, not 120 s
+
+
+def test_a_group_built_within_the_bound_gets_the_collective_timeout() -> None:
+    store = _store()
+    process_group = FailFastGloo(COLLECTIVE, connect_seconds=1.0)
     process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 1)
+    backend = process_group.parent._get_backend(torch.device("cpu"))
+    assert backend.options._timeout == COLLECTIVE
     tensor = torch.tensor([3.0])
     process_group.allreduce([tensor], torch.distributed.AllreduceOptions()).wait()
     assert tensor.item() == 3.0
+
+
+def test_closing_after_an_error_drops_the_group_once() -> None:
+    store = _store()
+    process_group = FailFastGloo(COLLECTIVE)
+    process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 1)
+    process_group.close_after_error()
+    process_group.close_after_error()  # a second failed collective of the same step
+    assert process_group._pg is None and process_group.closed_after_errors == 1
+
+
+def test_the_connect_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="connect_seconds must be above 0"):
+        FailFastGloo(COLLECTIVE, connect_seconds=0)
