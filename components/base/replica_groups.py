@@ -138,3 +138,27 @@ def read_counters(path: Path) -> dict[str, int]:
     """The counters an incarnation left (see :class:`StepCounters`)."""
     data = memoryview(path.read_bytes()).cast("q")
     return dict(zip(COUNTERS, data.tolist(), strict=False))
+
+
+def attempt_started(attempt_id: str) -> float | None:
+    """When the launch named ``attempt_id`` (``<pid>-<attempt>-<epoch seconds>``, the
+    launcher's :data:`~sublimate.components.monitoring.watchdog.ATTEMPT_ENV`) started."""
+    try:
+        return float(attempt_id.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def steps_committed_since(folder: Path, since: float) -> int:
+    """The most steps (rounds, under a periodic paradigm) that any incarnation of any group
+    started at or after ``since`` saw committed: how far the job is, from the counters its
+    groups left in ``folder`` (a killed group's included)."""
+    most = 0
+    for path in folder.glob("node*-*.counters"):
+        try:
+            started_ms = int(path.stem.rsplit("-", 1)[1])
+            if started_ms >= since * 1000:
+                most = max(most, read_counters(path)["last_step"])
+        except (ValueError, KeyError, OSError):  # not an incarnation's, or half written
+            continue
+    return most

@@ -20,6 +20,7 @@ a job relaunched after losing every node does, as the restart mode does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -32,8 +33,11 @@ from torch import nn
 
 from sublimate.components import training
 from sublimate.components.base import run_files
-from sublimate.components.base.replica_groups import ReplicaGroups
-from sublimate.components.model import checkpoint
+from sublimate.components.base.replica_groups import (
+    ReplicaGroups,
+    attempt_started,
+    steps_committed_since,
+)
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring.watchdog import ATTEMPT_ENV
 from sublimate.components.processes.fault_injection import (
@@ -50,7 +54,11 @@ from sublimate.components.processes.learning import (
 )
 from sublimate.components.processes.run import Run, first_step_done
 from sublimate.components.training import ProcessGroup, log
-from sublimate.components.training.fault_tolerance import QUORUM_TIMEOUT_SECONDS, FaultTolerance
+from sublimate.components.training.fault_tolerance import (
+    QUORUM_TIMEOUT_SECONDS,
+    FaultTolerance,
+    NoLivePeer,
+)
 
 # How often a group waiting for the others to start looks for them (start barrier).
 START_POLL_SECONDS = 0.02
@@ -64,11 +72,28 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock,
     if groups is None:
         raise RuntimeError("recovery per-step: started without the launcher's replica groups")
     group.replica_group, group.replica_groups = groups.group, groups.groups
+    if not groups.replacement and _ready_file(args.run_dir, groups.group).exists():
+        # This group's node already started in this launch: it is restarted in place (on
+        # Kubernetes, Volcano's RestartPod, which keeps the pod's environment), a replacement.
+        groups = dataclasses.replace(groups, replacement=True)
     data = load_data(args, group, startup)
     learner = build_learner(args, group, data)
     run = PerStepRun(args, startup, group, data, learner, groups)
-    run.loop()
+    try:
+        run.loop()
+    except NoLivePeer as error:
+        # Every group that held the job's state is gone: the launcher relaunches the job from
+        # its last checkpoint (per_step.Replacer: the no_peer record).
+        print(f"train: {error}; stopping so that the job resumes from its last checkpoint",
+              file=sys.stderr, flush=True)
+        os._exit(3)
     return run.finish()
+
+
+def _ready_file(run_dir: str | Path, group: int) -> Path:
+    """The file a group's node leaves when it starts in this launch (the start barrier's)."""
+    attempt = os.environ.get(ATTEMPT_ENV, "run").replace("/", "-")
+    return Path(run_dir) / run_files.FAULT_TOLERANCE / f"ready-{attempt}-node{group}"
 
 
 @dataclass(slots=True)
@@ -98,9 +123,12 @@ class PerStepRun(Run):
             log(group.slot, f"resumed from checkpoint at step {step}/{data.total_steps}")
         self.groups = groups
         self.periodic = args.algorithm != "sync"
+        folder = Path(args.run_dir) / run_files.FAULT_TOLERANCE
+        since = attempt_started(os.environ.get(ATTEMPT_ENV, "")) or 0.0
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
                                  args.collective_timeout, state=self.state,
-                                 load_state=self.load_state, async_quorum=not self.periodic)
+                                 load_state=self.load_state, async_quorum=not self.periodic,
+                                 job_progress=lambda: steps_committed_since(folder, since))
         # The Manager counts committed steps (rounds under bmuf/easgd/diloco) from the
         # checkpoint on.
         self.ft.manager.load_state_dict({
@@ -279,7 +307,6 @@ class PerStepRun(Run):
             return False
         optimizer.step()
         paradigm.communication_ops += 1
-        self._check_not_alone(step)
         return True
 
     def _round(self) -> bool:
@@ -297,33 +324,18 @@ class PerStepRun(Run):
         log(self.group.rank, f"node{self.groups.group}: took a live peer's state at step "
                              f"{self.step} (was at {from_step}); training on")
 
-    def _check_not_alone(self, step: int) -> None:
-        """A replacement that finds no peer to copy from must not train on from step 0 while
-        a checkpoint holds the job's progress: every other node is gone too, and the launcher
-        relaunches the job from that checkpoint."""
-        if not self.groups.replacement or step != 0 or self.ft.heals:
-            return
-        committed = checkpoint.latest(self.args.run_dir)
-        if committed and committed.get("step", 0) > 0:
-            self.ft.record("no_peer", step=0)
-            print(f"train: node{self.groups.group}: no live peer to copy the state from (every "
-                  "other node is gone); stopping so that the job resumes from checkpoint step "
-                  f"{committed['step']}", file=sys.stderr, flush=True)
-            os._exit(3)
-
     def _wait_for_the_other_groups(self) -> None:
         """Start together: a group that took its first step alone would have the others copy
         its state instead of computing the same first steps, and a failure-free per-step run
         would no longer be exactly the restart mode's."""
-        folder = Path(self.args.run_dir) / run_files.FAULT_TOLERANCE
-        attempt = os.environ.get(ATTEMPT_ENV, "run").replace("/", "-")
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"ready-{attempt}-node{self.groups.group}").touch()
+        mine = _ready_file(self.args.run_dir, self.groups.group)
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        mine.touch()
         if self.groups.replacement:  # the others are training: it joins them at once
             return
         deadline = time.monotonic() + QUORUM_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
-            ready = sum((folder / f"ready-{attempt}-node{g}").exists()
+            ready = sum(_ready_file(self.args.run_dir, g).exists()
                         for g in range(self.groups.groups))
             if ready >= self.groups.groups:
                 return

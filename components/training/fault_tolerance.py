@@ -56,6 +56,8 @@ from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 # The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
 QUORUM_TIMEOUT_SECONDS = 300
+# How often a replacement whose quorum holds no peer with the job's state asks again.
+PEER_POLL_SECONDS = 0.1
 
 
 def _short(error: str) -> str:
@@ -90,6 +92,10 @@ def _bind_manager_server_to(address: str) -> None:
     manager_module.ManagerServer = bound_server
 
 
+class NoLivePeer(RuntimeError):
+    """A replacement found no live group with the job's state to copy within the bound."""
+
+
 class FaultTolerance:
     """This process's share of per-step recovery: a torchft Manager for its replica group.
 
@@ -106,7 +112,8 @@ class FaultTolerance:
     def __init__(self, groups: ReplicaGroups, group_rank: int, group_world: int,
                  device: torch.device, run_dir: Path, timeout_seconds: float,
                  state: Callable[[], dict[str, Any]],
-                 load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True) -> None:
+                 load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True,
+                 job_progress: Callable[[], int] | None = None) -> None:
         # torchft's Rust logger reads RUST_LOG when torchft is first imported: the launcher sets
         # it on every node; this covers a process started otherwise, if it comes first.
         os.environ.setdefault("RUST_LOG", "warn")
@@ -117,6 +124,12 @@ class FaultTolerance:
         from sublimate.components.training.fail_fast_gloo import FailFastGloo
 
         self.groups, self.group_rank, self.group_world = groups, group_rank, group_world
+        # A replacement copies the job's state from a live peer before its first step: a
+        # quorum of replacements alone (a survivor was busy, or stuck on a dead peer, when they
+        # asked) has nothing to copy, and trained the job again from step 0 (DiLoCo, 2 kills of
+        # 3 nodes). job_progress: the steps the job has committed (0: it is at its start).
+        self._peer_wait_seconds = float(timeout_seconds)
+        self._job_progress = job_progress if groups.replacement else None
         self.workers = groups.groups * group_world  # every worker of the job, alive or not
         self.started = time.time()
         address = node_address()
@@ -161,10 +174,43 @@ class FaultTolerance:
         # heals may have its peer's step count by the time start_quorum returns.
         self._expected = self.manager.current_step()
         self.manager.start_quorum()
+        if self._job_progress is not None:
+            self._wait_for_a_peer_with_the_state()
         self.attempted += 1
         if self._counters is not None:
             self._counters.values[0] = self.attempted
         return self.manager.current_step()
+
+    def _wait_for_a_peer_with_the_state(self) -> None:
+        """Ask for quorums until one holds a group with the job's state (this replacement then
+        heals from it), or the job turns out to be at its start. A quorum without one is left
+        before any collective: its other members are replacements too, and leave it as well.
+        Raises :class:`NoLivePeer` after the collective timeout: no survivor answered for as
+        long as a live one may be silent, and the job must resume from its checkpoint."""
+        assert self._job_progress is not None
+        deadline = time.monotonic() + self._peer_wait_seconds
+        waiting = False
+        while True:
+            self.manager.wait_quorum()
+            if self.manager.current_step() > 0 or self.manager.errored() is not None:
+                break  # healed (or the quorum failed: the step is dropped, and asked again)
+            progress = self._job_progress()
+            if progress == 0:
+                break  # the job is at its start: there is nothing to copy
+            if time.monotonic() >= deadline:
+                self.record("no_peer", step=0, job_step=progress)
+                raise NoLivePeer(
+                    f"node{self.groups.group}: no live peer holds the job's state (step "
+                    f"{progress}) after {self._peer_wait_seconds:.0f}s")
+            if not waiting:
+                waiting = True
+                self.record("waiting_for_state", step=0, job_step=progress)
+                if self.recording:
+                    print(f"node{self.groups.group}: its quorum holds no peer with the job's "
+                          f"state (step {progress}); asking again", flush=True)
+            time.sleep(PEER_POLL_SECONDS)
+            self.manager.start_quorum()
+        self._job_progress = None
 
     def average(self, tensor: torch.Tensor) -> None:
         """Replace ``tensor`` in place by its mean over every process of the participating
