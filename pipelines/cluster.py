@@ -47,6 +47,12 @@ def role() -> dict[str, Any]:
              "verbs": ["get"]},
             # ... and streams its workers' logs into the step's log.
             {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+            # Per-step recovery: the launcher follows each worker pod through its replacements,
+            # and starts the job's Lighthouse beside it (a Deployment behind a Service, owned by
+            # the job: deleted with it by Kubernetes, so no delete verb).
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
         ],
     }
 

@@ -16,8 +16,6 @@ variables on every node (:func:`replica_group_env`); the training library reads 
 ``VC_LIGHTHOUSE_0_HOSTS``           the Lighthouse's host, named as Volcano's env plugin names
                                     a task's hosts (set by Volcano on Kubernetes, by the
                                     launcher or the ``local_netns`` scheduler on one machine)
-``SUBLIMATE_REPLACEMENT``           set on a node the launcher started in place of a lost one:
-                                    it takes its state from a live peer, not a checkpoint
 ``SUBLIMATE_NODE_ADDR``             this node's address as the other nodes reach it
                                     (``local_netns``; elsewhere: what the host name resolves to)
 ==================================  ===========================================================
@@ -37,7 +35,6 @@ GROUP_ENV = "SUBLIMATE_REPLICA_GROUP"
 GROUPS_ENV = "SUBLIMATE_REPLICA_GROUPS"
 MIN_GROUPS_ENV = "SUBLIMATE_MIN_REPLICA_GROUPS"
 LIGHTHOUSE_PORT_ENV = "SUBLIMATE_LIGHTHOUSE_PORT"
-REPLACEMENT_ENV = "SUBLIMATE_REPLACEMENT"
 NODE_ADDR_ENV = "SUBLIMATE_NODE_ADDR"
 # The Lighthouse is the TorchX role of this name, with one replica. Volcano's env plugin gives
 # every pod of a job VC_<TASK>_HOSTS for each task (TorchX names a task <role>-<replica>).
@@ -82,7 +79,10 @@ class ReplicaGroups:
     groups: int  # every group of the job
     min_groups: int  # alive groups a step needs to commit
     lighthouse: str  # the Lighthouse's address, http://host:port
-    replacement: bool  # started in place of a lost node: heal from a live peer
+    # Started in place of a lost node: heal from a live peer, never from a checkpoint. Not an
+    # environment variable: Volcano restarts a pod with the environment it had, so a node
+    # knows it by its own start record in this launch (per_step_run), wherever it runs.
+    replacement: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaGroups | None:
@@ -100,8 +100,7 @@ class ReplicaGroups:
         groups = int(env[GROUPS_ENV])
         return cls(group=int(group), groups=groups,
                    min_groups=int(env.get(MIN_GROUPS_ENV, "1")),
-                   lighthouse=f"http://{host}:{env[LIGHTHOUSE_PORT_ENV]}",
-                   replacement=bool(env.get(REPLACEMENT_ENV)))
+                   lighthouse=f"http://{host}:{env[LIGHTHOUSE_PORT_ENV]}")
 
 
 # What each incarnation of a group's first process records, under <run>/fault-tolerance/:

@@ -15,6 +15,7 @@ import hashlib
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from sublimate.components.launch.lighthouse import (
     MIN_GROUPS_METADATA,
@@ -91,13 +92,6 @@ def _kubernetes_scheduler_class() -> type:
             # One Volcano task per role, not per replica: a Job that fits in etcd at any size.
             info = super()._submit_dryrun(volcano_job.one_replica_roles(app), cfg)
             volcano_job.replicate_tasks(info.request.resource, app)
-            per_step = [role for role in app.roles  # type: ignore[attr-defined]
-                        if role.metadata.get(RECOVERY_METADATA) == "per-step"]
-            if per_step:
-                from sublimate.components.launch.per_step import volcano_per_step
-
-                volcano_per_step(info.request.resource, per_step[0].metadata[MIN_GROUPS_METADATA],
-                                 per_step[0].metadata[REPLACEMENTS_METADATA])
             name = cfg.get("job_name")
             if name:
                 # TorchX's generated id is in the job's name, its pods' labels and wherever the
@@ -105,7 +99,61 @@ def _kubernetes_scheduler_class() -> type:
                 resource = info.request.resource
                 generated = resource["metadata"]["name"]
                 info.request.resource = _renamed(resource, generated, name)
+            per_step = [role for role in app.roles  # type: ignore[attr-defined]
+                        if role.metadata.get(RECOVERY_METADATA) == "per-step"]
+            if per_step:
+                from sublimate.components.launch.per_step import volcano_per_step
+
+                companions = volcano_per_step(info.request.resource,
+                                              per_step[0].metadata[MIN_GROUPS_METADATA],
+                                              per_step[0].metadata[REPLACEMENTS_METADATA])
+                info.request = _job_with_companions()(
+                    images_to_push=info.request.images_to_push,
+                    resource=info.request.resource, companions=companions)
             return info
+
+        def schedule(self, dryrun_info: object) -> str:
+            """TorchX's (create the Volcano job), then the objects that run beside it, owned by
+            it: Kubernetes deletes them with the job."""
+            app_id = super().schedule(dryrun_info)
+            companions = getattr(dryrun_info.request, "companions", [])  # type: ignore[attr-defined]
+            if companions:
+                self._create_companions(app_id, companions)
+            return app_id
+
+        def _create_companions(self, app_id: str, companions: list[Any]) -> None:
+            from kubernetes import client
+
+            namespace, name = app_id.split(":")
+            job = self._custom_objects_api().get_namespaced_custom_object(
+                group="batch.volcano.sh", version="v1alpha1", namespace=namespace,
+                plural="jobs", name=name)
+            owner = client.V1OwnerReference(
+                api_version="batch.volcano.sh/v1alpha1", kind="Job", name=name,
+                uid=job["metadata"]["uid"], block_owner_deletion=True)
+            for companion in companions:
+                companion.metadata.owner_references = [owner]
+                if companion.kind == "Deployment":
+                    client.AppsV1Api(self._api_client()).create_namespaced_deployment(
+                        namespace, companion)
+                else:
+                    client.CoreV1Api(self._api_client()).create_namespaced_service(
+                        namespace, companion)
+
+        def worker_pods(self, app_id: str) -> dict[int, tuple[str, str]]:
+            """The job's worker pods as they are now: index -> (uid, phase). A pod Volcano
+            replaced keeps its name (``<job>-worker-<index>``) under a new uid."""
+            from kubernetes import client
+
+            namespace, name = app_id.split(":")
+            pods = client.CoreV1Api(self._api_client()).list_namespaced_pod(
+                namespace, label_selector=f"volcano.sh/job-name={name}").items
+            found = {}
+            for pod in pods:
+                task, _, index = pod.metadata.name.removeprefix(f"{name}-").rpartition("-")
+                if task == "worker" and index.isdigit() and not pod.metadata.deletion_timestamp:
+                    found[int(index)] = (pod.metadata.uid, pod.status.phase)
+            return found
 
         def describe(self, app_id: str) -> object:
             from kubernetes.client.rest import ApiException
@@ -155,6 +203,30 @@ def _kubernetes_scheduler_class() -> type:
     return NamedJobKubernetesScheduler
 
 
+@functools.cache
+def _job_with_companions() -> type:
+    """TorchX's Volcano job request with the objects that run beside the job (a per-step job's
+    Lighthouse Deployment and Service): created after it by ``schedule``, shown with it by a
+    dry run."""
+    from dataclasses import dataclass, field
+
+    import yaml
+    from torchx.schedulers.kubernetes_scheduler import KubernetesJob
+
+    @dataclass
+    class KubernetesJobWithCompanions(KubernetesJob):
+        companions: list[Any] = field(default_factory=list)
+
+        def __str__(self) -> str:
+            from kubernetes.client import ApiClient
+
+            sanitize = ApiClient().sanitize_for_serialization
+            return yaml.dump_all([sanitize(self.resource),
+                                  *(sanitize(companion) for companion in self.companions)])
+
+    return KubernetesJobWithCompanions
+
+
 def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> object:
     """TorchX 0.7 reads only ~/.kube/config; inside a pod use the pod's service account."""
     from kubernetes import client, config
@@ -183,6 +255,11 @@ def _runner_class() -> type:
         def ending(self, app_handle: str) -> str:
             scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
             return scheduler.ending(app_id)
+
+        def worker_pods(self, app_handle: str) -> dict[int, tuple[str, str]]:
+            """The worker pods of a Kubernetes job: index -> (uid, phase)."""
+            scheduler, _, app_id = self._scheduler_app_id(app_handle, check_session=False)
+            return scheduler.worker_pods(app_id)
 
         def replica_states(self, app_handle: str) -> dict[tuple[str, int], object]:
             """Each replica's own state (the local schedulers: per-step recovery's view)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -412,17 +413,27 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
                 f", up to {args.max_restarts} relaunches" if args.max_restarts else ""
             print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
                   f"procs, {what}{how})", flush=True)
-        streams = follow_logs(runner, handle, app, scheduler)
-        if per_step(args) and scheduler in LOCAL_SCHEDULERS:
+        if per_step(args) and scheduler == "kubernetes":
+            # The Lighthouse runs beside the job as a Deployment (per_step.volcano_per_step),
+            # with no pod of TorchX's naming to follow.
+            app = dataclasses.replace(app, roles=[role for role in app.roles
+                                                  if role.name == recovery.WORKER_ROLE])
+            replacer = recovery.VolcanoWatch(runner, handle, args.max_restarts,
+                                             run_dir=args.run_dir)
+        elif per_step(args) and scheduler in LOCAL_SCHEDULERS:
             replacer = recovery.Replacer(runner, handle, args.max_restarts, run_dir=args.run_dir)
+        streams = follow_logs(runner, handle, app, scheduler)
         poll = POLL_SECONDS.get(scheduler, 0.25)
         next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
         while not stop.is_set():
             status = runner.status(handle)  # type: ignore[attr-defined]
-            if status is None or status.is_terminal():
+            # A Volcano job ends by itself, and its watch says how; a local one never does
+            # (its Lighthouse serves until the launcher stops it).
+            if status is None or (status.is_terminal()
+                                  and not isinstance(replacer, recovery.VolcanoWatch)):
                 break
             if replacer is not None:
-                ended = replacer.check()
+                ended = replacer.check(status.state.name)
                 if ended is not None:
                     break
                 stop.wait(poll)
@@ -517,11 +528,16 @@ def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:
 
 
 def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
-                  replacer: recovery.Replacer, ended: str, streams: list[threading.Thread],
-                  attempt_started: float, chaos: Chaos | None) -> str:
+                  replacer: recovery.Replacer | recovery.VolcanoWatch, ended: str,
+                  streams: list[threading.Thread], attempt_started: float,
+                  chaos: Chaos | None) -> str:
     """End a per-step job the way its replicas ended: every node finished (the Lighthouse is
     stopped: it would serve forever), every node lost at once (relaunch from the checkpoint), or
     a node out of replacements."""
+    if isinstance(replacer, recovery.VolcanoWatch):
+        # the pods' logs first: the job's deletion (its Lighthouse with it) ends them
+        for stream in streams:
+            stream.join(timeout=5)
     runner.cancel(handle)  # type: ignore[attr-defined]
     for stream in streams:
         stream.join(timeout=5)
@@ -529,7 +545,8 @@ def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
         print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
         return LOST if ended == "lost" else FAILED
     section = recovery.summarize(args.run_dir, replacer.losses, attempt_started,
-                                 chaos.kills if chaos is not None else [], replacer.stopped)
+                                 chaos.kills if chaos is not None else [], replacer.stopped,
+                                 unit="step" if args.algorithm == "sync" else "round")
     recovery.merge_into_summary(args.run_dir, section)
     for line in recovery.describe(section):
         print(f"train: {line}", flush=True)

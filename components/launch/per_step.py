@@ -26,13 +26,16 @@ from typing import Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base.replica_groups import (
+    LIGHTHOUSE_HOSTS_ENV,
     LIGHTHOUSE_ROLE,
-    REPLACEMENT_ENV,
     read_counters,
 )
 from sublimate.components.monitoring import metrics
+from sublimate.components.monitoring.run_report import failure_line
 
 WORKER_ROLE = "worker"
+# The label that selects a per-step job's Lighthouse pod (its value: the job's name).
+LIGHTHOUSE_LABEL = "sublimate.dev/lighthouse"
 # What a replica's state is called (TorchX's AppState names), read without importing TorchX.
 RUNNING, SUCCEEDED, FAILED = "RUNNING", "SUCCEEDED", "FAILED"
 
@@ -49,18 +52,13 @@ class Loss:
 
 
 @dataclass
-class Replacer:
-    """Follows a per-step job's replicas on a local scheduler (one call of :meth:`check` per
-    poll), replacing each lost worker node and a lost Lighthouse, up to ``budget`` times per
-    node. :meth:`check` returns None while the job goes on, else how it ended: ``succeeded``
-    (every node finished), ``lost`` (no node left: relaunch from the checkpoint) or ``failed``
-    (a node is out of replacements)."""
+class _Follower:
+    """What the launcher keeps while it follows a per-step job, whoever replaces its nodes."""
 
     runner: Any
     handle: str
-    budget: int
+    budget: int  # replacements per node
     losses: list[Loss] = field(default_factory=list)
-    replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
     message: str = ""  # why the job ended, for ``failed`` and ``lost``
     run_dir: Path | None = None  # where the leader writes the summary, once training is done
     stopped: set[int] = field(default_factory=set)  # nodes still running at the end
@@ -83,7 +81,20 @@ class Replacer:
         except OSError:
             return False
 
-    def check(self) -> str | None:
+
+@dataclass
+class Replacer(_Follower):
+    """Follows a per-step job's replicas on a local scheduler (one call of :meth:`check` per
+    poll), replacing each lost worker node and a lost Lighthouse, up to ``budget`` times per
+    node. :meth:`check` returns None while the job goes on, else how it ended: ``succeeded``
+    (every node finished), ``lost`` (no node left: relaunch from the checkpoint) or ``failed``
+    (a node is out of replacements)."""
+
+    replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
+
+    def check(self, state: str = "") -> str | None:
+        """``state``: the job's (TorchX's name; unused here: a local job ends only when the
+        launcher stops it)."""
         states = {key: state.name for key, state in
                   self.runner.replica_states(self.handle).items()}
         workers = {replica: state for (role, replica), state in states.items()
@@ -123,11 +134,67 @@ class Replacer:
         print(f"train: lost node{node}; the others go on without it, and a replacement starts "
               f"(replacement {count} of {self.budget} for node{node})", flush=True)
         # The replacement's start-up is timed from now (its workers report it: LAUNCH_TIME_ENV).
+        # With its environment unchanged, as Volcano's RestartPod does: a node knows it is a
+        # replacement by its own start record in this launch, the same way on every scheduler.
         self.runner.restart_replica(self.handle, WORKER_ROLE, node,
-                                    {REPLACEMENT_ENV: str(count),
-                                     metrics.LAUNCH_TIME_ENV: f"{time.time():.3f}"})
+                                    {metrics.LAUNCH_TIME_ENV: f"{time.time():.3f}"})
         loss.replaced = time.time()
         self.losses.append(loss)
+
+
+@dataclass
+class VolcanoWatch(_Follower):
+    """Follows a per-step job on Kubernetes, where Volcano replaces a lost node's pod
+    (:func:`volcano_per_step`): one call of :meth:`check` per poll, as :class:`Replacer`'s.
+    A loss is a worker pod seen ``Failed``, or one that came back under a new uid between two
+    polls (Volcano deletes a failed pod and creates it again under the same name, a fresh uid:
+    the failure was missed, not absent). The job's own phase ends it: ``Completed`` succeeded;
+    ``Failed`` (Volcano's retry budget spent), ``Aborted`` or ``Terminated`` failed. A replacement
+    that found no live peer with the job's state ends it as ``lost`` (relaunch from the
+    checkpoint), as on one machine."""
+
+    pods: dict[int, str] = field(default_factory=dict)  # node -> the uid of its pod last seen
+    counted: set[str] = field(default_factory=set)  # pod uids whose loss is recorded
+
+    def check(self, state: str = "") -> str | None:
+        """``state``: the job's, as TorchX names Volcano's phases (``SUCCEEDED``: Completed;
+        ``FAILED``: Failed or Terminated; ``CANCELLED``: Aborted; Restarting, Completing and
+        the like are ``RUNNING``)."""
+        now = time.time()
+        for node, (uid, phase) in sorted(self.runner.worker_pods(self.handle).items()):
+            known = self.pods.get(node)
+            if phase == "Failed" and uid not in self.counted:
+                self._lost(node, uid, now)
+            elif known is not None and uid != known:
+                if known not in self.counted:  # replaced between two polls
+                    self._lost(node, known, now)
+                self._replaced(node, now)
+            self.pods[node] = uid
+        if state == "SUCCEEDED":
+            return "succeeded"
+        if state in ("FAILED", "CANCELLED"):
+            self.message = (f"Volcano ended the job ({state}) after {len(self.losses)} lost "
+                            f"pod(s); its budget is {self.budget} replacement(s) per node "
+                            "(max-restarts)")
+            return "failed"
+        if any(self.found_no_peer(loss.node) for loss in self.losses):
+            self.message = "lost every node (a replacement found no live peer to copy from)"
+            return "lost"
+        return None
+
+    def _lost(self, node: int, uid: str, now: float) -> None:
+        self.counted.add(uid)
+        count = sum(1 for loss in self.losses if loss.node == node) + 1
+        self.losses.append(Loss(node, detected=now, replacement=count))
+        print(f"train: lost node{node}; the others go on without it, and Volcano replaces its "
+              f"pod (loss {count} of node{node})", flush=True)
+
+    def _replaced(self, node: int, now: float) -> None:
+        for loss in reversed(self.losses):
+            if loss.node == node:
+                if loss.replaced is None:
+                    loss.replaced = now
+                return
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,7 +226,8 @@ def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 def summarize(run_dir: Path, losses: list[Loss], since: float,
-              kills: Sequence[Any] = (), stopped: Sequence[int] = ()) -> dict[str, Any]:
+              kills: Sequence[Any] = (), stopped: Sequence[int] = (),
+              unit: str = "step") -> dict[str, Any]:
     """The ``fault_tolerance`` section of ``train-summary.json`` for the attempt that started at
     ``since`` (epoch seconds): per lost node, and in total.
 
@@ -239,6 +307,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     committed = sum(r["counters"].get("committed", 0) for r in records)
     return {
         "recovery": "per-step",
+        "unit": unit,
         "nodes_lost": len(failures),
         "failures": failures,
         # group-steps: a step committed by 3 groups counts 3
@@ -301,26 +370,12 @@ def merge_into_summary(run_dir: Path, section: Any, key: str = "fault_tolerance"
 
 def describe(section: dict[str, Any]) -> list[str]:
     """The launcher's closing lines about per-step recovery."""
-    lines = []
-    for failure in section["failures"]:
-        parts = [f"lost node{failure['node']}"]
-        if failure.get("step") is not None:
-            parts.append(f"at step {failure['step']}")
-        if failure.get("steps_lost") is not None:
-            parts.append(f"{failure['steps_lost']} step(s) lost")
-        if failure.get("survivors_stalled_seconds") is not None:
-            parts.append(f"the others went on {failure['survivors_stalled_seconds']:.1f}s "
-                         f"later ({failure['survivor_steps_dropped']} group-step(s) dropped)")
-        if failure.get("replacement_trained_after_seconds") is not None:
-            parts.append(f"its replacement trained again "
-                         f"{failure['replacement_trained_after_seconds']:.1f}s after starting"
-                         + (f" (healed at step {failure['healed_at_step']})"
-                            if failure.get("healed_at_step") is not None else ""))
-        lines.append(", ".join(parts))
+    unit = section.get("unit", "step")
+    lines = [failure_line(failure, unit) for failure in section["failures"]]
     if section.get("steps_attempted"):
         lines.append(
             f"per-step recovery: {section['nodes_lost']} node(s) lost, no job restart; "
-            f"{section['steps_committed']} of {section['steps_attempted']} group-steps "
+            f"{section['steps_committed']} of {section['steps_attempted']} group-{unit}s "
             f"committed ({100 * section['committed_ratio']:.2f}%, bound "
             f"{100 * section['committed_bound']:.2f}%)")
     return lines
@@ -330,33 +385,78 @@ def describe(section: dict[str, Any]) -> list[str]:
 # Kubernetes: Volcano replaces a lost node
 
 
-def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> dict[str, Any]:
-    """Make the Volcano job of a per-step app replace a lost node alone.
+def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) -> list[Any]:
+    """Make the Volcano job of a per-step app survive any node's loss, ``replacements`` times
+    per node; return the Lighthouse's Deployment and Service, which run beside the job.
 
-    TorchX restarts the whole job on a pod failure (``RestartJob``) and gangs every pod; here a
-    failed or evicted training node's pod is replaced alone (``RestartPod``: the training nodes
-    are one task of N pods, :mod:`.volcano_job`, and ``RestartTask`` would restart them all),
-    the Lighthouse's task alone too, the gang needs only ``min_groups`` nodes and the
-    Lighthouse, a task out of retries ends the job, and the job is complete once every training
-    node has succeeded (the Lighthouse, which never ends by itself, is then stopped). Volcano
-    counts retries per task, so the training task may retry ``replacements`` times per node.
-    Field names and values from Volcano's ``batch.volcano.sh/v1alpha1`` Job
-    (pkg/apis/batch/v1alpha1/job.go; ``RestartPod``: pkg/apis/bus/v1alpha1/actions.go).
+    Each rule below is Volcano's, read in its source (docs/fault-tolerance.md links each line):
+
+    * **A lost node's pod is replaced alone**: ``RestartPod`` on ``PodFailed`` and
+      ``PodEvicted`` deletes that one pod, and the controller creates it again under the same
+      name (TorchX's ``RestartJob`` would restart every node). The replacement runs with the
+      same environment and knows it is one by its own start record (per_step_run).
+    * **The budget is the job's**: every ``RestartPod`` adds one to the job's ``retryCount``,
+      and the job fails once that count reaches its ``maxRetry``. An unset or zero ``maxRetry``
+      becomes 3 at admission, which failed the job on the third pod lost, whatever
+      ``max-restarts`` said. So ``maxRetry`` is one above every node's replacements together:
+      no node's ``replacements``-th loss fails the job (nor, since the count is the job's, does
+      one node's loss beyond that while others lost fewer). A task's ``maxRetry`` counts only
+      containers restarted in place, which ``restartPolicy: Never`` never does: not set.
+    * **The gang is the minimum of groups**: the task's ``minAvailable``, unset, becomes its
+      replicas at admission; both it and the job's are ``min_groups``.
+    * **Done when every node succeeded**: ``TaskCompleted`` (all of the task's pods succeeded)
+      completes the job. A replacement that starts after the job's last step stops with
+      success (per_step_run).
+    * **The Lighthouse is no task of the job**: on every ``RestartPod`` Volcano calls its
+      plugins' job-delete hooks, and the svc plugin deletes the job's headless Service with it,
+      the name the nodes found the Lighthouse by, until the next sync creates it again. It is
+      a Deployment (its pod restarted however often, with no budget and no effect on the job)
+      behind a Service of its own, both owned by the job (deleted with it). The nodes reach
+      each other by address, so the job needs no svc plugin at all: only env, for
+      ``VC_TASK_INDEX``.
     """
+    from kubernetes import client
+
     spec = job["spec"]
-    tasks = spec["tasks"]
-    workers = [task for task in tasks if task["name"] == WORKER_ROLE
-               or task["name"].startswith(f"{WORKER_ROLE}-")]
-    for task in tasks:
-        action = "RestartPod" if task in workers else "RestartTask"
-        task["maxRetry"] = replacements * task["replicas"]
-        task["policies"] = [{"event": event, "action": action}
-                            for event in ("PodFailed", "PodEvicted")]
-        task.pop("minAvailable", None)
-    nodes = sum(task["replicas"] for task in workers)
-    spec["minAvailable"] = min_groups + sum(task["replicas"] for task in tasks
-                                            if task not in workers)
-    spec["minSuccess"] = nodes
-    spec["maxRetry"] = 0  # a whole-job restart is the restart mode's answer, not this one's
-    spec["policies"] = [{"event": "TaskFailed", "action": "TerminateJob"}]
-    return job
+    name = job["metadata"]["name"]
+    lighthouse_tasks = [task for task in spec["tasks"]
+                        if task["name"].startswith(LIGHTHOUSE_ROLE)]
+    (worker,) = [task for task in spec["tasks"] if task not in lighthouse_tasks]
+    (lighthouse_task,) = lighthouse_tasks
+    spec["tasks"] = [worker]
+    worker["minAvailable"] = min_groups
+    worker.pop("maxRetry", None)
+    worker["policies"] = [{"event": "PodFailed", "action": "RestartPod"},
+                          {"event": "PodEvicted", "action": "RestartPod"},
+                          {"event": "TaskCompleted", "action": "CompleteJob"}]
+    spec["minAvailable"] = min_groups
+    spec["maxRetry"] = replacements * worker["replicas"] + 1
+    for field_name in ("minSuccess", "policies"):
+        spec.pop(field_name, None)
+    spec["plugins"] = {"env": []}
+    service_name = lighthouse_name(name)
+    worker["template"].spec.containers[0].env.append(
+        client.V1EnvVar(name=LIGHTHOUSE_HOSTS_ENV, value=service_name))
+    pod = lighthouse_task["template"]
+    pod.spec.restart_policy = "Always"  # a Deployment's pods restart in place
+    labels = {**(pod.metadata.labels or {}), LIGHTHOUSE_LABEL: name}
+    pod.metadata.labels = labels
+    port = pod.spec.containers[0].ports[0].container_port
+    deployment = client.V1Deployment(
+        api_version="apps/v1", kind="Deployment",
+        metadata=client.V1ObjectMeta(name=service_name, labels=labels),
+        spec=client.V1DeploymentSpec(
+            replicas=1, selector=client.V1LabelSelector(match_labels={LIGHTHOUSE_LABEL: name}),
+            template=pod))
+    service = client.V1Service(
+        api_version="v1", kind="Service",
+        metadata=client.V1ObjectMeta(name=service_name, labels=labels),
+        spec=client.V1ServiceSpec(
+            selector={LIGHTHOUSE_LABEL: name},
+            ports=[client.V1ServicePort(name=LIGHTHOUSE_ROLE, port=port, target_port=port)]))
+    return [deployment, service]
+
+
+def lighthouse_name(job_name: str) -> str:
+    """The name of a per-step job's Lighthouse Deployment and Service (the nodes' address)."""
+    return f"{job_name}-{LIGHTHOUSE_ROLE}"

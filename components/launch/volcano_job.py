@@ -72,13 +72,23 @@ def replicate_tasks(job: dict[str, Any], app: Any) -> dict[str, Any]:
     return job
 
 
+def job_state(phase: str) -> Any:
+    """TorchX's state of a Volcano job phase. TorchX 0.7's table lacks ``Completing`` (a job
+    whose CompleteJob policy fired while pods still end: state/completing.go), on which its
+    lookup raised: running, until Volcano says Completed."""
+    from torchx.schedulers.kubernetes_scheduler import JOB_STATE
+    from torchx.specs import AppState
+
+    return JOB_STATE.get(phase, AppState.RUNNING if phase == "Completing" else AppState.UNKNOWN)
+
+
 def describe(app_id: str, job: dict[str, Any]) -> Any:
     """TorchX's ``describe`` of a Volcano Job in either form: a task of one pod is TorchX's
     ``<role>-<replica>``; a task of several is a role whose pods the Job's status counts by
     phase (which pod is in which phase it does not say, so their ids are positions, running
     ones first, not the pods' indices)."""
     from torchx.schedulers.api import DescribeAppResponse
-    from torchx.schedulers.kubernetes_scheduler import JOB_STATE, TASK_STATE
+    from torchx.schedulers.kubernetes_scheduler import TASK_STATE
     from torchx.specs import AppState, ReplicaStatus, Role, RoleStatus
 
     status = job.get("status")
@@ -98,7 +108,7 @@ def describe(app_id: str, job: dict[str, Any]) -> Any:
             ReplicaStatus(id=position, role=task, state=state, hostname="")
             for position, state in enumerate(states))
     return DescribeAppResponse(
-        app_id=app_id, state=JOB_STATE[status["state"]["phase"]],
+        app_id=app_id, state=job_state(status["state"]["phase"]),
         roles=[Role(name=role, num_replicas=len(found), image="")
                for role, found in replicas.items()],
         roles_statuses=[RoleStatus(role, found) for role, found in replicas.items()])

@@ -313,16 +313,34 @@ def format_summary(report: dict[str, Any]) -> str:
                      f"max {report['async']['staleness_max']}")
     recovery = report.get("fault_tolerance")
     if recovery and recovery.get("steps_attempted"):
+        unit = recovery.get("unit", "step")
         lines.append(f"  per-step recovery: {recovery['nodes_lost']} node(s) lost, "
                      f"{recovery['steps_committed']} of {recovery['steps_attempted']} "
-                     f"group-steps committed ({100 * recovery['committed_ratio']:.2f}%)")
+                     f"group-{unit}s committed ({100 * recovery['committed_ratio']:.2f}%)")
         for failure in recovery.get("failures", []):
-            back = failure.get("replacement_trained_after_seconds")
-            lines.append(f"    node{failure['node']} lost at step {failure.get('step', '?')}, "
-                         f"{failure.get('steps_lost', 0)} step(s) lost"
-                         + (f", back {back:.1f}s after its replacement started" if back
-                            is not None else ""))
+            lines.append(f"    {failure_line(failure, unit)}")
     return "\n".join(lines)
+
+
+def failure_line(failure: dict[str, Any], unit: str = "step") -> str:
+    """One loss of a per-step job (an entry of ``fault_tolerance.failures``), in words; ``unit``:
+    what the job commits (``step``, or ``round`` under a periodic paradigm)."""
+    parts = [f"lost node{failure['node']}"]
+    if failure.get("in_start_up"):
+        parts.append("in its start-up, before its first step")
+    elif failure.get("step") is not None:
+        parts.append(f"after {unit} {failure['step']}")
+    if failure.get("steps_lost") is not None and not failure.get("in_start_up"):
+        parts.append(f"{failure['steps_lost']} {unit}(s) lost")
+    if failure.get("survivors_stalled_seconds") is not None:
+        parts.append(f"the others went on {failure['survivors_stalled_seconds']:.1f}s "
+                     f"later ({failure['survivor_steps_dropped']} group-{unit}(s) dropped)")
+    if failure.get("replacement_trained_after_seconds") is not None:
+        parts.append(f"its replacement trained again "
+                     f"{failure['replacement_trained_after_seconds']:.1f}s after starting"
+                     + (f" (healed at {unit} {failure['healed_at_step']})"
+                        if failure.get("healed_at_step") is not None else ""))
+    return ", ".join(parts)
 
 
 # --- labels -----------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from sublimate.components.base.durable_files import replace_atomically
-from sublimate.components.base.replica_groups import REPLACEMENT_ENV
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring.watchdog import ATTEMPT_ENV
 
@@ -35,7 +34,7 @@ def fault_injection_step(rank: int, variable: str = "SUBLIMATE_FAIL_AT_STEP") ->
     ranks = os.environ.get("SUBLIMATE_FAIL_RANK", "0").split(",")
     if (at_step is None or str(rank) not in ranks
             or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
-            or launcher_attempt() > 0 or os.environ.get(REPLACEMENT_ENV)):
+            or launcher_attempt() > 0):
         return None
     return int(at_step)
 

@@ -57,6 +57,7 @@ from sublimate.components.training import ProcessGroup, log
 from sublimate.components.training.fault_tolerance import (
     QUORUM_TIMEOUT_SECONDS,
     FaultTolerance,
+    JobAlreadyDone,
     NoLivePeer,
 )
 
@@ -72,15 +73,18 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock,
     if groups is None:
         raise RuntimeError("recovery per-step: started without the launcher's replica groups")
     group.replica_group, group.replica_groups = groups.group, groups.groups
-    if not groups.replacement and _ready_file(args.run_dir, groups.group).exists():
-        # This group's node already started in this launch: it is restarted in place (on
-        # Kubernetes, Volcano's RestartPod, which keeps the pod's environment), a replacement.
+    if _ready_file(args.run_dir, groups.group, group.rank).exists():
+        # This group's node already started in this launch: it is restarted in place (by the
+        # launcher on one machine, by Volcano's RestartPod on Kubernetes), a replacement.
         groups = dataclasses.replace(groups, replacement=True)
     data = load_data(args, group, startup)
     learner = build_learner(args, group, data)
     run = PerStepRun(args, startup, group, data, learner, groups)
     try:
         run.loop()
+    except JobAlreadyDone as error:
+        print(f"train: {error}; nothing left to train", flush=True)
+        os._exit(0)
     except NoLivePeer as error:
         # Every group that held the job's state is gone: the launcher relaunches the job from
         # its last checkpoint (per_step.Replacer: the no_peer record).
@@ -90,10 +94,11 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock,
     return run.finish()
 
 
-def _ready_file(run_dir: str | Path, group: int) -> Path:
-    """The file a group's node leaves when it starts in this launch (the start barrier's)."""
+def _ready_file(run_dir: str | Path, group: int, rank: int = 0) -> Path:
+    """The file each process of a group's node leaves when it starts in this launch (``rank``:
+    its rank in the node; the start barrier waits for every group's first process)."""
     attempt = os.environ.get(ATTEMPT_ENV, "run").replace("/", "-")
-    return Path(run_dir) / run_files.FAULT_TOLERANCE / f"ready-{attempt}-node{group}"
+    return Path(run_dir) / run_files.FAULT_TOLERANCE / f"ready-{attempt}-node{group}-{rank}"
 
 
 @dataclass(slots=True)
@@ -128,7 +133,10 @@ class PerStepRun(Run):
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
                                  args.collective_timeout, state=self.state,
                                  load_state=self.load_state, async_quorum=not self.periodic,
-                                 job_progress=lambda: steps_committed_since(folder, since))
+                                 job_progress=lambda: steps_committed_since(folder, since),
+                                 job_length=data.total_steps
+                                 // learner.paradigm.period  # type: ignore[attr-defined]
+                                 if self.periodic else data.total_steps)
         # The Manager counts committed steps (rounds under bmuf/easgd/diloco) from the
         # checkpoint on.
         self.ft.manager.load_state_dict({
@@ -144,10 +152,14 @@ class PerStepRun(Run):
         super().__init__(args, startup, group, data, learner, training_model, reporter, step,
                          extra.get("train_seconds", 0.0))
         slot = group.slot  # fault injection names the process by its slot in the job
-        self.fail_at = fault_injection_step(slot)
-        self.freeze_at = fault_injection_step(slot, "SUBLIMATE_FREEZE_AT_STEP")
-        self.fail_in_allreduce = fault_injection_step(slot, "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP")
-        self.fail_in_checkpoint = fault_injection_step(slot, "SUBLIMATE_FAIL_DURING_CHECKPOINT")
+
+        def first_start_fault(variable: str = "SUBLIMATE_FAIL_AT_STEP") -> int | None:
+            return None if groups.replacement else fault_injection_step(slot, variable)
+
+        self.fail_at = first_start_fault()
+        self.freeze_at = first_start_fault("SUBLIMATE_FREEZE_AT_STEP")
+        self.fail_in_allreduce = first_start_fault("SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP")
+        self.fail_in_checkpoint = first_start_fault("SUBLIMATE_FAIL_DURING_CHECKPOINT")
         startup.mark("setup")
         self._wait_for_the_other_groups()
 
@@ -328,7 +340,7 @@ class PerStepRun(Run):
         """Start together: a group that took its first step alone would have the others copy
         its state instead of computing the same first steps, and a failure-free per-step run
         would no longer be exactly the restart mode's."""
-        mine = _ready_file(self.args.run_dir, self.groups.group)
+        mine = _ready_file(self.args.run_dir, self.groups.group, self.group.rank)
         mine.parent.mkdir(parents=True, exist_ok=True)
         mine.touch()
         if self.groups.replacement:  # the others are training: it joins them at once

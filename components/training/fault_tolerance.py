@@ -96,6 +96,10 @@ class NoLivePeer(RuntimeError):
     """A replacement found no live group with the job's state to copy within the bound."""
 
 
+class JobAlreadyDone(RuntimeError):
+    """A replacement started after the job's last step: there is nothing left for it to do."""
+
+
 class FaultTolerance:
     """This process's share of per-step recovery: a torchft Manager for its replica group.
 
@@ -113,7 +117,8 @@ class FaultTolerance:
                  device: torch.device, run_dir: Path, timeout_seconds: float,
                  state: Callable[[], dict[str, Any]],
                  load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True,
-                 job_progress: Callable[[], int] | None = None) -> None:
+                 job_progress: Callable[[], int] | None = None,
+                 job_length: int | None = None) -> None:
         # torchft's Rust logger reads RUST_LOG when torchft is first imported: the launcher sets
         # it on every node; this covers a process started otherwise, if it comes first.
         os.environ.setdefault("RUST_LOG", "warn")
@@ -130,6 +135,7 @@ class FaultTolerance:
         # 3 nodes). job_progress: the steps the job has committed (0: it is at its start).
         self._peer_wait_seconds = float(timeout_seconds)
         self._job_progress = job_progress if groups.replacement else None
+        self._job_length = job_length  # the count job_progress reaches at the job's end
         self.workers = groups.groups * group_world  # every worker of the job, alive or not
         self.started = time.time()
         address = node_address()
@@ -173,6 +179,8 @@ class FaultTolerance:
         # Read before the quorum: with the quorum answered in the background, a group that
         # heals may have its peer's step count by the time start_quorum returns.
         self._expected = self.manager.current_step()
+        if self._job_progress is not None:
+            self._check_the_job_goes_on(self._job_progress())  # before a quorum it may not get
         self.manager.start_quorum()
         if self._job_progress is not None:
             self._wait_for_a_peer_with_the_state()
@@ -197,6 +205,7 @@ class FaultTolerance:
             progress = self._job_progress()
             if progress == 0:
                 break  # the job is at its start: there is nothing to copy
+            self._check_the_job_goes_on(progress)
             if time.monotonic() >= deadline:
                 self.record("no_peer", step=0, job_step=progress)
                 raise NoLivePeer(
@@ -211,6 +220,15 @@ class FaultTolerance:
             time.sleep(PEER_POLL_SECONDS)
             self.manager.start_quorum()
         self._job_progress = None
+
+    def _check_the_job_goes_on(self, progress: int) -> None:
+        """Raise :class:`JobAlreadyDone` when the job committed its last step already. On
+        Kubernetes a pod that fails is restarted until the job's budget is spent: one that
+        waited for peers gone with the job's end would fail a finished job."""
+        if self._job_length is not None and progress >= self._job_length:
+            self.record("end", step=progress, late=True)
+            raise JobAlreadyDone(f"node{self.groups.group}: the job committed its last step "
+                                 f"({progress}) before this replacement joined")
 
     def average(self, tensor: torch.Tensor) -> None:
         """Replace ``tensor`` in place by its mean over every process of the participating

@@ -6,6 +6,7 @@ loss cost (from records laid out as the workers write them)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from sublimate.components.base.settings import (
     max_restarts,
     parse_values,
 )
-from sublimate.components.launch import per_step
+from sublimate.components.launch import launcher, per_step, volcano_job
 from sublimate.components.launch.chaos import Chaos
 from sublimate.components.launch.launcher import build_app
 from sublimate.components.steps.train import parse_args
@@ -88,48 +89,91 @@ def test_a_per_step_app_is_a_torchrun_per_node_and_a_lighthouse_after_them() -> 
     assert elastic.roles[0].env[replica_groups.MIN_GROUPS_ENV] == "2"
 
 
-def test_on_kubernetes_volcano_restarts_a_lost_node_alone() -> None:
+def _kubernetes_per_step(nodes: str = "2:4", max_restarts: int = 5) -> Any:
     from sublimate.components.launch.cluster_job import make_runner
 
-    args = parse_args([*ARGS, "--nodes", "2:4", "--recovery", "per-step", "--scheduler",
-                       "kubernetes", "--max-restarts", "5", "--mount",
+    args = parse_args([*ARGS, "--nodes", nodes, "--recovery", "per-step", "--scheduler",
+                       "kubernetes", "--max-restarts", str(max_restarts), "--mount",
                        "type=volume,src=sublimate-data,dst=/mnt/sublimate"])
     app = build_app(args, "kubernetes")
-    info = make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
+    return make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
                                             cfg={"queue": "default", "job_name": "job-x"})
+
+
+def test_on_kubernetes_no_number_of_lost_pods_up_to_the_budget_fails_the_job() -> None:
+    info = _kubernetes_per_step("2:4", max_restarts=5)
     spec = info.request.resource["spec"]
-    # the training nodes are one task of 4 pods (launch/volcano_job.py), the lighthouse another
-    assert [(task["name"], task["replicas"]) for task in spec["tasks"]] == [("worker", 4),
-                                                                           ("lighthouse-0", 1)]
-    # a lost node's pod is replaced alone, 5 times per node; the lighthouse's task alone too
-    worker_task, lighthouse_task = spec["tasks"]
-    assert worker_task["maxRetry"] == 20 and lighthouse_task["maxRetry"] == 5
+    # the training nodes are one task of 4 pods (launch/volcano_job.py); the lighthouse is no
+    # task of the job (its Deployment, below)
+    (worker_task,) = spec["tasks"]
+    assert (worker_task["name"], worker_task["replicas"]) == ("worker", 4)
+    # a lost node's pod is replaced alone; all four nodes done completes the job
     assert worker_task["policies"] == [{"event": "PodFailed", "action": "RestartPod"},
-                                       {"event": "PodEvicted", "action": "RestartPod"}]
-    assert lighthouse_task["policies"] == [{"event": "PodFailed", "action": "RestartTask"},
-                                           {"event": "PodEvicted", "action": "RestartTask"}]
-    # the gang: the minimum of nodes and the lighthouse; done when every node succeeded
-    assert (spec["minAvailable"], spec["minSuccess"], spec["maxRetry"]) == (3, 4, 0)
-    assert spec["policies"] == [{"event": "TaskFailed", "action": "TerminateJob"}]
-    # the values Volcano's Job CRD (batch.volcano.sh_jobs.yaml, v1alpha1) accepts, transcribed:
-    # events are an enum there; actions are its pkg/apis/bus/v1alpha1 Action constants
-    events = {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown",
-              "TaskCompleted", "OutOfSync", "CommandIssued", "JobUpdated", "TaskFailed"}
-    actions = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "TerminateJob",
-               "CompleteJob", "ResumeJob"}
-    for policy in [*spec["policies"], *(p for task in spec["tasks"] for p in task["policies"])]:
+                                       {"event": "PodEvicted", "action": "RestartPod"},
+                                       {"event": "TaskCompleted", "action": "CompleteJob"}]
+    # Volcano adds one to the job's retryCount per RestartPod and fails the job once it
+    # reaches maxRetry, which an unset or zero value makes 3 at admission (the third pod lost
+    # failed the job): one above 5 replacements of each of the 4 nodes. A task's maxRetry
+    # counts only restarts in place, and the task's minAvailable, unset, becomes its replicas.
+    assert spec["maxRetry"] == 5 * 4 + 1 and "maxRetry" not in worker_task
+    assert (spec["minAvailable"], worker_task["minAvailable"]) == (2, 2)
+    assert "minSuccess" not in spec and "policies" not in spec
+    # no svc plugin: it deletes the job's Service on every RestartPod
+    assert spec["plugins"] == {"env": []}
+    # the values Volcano's admission accepts (pkg/webhooks/admission/jobs/validate/util.go)
+    events = {"*", "PodPending", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted",
+              "TaskFailed", "JobUpdated"}
+    actions = {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition",
+               "TerminateJob", "CompleteJob", "ResumeJob"}
+    for policy in worker_task["policies"]:
         assert policy["event"] in events and policy["action"] in actions
-    # every node finds the lighthouse where Volcano's svc plugin names it
-    worker = spec["tasks"][0]["template"].spec.containers[0]
+    worker = worker_task["template"].spec.containers[0]
     assert "TORCHX_RANK0_HOST" not in " ".join(worker.command)
     env = {variable.name: variable.value for variable in worker.env}
-    # each node's group is its index in the task, from Volcano's env plugin
+    # each node's group is its index in the task (Volcano's env plugin); the lighthouse is its
+    # Service's name
     assert replica_groups.GROUP_ENV not in env and env[replica_groups.GROUPS_ENV] == "4"
+    assert env[replica_groups.LIGHTHOUSE_HOSTS_ENV] == "job-x-lighthouse"
     assert "$(VC_TASK_INDEX)" in " ".join(worker.command)
     assert replica_groups.ReplicaGroups.from_env(
-        {**env, "VC_TASK_INDEX": "3", "VC_LIGHTHOUSE_0_HOSTS": "job-x-lighthouse-0-0.job-x"}
-    ).group == 3
-    assert replica_groups.volcano_hosts_env("lighthouse", 0) == "VC_LIGHTHOUSE_0_HOSTS"
+        {**env, "VC_TASK_INDEX": "3"}).lighthouse == "http://job-x-lighthouse:29510"
+
+
+def test_on_kubernetes_the_lighthouse_is_a_deployment_behind_a_service(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import REPO, require
+
+    info = _kubernetes_per_step()
+    documents = list(yaml.safe_load_all(str(info.request)))  # what a dry run prints
+    job, deployment, service = documents
+    assert job["kind"] == "Job" and [task["name"] for task in job["spec"]["tasks"]] == ["worker"]
+    assert (deployment["kind"], deployment["metadata"]["name"]) == ("Deployment",
+                                                                    "job-x-lighthouse")
+    assert (service["kind"], service["metadata"]["name"]) == ("Service", "job-x-lighthouse")
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["restartPolicy"] == "Always" and deployment["spec"]["replicas"] == 1
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == selector
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == port["targetPort"] == 29510
+    assert "--bind 0.0.0.0" in " ".join(pod["spec"]["containers"][0]["command"])
+    # Kubernetes' own schemas, strict (kubernetes-validate, which CI installs)
+    validator = shutil.which("kubernetes-validate") or next(
+        (str(p) for p in [REPO / ".tools" / "bin" / "kubernetes-validate"] if p.exists()), None)
+    require(validator is not None, "kubernetes-validate is not installed (run .ci/run)")
+    files = []
+    for document in (deployment, service):
+        path = tmp_path / f"{document['kind']}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        files.append(str(path))
+    completed = subprocess.run([str(validator), "--strict", *files], capture_output=True,
+                               text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
 
 
 # -- the replacer ----------------------------------------------------------------------------
@@ -164,7 +208,8 @@ def test_the_replacer_replaces_a_lost_node_alone_and_ends_as_the_nodes_end() -> 
     outcomes = [replacer.check() for _ in range(6)]
     assert outcomes == [None, None, None, None, None, "succeeded"]
     (role, node, env), lighthouse = runner.restarts
-    assert (role, node, env[replica_groups.REPLACEMENT_ENV]) == ("worker", 0, "1")
+    # the environment it had, as Volcano restarts a pod: it knows itself by its start record
+    assert (role, node, set(env)) == ("worker", 0, {"SUBLIMATE_LAUNCH_TIME"})
     assert float(env["SUBLIMATE_LAUNCH_TIME"]) > 0  # the replacement's start-up clock
     assert lighthouse == ("lighthouse", 0, {})
     assert [(loss.node, loss.replacement) for loss in replacer.losses] == [(0, 1)]
@@ -229,14 +274,17 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
                                     {"event": "end", "time": 130.0}], (69, 69, 200, 0))
     _incarnation(folder, 1, 100.1, [{"event": "first_commit", "time": 100.5, "step": 1},
                                     {"event": "abort", "time": 108.2, "step": 120},
+                                    {"event": "resumed", "time": 108.7, "step": 121},
                                     {"event": "end", "time": 130.0}], (201, 200, 200, 1))
     loss = per_step.Loss(node=0, detected=108.3, replaced=110.0, replacement=1)
     kill = type("Kill", (), {"node": 0, "time": 108.0})()
     section = per_step.summarize(tmp_path, [loss], since=99.0, kills=[kill])
     assert section["failures"] == [{
         "node": 0, "time": 108.0, "step": 120, "steps_lost": 1,
-        "detected_after_seconds": 0.3, "replaced_at": 110.0,
-        "replacement_trained_after_seconds": 2.5, "healed_at_step": 131}]
+        "detected_after_seconds": 0.3,
+        # node 1 dropped the step node 0 died in and committed the next 0.7 s after the kill
+        "survivors_stalled_seconds": 0.7, "survivor_steps_dropped": 1,
+        "replaced_at": 110.0, "replacement_trained_after_seconds": 2.5, "healed_at_step": 131}]
     assert (section["steps_attempted"], section["steps_committed"]) == (392, 389)
     assert section["committed_ratio"] == round(389 / 392, 5)
     assert section["committed_bound"] == round(1 - 1 / 392, 5)
@@ -246,7 +294,157 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
         {"node": 0, "from_step": 132, "to_step": 200, "replacement": False},
         {"node": 1, "from_step": 1, "to_step": 200, "replacement": False}]
     lines = per_step.describe(section)
-    assert lines[0] == ("lost node0, at step 120, 1 step(s) lost, its replacement trained again "
-                        "2.5s after starting (healed at step 131)")
+    assert lines[0] == ("lost node0, after step 120, 1 step(s) lost, the others went on 0.7s "
+                        "later (1 group-step(s) dropped), its replacement trained again 2.5s "
+                        "after starting (healed at step 131)")
     assert "389 of 392 group-steps committed (99.23%, bound 99.74%)" in lines[-1]
 
+
+def test_the_summary_counts_rounds_under_a_periodic_paradigm_and_names_a_start_up_loss(
+        tmp_path: Path) -> None:
+    # DiLoCo's counters count rounds: the summary said "at step 198" of round 198 (a local step
+    # near 1,600), and a node lost before its first step read "lost at step None".
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    _incarnation(folder, 0, 100.0, [{"event": "first_commit", "time": 100.5, "step": 1},
+                                    {"event": "end", "time": 130.0}], (40, 40, 40, 0))
+    _incarnation(folder, 1, 100.1, [{"event": "first_commit", "time": 100.5, "step": 1},
+                                    {"event": "end", "time": 130.0}], (40, 40, 40, 0))
+    loss = per_step.Loss(node=2, detected=100.2, replacement=1)
+    section = per_step.summarize(tmp_path, [loss], since=99.0, unit="round")
+    assert section["unit"] == "round"
+    (failure,) = section["failures"]
+    assert failure["in_start_up"] and failure["step"] is None
+    lines = per_step.describe(section)
+    assert lines[0] == "lost node2, in its start-up, before its first step"
+    assert "80 of 80 group-rounds committed" in lines[-1]
+
+
+
+# -- Kubernetes: the launcher's watch of a Volcano job ------------------------------------------
+
+# Volcano's controller under the per-step layout, as its source reports a pod's loss (volcano
+# ed72c7c8; docs/fault-tolerance.md, "On Kubernetes"): RestartPod on PodFailed moves the job
+# Running -> Restarting (state/running.go, retryCount + 1) and deletes that pod
+# (job_controller_actions.go killPods); once it is gone, syncJob creates it again under the
+# same name, a new uid (job_controller_actions.go syncJob), Pending until scheduled
+# (state/restarting.go -> state/pending.go), then Running. TaskCompleted -> CompleteJob ends it:
+# Completing, then Completed (state/completing.go). A pod can also fail and come back between
+# two of the launcher's polls: only its uid tells.
+RUNNING3 = {0: ("a0", "Running"), 1: ("a1", "Running"), 2: ("a2", "Running")}
+VOLCANO_SCRIPT: list[tuple[str, dict[int, tuple[str, str]]]] = [
+    ("Pending", {}),
+    ("Pending", {0: ("a0", "Pending"), 1: ("a1", "Pending"), 2: ("a2", "Pending")}),
+    ("Running", RUNNING3),
+    ("Restarting", {**RUNNING3, 2: ("a2", "Failed")}),  # worker-2's PodFailed: RestartPod
+    ("Restarting", {0: ("a0", "Running"), 1: ("a1", "Running")}),  # a2 deleted
+    ("Pending", {**RUNNING3, 2: ("b2", "Pending")}),  # created again, under its name
+    ("Running", {**RUNNING3, 2: ("b2", "Running")}),
+    ("Running", {0: ("c0", "Running"), 1: ("a1", "Running"), 2: ("b2", "Running")}),
+    ("Running", {0: ("c0", "Succeeded"), 1: ("a1", "Succeeded"), 2: ("b2", "Succeeded")}),
+    ("Completing", {0: ("c0", "Succeeded"), 1: ("a1", "Succeeded"), 2: ("b2", "Succeeded")}),
+    ("Completed", {0: ("c0", "Succeeded"), 1: ("a1", "Succeeded"), 2: ("b2", "Succeeded")}),
+]
+
+
+class FakeVolcano:
+    """A TorchX runner whose Kubernetes job goes through ``script`` (the job's Volcano phase and
+    its worker pods, one entry per poll of the pods); ``on_step`` is called with each entry's
+    index, as the pods would write their records then."""
+
+    def __init__(self, script: list[tuple[str, dict[int, tuple[str, str]]]],
+                 on_step: Any = None) -> None:
+        self.script, self.on_step = script, on_step
+        self.position, self.submitted, self.cancelled = 0, None, False
+
+    def name(self) -> str:
+        return "sublimate"
+
+    def status(self, handle: str) -> Any:
+        from torchx.specs import AppStatus
+
+        if self.submitted is None:
+            return None
+        phase, _ = self.script[min(self.position, len(self.script) - 1)]
+        return AppStatus(state=volcano_job.job_state(phase))
+
+    def run(self, app: Any, scheduler: str, cfg: Any) -> str:
+        self.submitted = app
+        return "kubernetes://sublimate/default:job-x"
+
+    def worker_pods(self, handle: str) -> dict[int, tuple[str, str]]:
+        _, pods = self.script[min(self.position, len(self.script) - 1)]
+        if self.on_step is not None:
+            self.on_step(self.position)
+        self.position += 1
+        time.sleep(0.01)  # polls are apart in time (the summary dates and orders the losses)
+        return pods
+
+    def cancel(self, handle: str) -> None:
+        self.cancelled = True
+
+    def log_lines(self, *args: Any, **kwargs: Any) -> Any:
+        return iter(())
+
+
+def _kubernetes_attempt(tmp_path: Path, runner: FakeVolcano,
+                        monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(launcher, "POLL_SECONDS", {"kubernetes": 0.0})
+    args = parse_args([*ARGS[:2], "--run-dir", str(tmp_path), *ARGS[4:], "--nodes", "3",
+                       "--recovery", "per-step", "--scheduler", "kubernetes",
+                       "--max-restarts", "2", "--global-batch-size", "60"])
+    return launcher._run_attempt(runner, args, "kubernetes", 0)
+
+
+def test_the_kubernetes_watch_goes_on_through_lost_pods_and_summarizes_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the launcher saw worker-2 FAILED and cancelled the whole job, with no summary.
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    started = time.time()
+    replacement: list[str] = []
+
+    def pods_write_their_records(position: int) -> None:
+        now = time.time()
+        if position == 2:  # every node trains
+            for node in range(3):
+                _incarnation(folder, node, started + node / 1000, [
+                    {"event": "first_commit", "time": now, "step": 1}], (10, 10, 10, 0))
+        if position == 6:  # worker-2's replacement healed from a peer and trains
+            replacement.append(replica_groups.incarnation_name(2, now))
+            _incarnation(folder, 2, now, [
+                {"event": "healed", "time": now, "step": 12},
+                {"event": "first_commit", "time": now, "step": 13}], (18, 18, 30, 0))
+        if position == 8:  # the job's end, recorded by the nodes that finished
+            # (node 0's first incarnation was lost after step 10: no end of its own)
+            for stem in [replica_groups.incarnation_name(1, started + 1 / 1000), *replacement]:
+                with (folder / f"{stem}.jsonl").open("a") as log:
+                    log.write(json.dumps({"event": "end", "time": now, "step": 30}) + "\n")
+
+    runner = FakeVolcano(VOLCANO_SCRIPT, pods_write_their_records)
+    assert _kubernetes_attempt(tmp_path, runner, monkeypatch) == launcher.SUCCEEDED
+    out = capsys.readouterr().out
+    assert "lost node2; the others go on without it, and Volcano replaces its pod" in out
+    assert "lost node0; the others go on without it" in out  # seen only by its new uid
+    assert runner.position == len(VOLCANO_SCRIPT) and runner.cancelled
+    # the lighthouse is no pod of the job's to follow: a Deployment beside it
+    assert [role.name for role in runner.submitted.roles] == ["worker", "lighthouse"]
+    summary = json.loads((tmp_path / run_files.SUMMARY).read_text())
+    failures = summary["fault_tolerance"]["failures"]
+    assert [failure["node"] for failure in failures] == [2, 0]
+    assert failures[0]["healed_at_step"] == 12
+    assert (failures[1]["step"], failures[1]["steps_lost"]) == (10, 0)
+    assert failures[0]["replacement_trained_after_seconds"] >= 0
+
+
+def test_the_kubernetes_watch_reports_volcanos_spent_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the third restart of a budget of 3 (maxRetry 3): Volcano fails the job (restarting.go)
+    script = [*VOLCANO_SCRIPT[:4], ("Failed", {0: ("a0", "Running"), 1: ("a1", "Running")})]
+    runner = FakeVolcano(script)
+    assert _kubernetes_attempt(tmp_path, runner, monkeypatch) == launcher.FAILED
+    err = capsys.readouterr().err
+    assert "Volcano ended the job (FAILED) after 1 lost pod(s); its budget is 2 " \
+           "replacement(s) per node (max-restarts)" in err

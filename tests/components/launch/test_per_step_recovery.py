@@ -98,10 +98,14 @@ def test_losing_node_0_costs_its_step_in_flight_and_its_replacement_copies_a_pee
     # nodes=3:3: every step needs the three groups, so the others wait for node 0's replacement
     # (node 0 hosts nothing the others need: the lighthouse is a role of its own, and every
     # node has its own store), which copies their state and the job goes on from there.
+    # A checkpoint is on the volume (step 90) when node 0 dies, and its replacement, started
+    # with the environment it had (as Volcano's RestartPod starts a pod again), must not read
+    # it: it knows itself a replacement by its own start record in this launch.
     output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=3:3", "-p", "global-batch-size=60",
-                           "-p", "epochs=10",
+                           "-p", "epochs=10", "-p", "checkpoint-every=30",
                            faults={"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "0"})
     assert "relaunching" not in output, output[-3000:]
+    assert "resumed from checkpoint" not in output, output[-3000:]
     assert "lost node0; the others go on without it" in output
     (failure,) = _failures(summary)
     assert failure["node"] == 0 and failure["step"] == 100
