@@ -33,10 +33,15 @@ class Replicas(Protocol):
     using the job's process group (which then holds one node only)."""
 
     workers: int  # every worker process of the job, alive or not
+    group_world: int  # the processes of one group (one node)
 
     def start_step(self) -> int: ...
 
     def average(self, tensor: torch.Tensor) -> None: ...
+
+    def start_average(self, tensor: torch.Tensor) -> Any: ...
+
+    def finish_averages(self, works: list[Any]) -> None: ...
 
     def participating_workers(self) -> int: ...
 
@@ -105,6 +110,10 @@ class Paradigm:
     def no_sync(self) -> Iterator[None]:
         """Context for the micro-batches of gradient accumulation that must not communicate."""
         yield
+
+    def zero_grad(self) -> None:
+        """Clear the gradients for the next step (per-step recovery's loop)."""
+        self.optimizer.zero_grad(set_to_none=True)
 
     def after_step(self, step: int) -> None:
         """Called after every local optimizer step with the 1-based global step count."""

@@ -20,6 +20,7 @@ a job relaunched after losing every node does, as the restart mode does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -211,11 +212,17 @@ class PerStepRun(Run):
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
             x, y = self._batch(step, epoch.order)
+            if not self.periodic and step + 1 == self.fail_in_allreduce:
+                # before the backward pass, which sends this group's share of the all-reduce
+                from sublimate.components.processes.fault_injection import kill_in_allreduce
+
+                kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(),
+                                  self.group.slot, step + 1, record=self.ft.record)
             loaded = perf_counter()
             loss = self._forward_backward(model, x, y, args.accumulation_steps)
             computed = perf_counter()
             committed = self._commit(step, optimizer, paradigm)
-            optimizer.zero_grad(set_to_none=True)
+            paradigm.zero_grad()
             synced = perf_counter()
             if not committed:
                 continue  # nobody applied it: the same step again, with the next quorum
@@ -297,8 +304,11 @@ class PerStepRun(Run):
         total = torch.zeros((), device=x.device)
         for index in range(accumulation):
             part = slice(index * micro, (index + 1) * micro)
-            loss = self.loss_fn(model(x[part]), y[part])
-            (loss / accumulation).backward()
+            # only the last micro-batch's backward pass sends the gradient (sync's buckets)
+            with (self.learner.paradigm.no_sync() if index < accumulation - 1
+                  else contextlib.nullcontext()):
+                loss = self.loss_fn(model(x[part]), y[part])
+                (loss / accumulation).backward()
             total += loss.detach() / accumulation
         return total
 
@@ -309,11 +319,6 @@ class PerStepRun(Run):
         if self.periodic:
             optimizer.step()
             return True
-        if step + 1 == self.fail_in_allreduce:
-            from sublimate.components.processes.fault_injection import kill_in_allreduce
-
-            kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(), self.group.slot,
-                              step + 1, record=self.ft.record)
         paradigm.average_gradients()
         if not self.ft.commit():
             return False

@@ -243,6 +243,22 @@ class FaultTolerance:
             self.process_group.close_after_error()  # its peers fail too, at once
         self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
 
+    def start_average(self, tensor: torch.Tensor) -> Any:
+        """Start replacing ``tensor`` by its mean over the participating groups (one process
+        per node: :meth:`average` otherwise); returns the all-reduce's work, for
+        :meth:`finish_averages`."""
+        work = self.manager.allreduce(tensor)
+        self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
+        return work
+
+    def finish_averages(self, works: list[Any]) -> None:
+        """Wait for the all-reduces :meth:`start_average` started; an error between groups is
+        not raised (:meth:`commit` says False), and closes the failed group at once."""
+        for work in works:
+            work.wait()
+        if self.manager.errored() is not None:
+            self.process_group.close_after_error()  # its peers fail too, at once
+
     def commit(self) -> bool:
         """Whether every participating group completed the step: apply it only then. A healed
         replacement has its peer's state applied here, before it steps."""
