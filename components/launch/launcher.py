@@ -462,7 +462,7 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
         return STOPPED
     if replacer is not None and ended is not None:
         return _per_step_end(runner, handle, args, replacer, ended, streams, attempt_started,
-                             chaos)
+                             chaos, attempt)
     if stalled is not None:
         runner.cancel(handle)  # type: ignore[attr-defined]
         if scheduler == "local_cwd":
@@ -530,7 +530,7 @@ def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:
 def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
                   replacer: recovery.Replacer | recovery.VolcanoWatch, ended: str,
                   streams: list[threading.Thread], attempt_started: float,
-                  chaos: Chaos | None) -> str:
+                  chaos: Chaos | None, attempt: int = 0) -> str:
     """End a per-step job the way its replicas ended: every node finished (the Lighthouse is
     stopped: it would serve forever), every node lost at once (relaunch from the checkpoint), or
     a node out of replacements."""
@@ -546,7 +546,8 @@ def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
         return LOST if ended == "lost" else FAILED
     section = recovery.summarize(args.run_dir, replacer.losses, attempt_started,
                                  chaos.kills if chaos is not None else [], replacer.stopped,
-                                 unit="step" if args.algorithm == "sync" else "round")
+                                 unit="step" if args.algorithm == "sync" else "round",
+                                 job_restarts=attempt)
     recovery.merge_into_summary(args.run_dir, section)
     for line in recovery.describe(section):
         print(f"train: {line}", flush=True)

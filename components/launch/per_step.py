@@ -227,7 +227,7 @@ def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 def summarize(run_dir: Path, losses: list[Loss], since: float,
               kills: Sequence[Any] = (), stopped: Sequence[int] = (),
-              unit: str = "step") -> dict[str, Any]:
+              unit: str = "step", job_restarts: int = 0) -> dict[str, Any]:
     """The ``fault_tolerance`` section of ``train-summary.json`` for the attempt that started at
     ``since`` (epoch seconds): per lost node, and in total.
 
@@ -235,7 +235,11 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     a node may die after the last step it took part in, or on a cluster where Volcano replaced
     it). The launcher's own record of the loss (``losses``) and chaos's ``kills`` date it and
     time its replacement when they have it. ``stopped``: the nodes whose process the launcher
-    stopped at the job's end (a replacement that never caught up), which are no loss."""
+    stopped at the job's end (a replacement that never caught up), which are no loss.
+    ``unit``: what a transaction is, ``step`` or (bmuf, easgd, diloco) ``round``, which the
+    section's counts count. ``job_restarts``: the relaunches of the whole job before this
+    attempt (every node lost, or a replacement with no live peer); the losses are this
+    attempt's."""
     for loss in losses:
         killed = [kill.time for kill in kills if kill.node == loss.node
                   and kill.time <= loss.detected]
@@ -246,10 +250,15 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     for record in sorted(records, key=lambda r: r["start"] or 0):
         by_node.setdefault(record["node"], []).append(record)
     unused = sorted(losses, key=lambda loss: loss.detected)
-    # the replacement the launcher stopped with the job started when the node was last replaced
-    stopped_since = {loss.node: (loss.replaced or loss.detected) - 1
-                     for loss in sorted(losses, key=lambda loss: loss.detected)
-                     if loss.node in stopped}
+    # What the launcher stopped with the job is each such node's newest process, if it started
+    # after the node's last loss was seen (a replacement that had not recorded its start yet
+    # leaves the lost process newest). A window of time before the replacement instead (a
+    # second) took a node killed within a second of its start for one stopped: no loss.
+    last_seen = {loss.node: loss.detected
+                 for loss in sorted(losses, key=lambda lost: lost.detected)}
+    stopped_last = {id(incarnations[-1]) for node, incarnations in by_node.items()
+                    if node in stopped
+                    and (incarnations[-1]["start"] or 0) >= last_seen.get(node, 0)}
     # A replacement that started after the job's last step was committed never had a part:
     # stopped with the job, it is no loss.
     ended = min((e["time"] for r in records for e in r["events"] if e["event"] == "end"),
@@ -263,7 +272,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
             # ended well, stopped on finding no peer to copy (the job was over, or gone), or
             # stopped by the launcher with the job
             if _event(record, "end") is not None or _event(record, "no_peer") is not None \
-                    or (record["start"] or 0) >= stopped_since.get(node, float("inf")):
+                    or id(record) in stopped_last:
                 continue
             loss = next((loss for loss in unused if loss.node == node
                          and loss.detected >= (record["start"] or 0)), None)
@@ -308,6 +317,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     return {
         "recovery": "per-step",
         "unit": unit,
+        "job_restarts": job_restarts,
         "nodes_lost": len(failures),
         "failures": failures,
         # group-steps: a step committed by 3 groups counts 3
@@ -372,9 +382,12 @@ def describe(section: dict[str, Any]) -> list[str]:
     """The launcher's closing lines about per-step recovery."""
     unit = section.get("unit", "step")
     lines = [failure_line(failure, unit) for failure in section["failures"]]
+    restarts = section.get("job_restarts", 0)
     if section.get("steps_attempted"):
         lines.append(
-            f"per-step recovery: {section['nodes_lost']} node(s) lost, no job restart; "
+            f"per-step recovery: {section['nodes_lost']} node(s) lost"
+            + (f" in the last attempt, after {restarts} relaunch(es) of the whole job from "
+               "its checkpoint; " if restarts else ", no job restart; ") +
             f"{section['steps_committed']} of {section['steps_attempted']} group-{unit}s "
             f"committed ({100 * section['committed_ratio']:.2f}%, bound "
             f"{100 * section['committed_bound']:.2f}%)")

@@ -448,3 +448,24 @@ def test_the_kubernetes_watch_reports_volcanos_spent_budget(
     err = capsys.readouterr().err
     assert "Volcano ended the job (FAILED) after 1 lost pod(s); its budget is 2 " \
            "replacement(s) per node (max-restarts)" in err
+
+
+def test_a_node_killed_a_moment_after_its_start_is_a_loss_when_its_replacement_is_stopped(
+        tmp_path: Path) -> None:
+    # Node 2 dies 0.2 s after it started; its replacement is still starting when the job ends
+    # and the launcher stops it. Only that newest process was stopped: the first one is a
+    # loss, at its step. (A window of 1 s before the replacement took both for stopped, and
+    # the report said node 2 was lost "in its start-up".)
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    _incarnation(folder, 0, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
+                                    {"event": "end", "time": 103.0}], (23, 23, 23, 0))
+    _incarnation(folder, 2, 100.05, [{"event": "first_commit", "time": 100.1, "step": 1},
+                                     {"event": "killed", "time": 100.25, "step": 60}],
+                 (7, 7, 7, 0))
+    _incarnation(folder, 2, 101.0, [], (0, 0, 0, 0))  # the replacement, stopped at the end
+    loss = per_step.Loss(node=2, detected=100.8, replaced=100.95, replacement=1)
+    section = per_step.summarize(tmp_path, [loss], since=99.0, stopped=[2], unit="round")
+    (failure,) = section["failures"]
+    assert (failure["node"], failure["step"], failure["time"]) == (2, 7, 100.25)
+    assert "in_start_up" not in failure

@@ -184,12 +184,53 @@ def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
     assert summary["steps"] == 8 * 23
 
 
+@pytest.mark.parametrize("algorithm", ["bmuf", "easgd", "diloco"])
+def test_two_of_three_nodes_lost_at_once_cost_their_round_under_each_paradigm(
+        tmp_path: Path, algorithm: str) -> None:
+    # nodes=2:3: a round needs two groups, so the survivor waits for a replacement, which must
+    # heal from it, not meet the other replacement at step 0 and train the job again (DiLoCo,
+    # 2 chaos kills of 3 nodes, did and reported "0 steps lost"); and the report must name the
+    # kills that were made, counted in rounds.
+    output, summary = _run(tmp_path, *PER_STEP, "-p", "nodes=2:3", "-p",
+                           "global-batch-size=60", "-p", f"algorithm={algorithm}",
+                           "-p", "epochs=12",
+                           faults={"SUBLIMATE_FAIL_AT_STEP": "60", "SUBLIMATE_FAIL_RANK": "1,2"})
+    assert "relaunching" not in output, output[-3000:]
+    assert "fault injection: killing rank 1 at step 60" in output
+    assert "fault injection: killing rank 2 at step 60" in output
+    section = summary["fault_tolerance"]
+    assert section["unit"] == "round"
+    failures = section["failures"]
+    assert sorted(failure["node"] for failure in failures) == [1, 2], failures
+    rounds = {failure["step"] for failure in failures}
+    assert len(rounds) == 1, failures  # killed together after local step 60: the same round
+    (round_killed,) = rounds
+    assert round_killed is not None and 0 < round_killed <= 60, failures
+    for failure in failures:
+        assert failure["steps_lost"] <= 1, failure
+    trained = [failure for failure in failures if "replacement_trained_after_seconds" in failure]
+    assert trained, failures
+    for failure in trained:  # healed from the survivor, at or after the round it died in
+        assert failure["healed_at_step"] is not None and \
+            failure["healed_at_step"] >= round_killed, failure
+    # no round was committed while the survivor was alone: the first replacement healed at it
+    assert min(failure["healed_at_step"] for failure in trained) == round_killed, failures
+    assert not re.search(r"node[12]: training again, step 1:", output), output[-3000:]
+    assert f"lost node1, after round {round_killed}" in output
+    assert summary["steps"] == 12 * 23
+    assert float(run_outputs(output)["accuracy"]) >= 0.9
+
+
 def test_losing_every_node_at_once_falls_back_to_the_last_checkpoint(tmp_path: Path) -> None:
     output, summary = _run(tmp_path, *PER_STEP, "-p", "epochs=4", "-p", "checkpoint-every=20",
                            faults={"SUBLIMATE_FAIL_AT_STEP": "50", "SUBLIMATE_FAIL_RANK": "0,1"})
     # No live peer is left to copy from: the job restarts as a whole, from its checkpoint.
     assert "relaunching from the last checkpoint" in output, output[-3000:]
     assert summary["resumed_from_step"] == 40
+    # the report says so: it said "no job restart" after this one
+    assert summary["fault_tolerance"]["job_restarts"] == 1
+    assert "no job restart" not in output, output[-3000:]
+    assert "in the last attempt, after 1 relaunch(es) of the whole job" in output
     assert summary["steps"] == 4 * 22
     assert float(run_outputs(output)["accuracy"]) >= 0.85
 

@@ -38,9 +38,19 @@ class VetoingReplicas:
         self.rounds += 1
         return self.rounds - 1
 
+    group_world = 1  # a process per group: sync's gradient buckets send from hooks
+
     def average(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor)
         tensor /= self.workers
+
+    def start_average(self, tensor: torch.Tensor) -> Any:
+        return dist.all_reduce(tensor, async_op=True), tensor
+
+    def finish_averages(self, works: list[Any]) -> None:
+        for work, tensor in works:  # the participants' mean, as torchft's
+            work.wait()
+            tensor /= dist.get_world_size()
 
     def participating_workers(self) -> int:
         return self.workers
