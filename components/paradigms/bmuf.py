@@ -38,13 +38,19 @@ class BlockMomentumSGD(PeriodicAveraging):
                  config: ParadigmConfig | Mapping[str, Any],
                  replicas: Replicas | None = None) -> None:
         super().__init__(model, optimizer, config, replicas)
-        self.eta = auto_or(self.config.block_momentum, 1.0 - 1.0 / self.workers)
         self.zeta = self.config.block_lr
         self.nesterov = self.config.nesterov
         start = flat_parameters(model)
         self.global_model = start.clone()
         self.block_start = start
         self.delta = torch.zeros_like(start)
+
+    @property
+    def eta(self) -> float:
+        """The block momentum: as configured, or the paper's 1 - 1/N over the job's workers.
+        Read when used: under per-step recovery the replica groups are attached after the
+        paradigm is made, and N read then was the node's own processes (1: no momentum)."""
+        return auto_or(self.config.block_momentum, 1.0 - 1.0 / self.workers)
 
     def synchronize(self) -> None:
         average = flat_parameters(self.model)

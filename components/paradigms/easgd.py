@@ -37,8 +37,15 @@ class ElasticAveragingSGD(PeriodicAveraging):
                  config: ParadigmConfig | Mapping[str, Any],
                  replicas: Replicas | None = None) -> None:
         super().__init__(model, optimizer, config, replicas)
-        self.alpha = auto_or(self.config.moving_rate, 0.9 / self.workers)
         self.center = flat_parameters(model)
+
+    @property
+    def alpha(self) -> float:
+        """The moving rate: as configured, or the paper's 0.9 / N over the job's workers. Read
+        when used: under per-step recovery the replica groups are attached after the paradigm
+        is made, and N read then was the node's own processes (1: alpha 0.9, and the center
+        moved 0.9 x N times the workers' mean distance per round: it diverged)."""
+        return auto_or(self.config.moving_rate, 0.9 / self.workers)
 
     def synchronize(self) -> None:
         local = flat_parameters(self.model)

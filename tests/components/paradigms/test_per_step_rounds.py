@@ -195,3 +195,37 @@ def test_sync_sgds_flat_gradient_average_is_ddps_over_the_global_batch(tmp_path:
         # batch's mean with the missing half counted as zero (the rate was scaled for it all).
         for ddp, half in zip(grads["ddp"], grads["half-left"], strict=True):
             assert torch.allclose(ddp / 2, half, rtol=0, atol=1e-7)
+
+
+class JobOfThreeNodes(VetoingReplicas):
+    """A per-step job of three nodes of one process each, seen from one of them."""
+
+    def __init__(self) -> None:
+        super().__init__(set())
+        self.workers = 3
+
+
+def _defaults(rank: int, port: int, results: Path) -> None:
+    # As the per-step loop makes them: over the node's own process group (one process), the
+    # job's replica groups attached afterwards.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=1)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    bmuf = BlockMomentumSGD(model, optimizer, {"sync_period": PERIOD})
+    easgd = ElasticAveragingSGD(model, optimizer, {"sync_period": PERIOD})
+    for paradigm in (bmuf, easgd):
+        paradigm.replicas = JobOfThreeNodes()
+    torch.save({"eta": bmuf.eta, "alpha": easgd.alpha}, results / "defaults.pt")
+    dist.destroy_process_group()
+
+
+def test_the_papers_defaults_count_the_jobs_workers_under_per_step_recovery(
+        tmp_path: Path) -> None:
+    # N was read when the paradigm was made, from the node's own group: 1. EASGD's moving rate
+    # was 0.9 instead of 0.3 (its center overshot and every per-step EASGD run diverged to
+    # NaN, with or without a failure), BMUF's block momentum 0 instead of 2/3.
+    run_ranks(_defaults, (free_port(), tmp_path), 1)
+    defaults = torch.load(tmp_path / "defaults.pt")
+    assert defaults["eta"] == pytest.approx(1 - 1 / 3)
+    assert defaults["alpha"] == pytest.approx(0.9 / 3)
