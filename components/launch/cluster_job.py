@@ -213,7 +213,7 @@ def _job_with_companions() -> type:
     import yaml
     from torchx.schedulers.kubernetes_scheduler import KubernetesJob
 
-    @dataclass
+    @dataclass(repr=False)  # TorchX's repr is the YAML (a dry run prints it)
     class KubernetesJobWithCompanions(KubernetesJob):
         companions: list[Any] = field(default_factory=list)
 

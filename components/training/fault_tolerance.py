@@ -200,8 +200,10 @@ class FaultTolerance:
         waiting = False
         while True:
             self.manager.wait_quorum()
-            if self.manager.current_step() > 0 or self.manager.errored() is not None:
-                break  # healed (or the quorum failed: the step is dropped, and asked again)
+            if self.manager.errored() is not None:
+                return  # the step is dropped; the next one asks again, and checks again
+            if self.manager.current_step() > 0:
+                break  # healed
             progress = self._job_progress()
             if progress == 0:
                 break  # the job is at its start: there is nothing to copy

@@ -148,7 +148,8 @@ def test_on_kubernetes_the_lighthouse_is_a_deployment_behind_a_service(tmp_path:
     from tests.conftest import REPO, require
 
     info = _kubernetes_per_step()
-    documents = list(yaml.safe_load_all(str(info.request)))  # what a dry run prints
+    assert repr(info.request) == str(info.request)  # a dry run prints the repr: the YAML
+    documents = list(yaml.safe_load_all(str(info.request)))
     job, deployment, service = documents
     assert job["kind"] == "Job" and [task["name"] for task in job["spec"]["tasks"]] == ["worker"]
     assert (deployment["kind"], deployment["metadata"]["name"]) == ("Deployment",

@@ -28,6 +28,7 @@ class ScriptedQuorums:
 
     def __init__(self, steps: list[int]) -> None:
         self.steps, self.quorums, self._step = list(steps), 0, 0
+        self.failed: list[Any] = []  # errors of the quorums, in order (None: no error)
 
     def start_quorum(self) -> None:
         self.quorums += 1
@@ -41,7 +42,7 @@ class ScriptedQuorums:
         return self._step
 
     def errored(self) -> Any:
-        return None
+        return self.failed.pop(0) if self.failed else None
 
 
 def _replacement(tmp_path: Path, quorums: ScriptedQuorums, progress: int, length: int = 100,
@@ -103,3 +104,13 @@ def test_a_node_of_the_first_start_asks_one_quorum_and_checks_nothing(tmp_path: 
     quorums = ScriptedQuorums([0])
     assert _replacement(tmp_path, quorums, progress=40, replacement=False).start_step() == 0
     assert quorums.quorums == 1
+
+
+def test_a_failed_quorum_drops_the_step_and_the_next_quorum_is_checked_again(
+        tmp_path: Path) -> None:
+    quorums = ScriptedQuorums([0, 0, 57])
+    quorums.failed = [RuntimeError("the group could not be built")]
+    ft = _replacement(tmp_path, quorums, progress=40)
+    assert ft.start_step() == 0  # dropped (commit says False), not trained on
+    assert ft.start_step() == 57  # a quorum of replacements left, then the survivor's
+    assert quorums.quorums == 3
