@@ -250,15 +250,18 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     for record in sorted(records, key=lambda r: r["start"] or 0):
         by_node.setdefault(record["node"], []).append(record)
     unused = sorted(losses, key=lambda loss: loss.detected)
-    # What the launcher stopped with the job is each such node's newest process, if it started
-    # after the node's last loss was seen (a replacement that had not recorded its start yet
-    # leaves the lost process newest). A window of time before the replacement instead (a
-    # second) took a node killed within a second of its start for one stopped: no loss.
+    # What the launcher stopped with the job is a replacement that had not caught up: each such
+    # node's newest process, if it started after the node's last loss was seen. A node with no
+    # loss seen has no replacement: the job can end before the launcher sees a node die (its
+    # agent notices the dead worker a moment later), and its record is a loss. So is a lost
+    # process still newest because its replacement had not recorded its start yet. (A window of
+    # a second before the replacement took a node killed within a second of its start for one
+    # stopped.)
     last_seen = {loss.node: loss.detected
                  for loss in sorted(losses, key=lambda lost: lost.detected)}
     stopped_last = {id(incarnations[-1]) for node, incarnations in by_node.items()
-                    if node in stopped
-                    and (incarnations[-1]["start"] or 0) >= last_seen.get(node, 0)}
+                    if node in stopped and node in last_seen
+                    and (incarnations[-1]["start"] or 0) >= last_seen[node]}
     # A replacement that started after the job's last step was committed never had a part:
     # stopped with the job, it is no loss.
     ended = min((e["time"] for r in records for e in r["events"] if e["event"] == "end"),

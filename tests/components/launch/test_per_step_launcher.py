@@ -470,3 +470,20 @@ def test_a_node_killed_a_moment_after_its_start_is_a_loss_when_its_replacement_i
     (failure,) = section["failures"]
     assert (failure["node"], failure["step"], failure["time"]) == (2, 7, 100.25)
     assert "in_start_up" not in failure
+
+
+def test_a_node_dead_before_the_launcher_saw_it_is_a_loss_though_it_was_stopped(
+        tmp_path: Path) -> None:
+    # Under load the job ended before the launcher saw node 2 fail (its agent notices a dead
+    # worker a moment later): still RUNNING to the launcher, it was among those stopped at the
+    # end, and its killed process was taken for a stopped replacement: "0 node(s) lost".
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    _incarnation(folder, 0, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
+                                    {"event": "end", "time": 103.0}], (66, 65, 66, 1))
+    _incarnation(folder, 2, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
+                                    {"event": "killed", "time": 101.0, "step": 40}],
+                 (40, 39, 39, 0))
+    section = per_step.summarize(tmp_path, [], since=99.0, stopped=[2])
+    (failure,) = section["failures"]
+    assert (failure["node"], failure["step"], failure["steps_lost"]) == (2, 39, 1)
