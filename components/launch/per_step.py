@@ -174,8 +174,8 @@ class VolcanoWatch(_Follower):
             return "succeeded"
         if state in ("FAILED", "CANCELLED"):
             self.message = (f"Volcano ended the job ({state}) after {len(self.losses)} lost "
-                            f"pod(s); its budget is {self.budget} replacement(s) per node "
-                            "(max-restarts)")
+                            f"pod(s) seen; its budget is the job's: max-restarts "
+                            f"({self.budget}) x {len(self.pods)} nodes")
             return "failed"
         if any(self.found_no_peer(loss.node) for loss in self.losses):
             self.message = "lost every node (a replacement found no live peer to copy from)"

@@ -19,7 +19,9 @@ per-step recovery), and this subclass bounds both:
   same moment, and connects from torchft's quorum thread, not the training loop). So the group
   is built within ``connect_seconds``, and the collectives are then given the full timeout. The
   quorum's store itself is reached with a plain connection first: torchft's store client would
-  retry a store that is gone for the timeout, twice.
+  retry a store that is gone for the timeout, twice. The first group a process builds gets the
+  full timeout: at a job's start every node is there but may be slow (6 nodes of 3 jobs on 2
+  cores took over 5 s, and every node dropped its first step).
 
 torchft's ``ProcessGroupBabyGloo`` (the group in a subprocess that is killed on error) would
 also unblock the survivors, but at the cost of copying every gradient through shared memory
@@ -50,6 +52,7 @@ class FailFastGloo(ProcessGroupGloo):
         super().__init__(timeout=timeout)
         self.connect_seconds = connect_seconds
         self.closed_after_errors = 0  # groups dropped because a collective failed
+        self.built = 0  # groups built so far
 
     def configure(self, store_addr: str, *args: Any, **kwargs: Any) -> None:
         address = store_addr.partition("/")[0]  # host:port/prefix
@@ -61,13 +64,16 @@ class FailFastGloo(ProcessGroupGloo):
             raise RuntimeError(f"the quorum's store at {address} does not answer ({exc}): "
                                "the group serving it is gone") from exc
         # torchft builds the store client and the group with self._timeout: the connection
-        # phase gets the short bound, the collectives the full timeout afterwards.
+        # phase gets the short bound (the full timeout for the first group: see the module's
+        # docstring), the collectives the full timeout afterwards.
         collective_timeout = self._timeout
-        self._timeout = timedelta(seconds=self.connect_seconds)
+        if self.built:
+            self._timeout = min(collective_timeout, timedelta(seconds=self.connect_seconds))
         try:
             super().configure(store_addr, *args, **kwargs)
         finally:
             self._timeout = collective_timeout
+        self.built += 1
         self.parent._get_backend(torch.device("cpu"))._set_default_timeout(collective_timeout)
 
     def close_after_error(self) -> None:

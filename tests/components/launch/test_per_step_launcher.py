@@ -447,8 +447,8 @@ def test_the_kubernetes_watch_reports_volcanos_spent_budget(
     runner = FakeVolcano(script)
     assert _kubernetes_attempt(tmp_path, runner, monkeypatch) == launcher.FAILED
     err = capsys.readouterr().err
-    assert "Volcano ended the job (FAILED) after 1 lost pod(s); its budget is 2 " \
-           "replacement(s) per node (max-restarts)" in err
+    assert "Volcano ended the job (FAILED) after 1 lost pod(s) seen; its budget is the " \
+           "job's: max-restarts (2) x 3 nodes" in err
 
 
 def test_a_node_killed_a_moment_after_its_start_is_a_loss_when_its_replacement_is_stopped(

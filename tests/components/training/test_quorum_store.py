@@ -42,9 +42,10 @@ def test_a_quorum_member_that_never_connects_fails_the_group_within_the_connect_
     # 30 s in _create_pg while two replacements formed a quorum without it).
     store = _store()
     process_group = FailFastGloo(COLLECTIVE, connect_seconds=1.0)
+    process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 1)  # the first
     started = time.monotonic()
     with pytest.raises(RuntimeError):
-        process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 2)
+        process_group.configure(f"127.0.0.1:{store.port}/torchft/2/0", "node0", 0, 2)
     assert time.monotonic() - started < 10  # the bound (1 s) and gloo's own retries, not 120 s
 
 
@@ -52,6 +53,8 @@ def test_a_group_built_within_the_bound_gets_the_collective_timeout() -> None:
     store = _store()
     process_group = FailFastGloo(COLLECTIVE, connect_seconds=1.0)
     process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 1)
+    # the second group is the one built within the bound: its collectives get the full timeout
+    process_group.configure(f"127.0.0.1:{store.port}/torchft/2/0", "node0", 0, 1)
     backend = process_group.parent._get_backend(torch.device("cpu"))
     assert backend.options._timeout == COLLECTIVE
     tensor = torch.tensor([3.0])
@@ -71,3 +74,14 @@ def test_closing_after_an_error_drops_the_group_once() -> None:
 def test_the_connect_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="connect_seconds must be above 0"):
         FailFastGloo(COLLECTIVE, connect_seconds=0)
+
+
+def test_the_first_group_waits_the_collective_timeout_for_slow_members() -> None:
+    # At a job's start every member is alive but may be slow to connect (6 nodes of 3 jobs on
+    # 2 cores: over 5 s, and every node dropped its first step); only later groups are bound.
+    store = _store()
+    process_group = FailFastGloo(timedelta(seconds=4), connect_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):  # the second member never comes
+        process_group.configure(f"127.0.0.1:{store.port}/torchft/1/0", "node0", 0, 2)
+    assert time.monotonic() - started >= 3.5  # the collective timeout, not the 0.5 s bound
