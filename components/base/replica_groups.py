@@ -13,9 +13,10 @@ variables on every node (:func:`replica_group_env`); the training library reads 
 ``SUBLIMATE_REPLICA_GROUPS``        how many groups the job has
 ``SUBLIMATE_MIN_REPLICA_GROUPS``    how many must be alive for a step to commit (``nodes=MIN:MAX``)
 ``SUBLIMATE_LIGHTHOUSE_PORT``       the Lighthouse's port; its host is ``$VC_LIGHTHOUSE_0_HOSTS``
-``VC_LIGHTHOUSE_0_HOSTS``           the Lighthouse's host, named as Volcano's env plugin names
-                                    a task's hosts (set by Volcano on Kubernetes, by the
-                                    launcher or the ``local_netns`` scheduler on one machine)
+``VC_LIGHTHOUSE_0_HOSTS``           the Lighthouse's host, named as Volcano's svc plugin names
+                                    a task's hosts (on Kubernetes the rendered job sets it to
+                                    the Lighthouse Service's name; on one machine the launcher
+                                    or the ``local_netns`` scheduler sets it)
 ``SUBLIMATE_NODE_ADDR``             this node's address as the other nodes reach it
                                     (``local_netns``; elsewhere: what the host name resolves to)
 ==================================  ===========================================================

@@ -5,8 +5,9 @@ node is a replica group, and before each step the groups ask the Lighthouse whic
 alive; it answers all of them with one quorum. It runs as the ``lighthouse`` role of the training
 job, never on a training node: losing any node, node 0 included, leaves it standing. On
 ``local_cwd`` it is one more local process of the launcher's job, on ``local_netns`` a node of its
-own on the bridge, on Kubernetes a Volcano task (its pods reach it as ``$VC_LIGHTHOUSE_0_HOSTS``,
-Volcano's env plugin's name for the task's host).
+own on the bridge, on Kubernetes a Deployment behind a Service beside the Volcano job
+(:func:`~sublimate.components.launch.per_step.volcano_per_step`; the nodes reach it as
+``$VC_LIGHTHOUSE_0_HOSTS``, which the rendered job sets to the Service's name).
 
 ``python -m sublimate.components.launch.lighthouse --port P --min-groups M --bind ADDR`` runs
 torchft's Rust lighthouse (``lighthouse_main`` of the extension module ``torchft._torchft``) with
