@@ -72,6 +72,31 @@ class _Follower:
                      default=None, key=lambda path: path.stem)
         return newest is not None and '"no_peer"' in newest.read_text()
 
+    def state_gone(self, nodes: Sequence[int], failed_now: Sequence[int] = ()) -> bool:
+        """Whether no live process holds the job's state: every node was lost in this attempt
+        (``failed_now``: just now), and none of their replacements has trained since (one
+        trains only once it has copied a live peer's state). They would only wait for a peer,
+        as long as the collective timeout, before the job is relaunched from its checkpoint."""
+        if self.run_dir is None or not nodes:
+            return False
+        now = time.time()
+        last_lost = {node: now for node in failed_now}
+        for loss in self.losses:
+            last_lost.setdefault(loss.node, loss.detected)
+            last_lost[loss.node] = max(last_lost[loss.node], loss.detected)
+        if any(node not in last_lost for node in nodes):
+            return False
+        folder = self.run_dir / run_files.FAULT_TOLERANCE
+        for node in nodes:
+            for path in folder.glob(f"node{node}-*.jsonl"):
+                try:
+                    started = int(path.stem.rsplit("-", 1)[1]) / 1000
+                except ValueError:
+                    continue
+                if started >= last_lost[node] - 1 and '"first_commit"' in path.read_text():
+                    return False  # a replacement started after the loss trains: it has it
+        return True
+
     def summary_written(self) -> bool:
         """Whether this attempt's leader wrote the run's summary (its last act)."""
         if self.run_dir is None:
@@ -116,6 +141,11 @@ class Replacer(_Follower):
             # a replacement found no group alive to copy from: the job's state is gone with
             # its nodes, whatever still runs (other replacements, as stateless as it was)
             self.message = "lost every node (a replacement found no live peer to copy from)"
+            return "lost"
+        if failed and self.state_gone(sorted(workers), failed):
+            # the last node that held the state is gone: its replacements would only wait
+            self.message = ("lost every node (none of their replacements had copied the "
+                            "job's state)")
             return "lost"
         for node in failed:
             if self.replaced.get(node, 0) >= self.budget:
@@ -179,6 +209,10 @@ class VolcanoWatch(_Follower):
             return "failed"
         if any(self.found_no_peer(loss.node) for loss in self.losses):
             self.message = "lost every node (a replacement found no live peer to copy from)"
+            return "lost"
+        if self.losses and self.state_gone(sorted(self.pods)):
+            self.message = ("lost every node (none of their replacements had copied the "
+                            "job's state)")
             return "lost"
         return None
 

@@ -487,3 +487,27 @@ def test_a_node_dead_before_the_launcher_saw_it_is_a_loss_though_it_was_stopped(
     section = per_step.summarize(tmp_path, [], since=99.0, stopped=[2])
     (failure,) = section["failures"]
     assert (failure["node"], failure["step"], failure["steps_lost"]) == (2, 39, 1)
+
+
+@pytest.mark.parametrize("replacement_trained", [False, True])
+def test_the_last_node_holding_the_state_lost_relaunches_at_once(
+        tmp_path: Path, replacement_trained: bool) -> None:
+    # Node 0 dies, then node 1 a poll later. Unless node 0's replacement has trained since (it
+    # copied node 1's state before node 1 died), no process holds the job's state: relaunch at
+    # once. The replacement would wait for a peer up to the collective timeout (a test of it
+    # took 45 s instead of 15).
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    runner = FakeRunner([_states(F, R), _states(R, F), _states(R, R)])
+    replacer = per_step.Replacer(runner, "h", budget=2, run_dir=tmp_path)
+    assert replacer.check() is None  # node 0 replaced
+    if replacement_trained:
+        _incarnation(folder, 0, time.time(), [
+            {"event": "healed", "time": time.time(), "step": 50},
+            {"event": "first_commit", "time": time.time(), "step": 51}], (1, 1, 51, 0))
+    outcome = replacer.check()  # node 1 lost
+    if replacement_trained:
+        assert outcome is None and [node for _, node, _ in runner.restarts] == [0, 1]
+    else:
+        assert outcome == "lost" and [node for _, node, _ in runner.restarts] == [0]
+        assert "none of their replacements had copied the job's state" in replacer.message
