@@ -534,13 +534,15 @@ def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
     """End a per-step job the way its replicas ended: every node finished (the Lighthouse is
     stopped: it would serve forever), every node lost at once (relaunch from the checkpoint), or
     a node out of replacements."""
-    if isinstance(replacer, recovery.VolcanoWatch):
-        # the pods' logs first: the job's deletion (its Lighthouse with it) ends them
-        for stream in streams:
-            stream.join(timeout=5)
-    runner.cancel(handle)  # type: ignore[attr-defined]
+    # On one machine stopping the job (the Lighthouse, a replacement still starting) ends the
+    # logs; on Kubernetes the pods' logs end with the pods, and the job's deletion would cut them.
+    on_kubernetes = isinstance(replacer, recovery.VolcanoWatch)
+    if not on_kubernetes:
+        runner.cancel(handle)  # type: ignore[attr-defined]
     for stream in streams:
         stream.join(timeout=5)
+    if on_kubernetes:
+        runner.cancel(handle)  # type: ignore[attr-defined]
     if ended != "succeeded":
         print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
         return LOST if ended == "lost" else FAILED

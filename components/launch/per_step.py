@@ -79,23 +79,16 @@ class _Follower:
         as long as the collective timeout, before the job is relaunched from its checkpoint."""
         if self.run_dir is None or not nodes:
             return False
-        now = time.time()
-        last_lost = {node: now for node in failed_now}
-        for loss in self.losses:
-            last_lost.setdefault(loss.node, loss.detected)
-            last_lost[loss.node] = max(last_lost[loss.node], loss.detected)
+        last_lost = _last_lost(self.losses, failed_now)
         if any(node not in last_lost for node in nodes):
             return False
-        folder = self.run_dir / run_files.FAULT_TOLERANCE
-        for node in nodes:
-            for path in folder.glob(f"node{node}-*.jsonl"):
-                try:
-                    started = int(path.stem.rsplit("-", 1)[1]) / 1000
-                except ValueError:
-                    continue
-                if started >= last_lost[node] - 1 and '"first_commit"' in path.read_text():
-                    return False  # a replacement started after the loss trains: it has it
-        return True
+        # A process of the node started after its last loss that trained holds the state. A
+        # second of slack, which can only keep the job waiting: on Kubernetes a pod can be
+        # replaced before the launcher's poll sees the loss, on another machine's clock.
+        return not any(record["node"] in last_lost
+                       and (record["start"] or 0) >= last_lost[record["node"]] - 1
+                       and _event(record, "first_commit") is not None
+                       for record in _records(self.run_dir).values())
 
     def summary_written(self) -> bool:
         """Whether this attempt's leader wrote the run's summary (its last act)."""
@@ -255,6 +248,16 @@ def _records(run_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _last_lost(losses: Sequence[Loss], lost_now: Sequence[int] = ()) -> dict[int, float]:
+    """When each lost node's latest loss was seen (``lost_now``: nodes seen lost just now)."""
+    latest: dict[int, float] = {}
+    for loss in losses:
+        latest[loss.node] = max(latest.get(loss.node, 0.0), loss.detected)
+    now = time.time()
+    latest.update((node, now) for node in lost_now)
+    return latest
+
+
 def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((e for e in record["events"] if e["event"] == name), None)
 
@@ -291,8 +294,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     # process still newest because its replacement had not recorded its start yet. (A window of
     # a second before the replacement took a node killed within a second of its start for one
     # stopped.)
-    last_seen = {loss.node: loss.detected
-                 for loss in sorted(losses, key=lambda lost: lost.detected)}
+    last_seen = _last_lost(losses)
     stopped_last = {id(incarnations[-1]) for node, incarnations in by_node.items()
                     if node in stopped and node in last_seen
                     and (incarnations[-1]["start"] or 0) >= last_seen[node]}

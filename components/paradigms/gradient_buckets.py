@@ -44,8 +44,7 @@ class _Bucket:
     flat: torch.Tensor  # a slice of its dtype's flat buffer
     parameters: list[nn.Parameter]
     pending: int = 0  # gradients not yet accumulated this step
-    work: Any = None  # the all-reduce in flight
-    sent: bool = False
+    work: Any = None  # the all-reduce in flight (buckets before _next have one)
 
 
 @dataclass
@@ -101,7 +100,7 @@ class GradientBuckets:
     def _new_step(self) -> None:
         self._next = 0
         for bucket in self.buckets:
-            bucket.pending, bucket.work, bucket.sent = len(bucket.parameters), None, False
+            bucket.pending, bucket.work = len(bucket.parameters), None
 
     @contextlib.contextmanager
     def accumulating(self) -> Iterator[None]:
@@ -122,7 +121,7 @@ class GradientBuckets:
             self._send(self.buckets[self._next])
 
     def _send(self, bucket: _Bucket) -> None:
-        bucket.work, bucket.sent = self.replicas.start_average(bucket.flat), True
+        bucket.work = self.replicas.start_average(bucket.flat)
         self._next += 1
 
     def wait(self) -> None:

@@ -240,15 +240,12 @@ class FaultTolerance:
         if self.group_world > 1:  # within the node: not counted, it does not leave the node
             dist.all_reduce(tensor)
             tensor /= self.group_world
-        self.manager.allreduce(tensor).wait()
-        if self.manager.errored() is not None:
-            self.process_group.close_after_error()  # its peers fail too, at once
-        self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
+        self.finish_averages([self.start_average(tensor)])
 
     def start_average(self, tensor: torch.Tensor) -> Any:
-        """Start replacing ``tensor`` by its mean over the participating groups (one process
-        per node: :meth:`average` otherwise); returns the all-reduce's work, for
-        :meth:`finish_averages`."""
+        """Start replacing ``tensor`` by its mean over the participating groups (between groups
+        only: :meth:`average` averages within the node first); returns the all-reduce's work,
+        for :meth:`finish_averages`."""
         work = self.manager.allreduce(tensor)
         self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
         return work
