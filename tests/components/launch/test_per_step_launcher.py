@@ -262,6 +262,21 @@ def _incarnation(folder: Path, node: int, start: float, events: list[dict[str, A
     written.close()
 
 
+def _finished(folder: Path, node: int, start: float, end: float,
+              counters: tuple[int, int, int, int]) -> None:
+    """An incarnation that trained from step 1 and recorded its end."""
+    _incarnation(folder, node, start, [{"event": "first_commit", "time": start + 0.1, "step": 1},
+                                       {"event": "end", "time": end}], counters)
+
+
+def _killed(folder: Path, node: int, start: float, killed: float, step: int,
+            counters: tuple[int, int, int, int]) -> None:
+    """An incarnation that trained from step 1 until the fault injection killed it."""
+    _incarnation(folder, node, start, [{"event": "first_commit", "time": start + 0.05, "step": 1},
+                                       {"event": "killed", "time": killed, "step": step}],
+                 counters)
+
+
 def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -> None:
     folder = tmp_path / run_files.FAULT_TOLERANCE
     folder.mkdir()
@@ -459,11 +474,8 @@ def test_a_node_killed_a_moment_after_its_start_is_a_loss_when_its_replacement_i
     # the report said node 2 was lost "in its start-up".)
     folder = tmp_path / run_files.FAULT_TOLERANCE
     folder.mkdir()
-    _incarnation(folder, 0, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
-                                    {"event": "end", "time": 103.0}], (23, 23, 23, 0))
-    _incarnation(folder, 2, 100.05, [{"event": "first_commit", "time": 100.1, "step": 1},
-                                     {"event": "killed", "time": 100.25, "step": 60}],
-                 (7, 7, 7, 0))
+    _finished(folder, 0, 100.0, 103.0, (23, 23, 23, 0))
+    _killed(folder, 2, 100.05, 100.25, 60, (7, 7, 7, 0))
     _incarnation(folder, 2, 101.0, [], (0, 0, 0, 0))  # the replacement, stopped at the end
     loss = per_step.Loss(node=2, detected=100.8, replaced=100.95, replacement=1)
     section = per_step.summarize(tmp_path, [loss], since=99.0, stopped=[2], unit="round")
@@ -479,11 +491,8 @@ def test_a_node_dead_before_the_launcher_saw_it_is_a_loss_though_it_was_stopped(
     # end, and its killed process was taken for a stopped replacement: "0 node(s) lost".
     folder = tmp_path / run_files.FAULT_TOLERANCE
     folder.mkdir()
-    _incarnation(folder, 0, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
-                                    {"event": "end", "time": 103.0}], (66, 65, 66, 1))
-    _incarnation(folder, 2, 100.0, [{"event": "first_commit", "time": 100.1, "step": 1},
-                                    {"event": "killed", "time": 101.0, "step": 40}],
-                 (40, 39, 39, 0))
+    _finished(folder, 0, 100.0, 103.0, (66, 65, 66, 1))
+    _killed(folder, 2, 100.0, 101.0, 40, (40, 39, 39, 0))
     section = per_step.summarize(tmp_path, [], since=99.0, stopped=[2])
     (failure,) = section["failures"]
     assert (failure["node"], failure["step"], failure["steps_lost"]) == (2, 39, 1)
