@@ -14,7 +14,8 @@ On a cluster on one machine (``local_netns``, 4 nodes, mnist1d, fixed seeds):
 
 Needs root (network namespaces). Usage:
     python benchmarks/fault_tolerance.py [--nodes 4] [--epochs 8] [--mtbf 6] [--kills 5]
-        [--seed 3] [--target 0.80] [--repeat 3] [--batch 128] [--skip-throughput | --skip-chaos]
+        [--seed 3] [--target 0.80] [--repeat 3] [--batch 128] [--commit-every K]
+        [--skip-throughput | --skip-chaos]
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def train(data_dir: Path, run_dir: Path, args: argparse.Namespace, recovery: str
                "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--global-batch-size",
                str(args.batch), "--recovery", recovery, "--seed", "0",
                "--checkpoint-every", str(args.checkpoint_every)]
+    if recovery == "per-step" and args.commit_every:
+        command += ["--commit-every", str(args.commit_every)]
     if chaos:
         command += ["--chaos-mtbf", str(args.mtbf), "--chaos-kills", str(args.kills),
                     "--chaos-seed", str(args.seed),
@@ -90,13 +93,16 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.80)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--commit-every", type=int, default=0,
+                        help="per-step's commit-every (0: its default)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-chaos", action="store_true", help="the failure-free ratio only")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="sublimate-ft-bench-"))
     data_dir = build_builtin("mnist1d", folder / "mnist1d")
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.nodes} nodes on local_netns, mnist1d, "
-          f"batch {args.batch}, {args.epochs} epochs", flush=True)
+          f"batch {args.batch}, {args.epochs} epochs, per-step commit-every "
+          f"{args.commit_every or 'default'}", flush=True)
 
     if not args.skip_throughput:
         ratios, rates = [], {"restart": [], "per-step": []}

@@ -11,7 +11,8 @@ all-reduce of step ``--kill-at-step`` waits for its share
 - ``dropped``: ``survivor_steps_dropped``, group-steps the survivors dropped meanwhile;
 - ``back``: ``replacement_trained_after_seconds``, the replacement's process start to its first
   committed step (it heals from a live peer);
-- ``lost``: the killed node's ``steps_lost`` (its step in flight).
+- ``lost``: the killed node's ``steps_lost`` (its transaction in flight: up to ``commit-every``
+  steps).
 
 Needs root (network namespaces). Prints a row per run and the median (min to max) per N.
 

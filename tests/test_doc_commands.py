@@ -179,6 +179,9 @@ RULES = [
     Rule(r"^sublimate run -p recovery=per-step$", "run"),
     Rule(r"^sublimate run -p recovery=per-step -p nodes=3:4$", "dry-run",
          "tests/components/launch/test_per_step_recovery.py (a minimum of nodes, kept)"),
+    Rule(r"^sublimate run -p recovery=per-step -p commit-every=1$", "dry-run",
+         "tests/components/launch/test_per_step_recovery.py (a node killed in the all-reduce, "
+         "a step a transaction)"),
     Rule(r"^sublimate run -p recovery=per-step -p scheduler=local_netns .*chaos-mtbf=", "dry-run",
          "tests/components/launch/test_per_step_recovery.py (five chaos kills on local_netns)"),
     Rule(r"^sublimate fault ", "parse",

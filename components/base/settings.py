@@ -207,6 +207,9 @@ RECOVERY_MODES = (RESTART, PER_STEP)
 # max-restarts when left at auto: elastic jobs and per-step recovery exist to survive lost nodes,
 # so they get a few relaunches (per-step: replacements of each node) without being asked.
 DEFAULT_RESTARTS = {"elastic": 3, "per-step": 10, "otherwise": 0}
+# commit-every: steps per transaction under sync per-step recovery (benchmarks/fault_tolerance.py
+# measured what a transaction costs against restart's throughput).
+DEFAULT_STEPS_PER_COMMIT = 16
 # collective-timeout when left at auto, by recovery mode.
 COLLECTIVE_TIMEOUTS = {RESTART: 300.0, PER_STEP: 30.0}
 
@@ -286,13 +289,19 @@ SETTINGS: tuple[Setting, ...] = (
             minimum=0, maximum=100, auto=True, reader="launcher"),
     Setting("recovery", "restart", "What a lost node costs. restart: the job stops and every "
             "node resumes from the last checkpoint (max-restarts times), as torchrun, Kubeflow "
-            "and Ray do. per-step: torchft; every node is a replica group and every step is "
-            "committed by the groups alive at that moment, so a lost node costs its one step in "
-            "flight while the others go on, and its replacement copies the weights from a live "
-            "peer (docs/fault-tolerance.md). sync, bmuf and easgd; diloco always runs per-step "
-            "(restart then means: relaunch from the last checkpoint only when every node is "
-            "lost, as per-step does anyway).",
+            "and Ray do. per-step: torchft; every node is a replica group and every few steps "
+            "(commit-every) are committed by the groups alive at that moment, so a lost node "
+            "costs the steps since the last commit while the others go on, and its replacement "
+            "copies the weights from a live peer (docs/fault-tolerance.md). sync, bmuf and "
+            "easgd; diloco always runs per-step (restart then means: relaunch from the last "
+            "checkpoint only when every node is lost, as per-step does anyway).",
             choices=RECOVERY_MODES, paradigms=_COLLECTIVE),
+    Setting("commit-every", DEFAULT_STEPS_PER_COMMIT, "sync with recovery per-step: steps the "
+            "groups commit together, as one transaction (an epoch's end and a checkpoint end "
+            "one too). A lost node then costs the steps since the last commit (at most this "
+            "many) instead of one, and the quorum and commit, a millisecond of CPU per node, "
+            "are paid once per transaction instead of every step (docs/fault-tolerance.md).",
+            kind="integer", minimum=1, maximum=1024, paradigms=frozenset({"sync"})),
     Setting("chaos-mtbf", 0, "local_netns: kill a random training node (all its processes at "
             "once) after exponentially distributed intervals of this mean, in seconds, to see "
             "a recovery mode at work; 0: no chaos.", kind="number", minimum=0,
@@ -590,6 +599,14 @@ def rendezvous_backend(values: Mapping[str, Any]) -> str:
     nodes = values.get("nodes", 2)
     fixed = getattr(nodes, "minimum", nodes) == nodes
     return "static" if fixed and not max_restarts(values) else "c10d"
+
+
+def steps_per_commit(values: Mapping[str, Any] | Any) -> int:
+    """``commit-every`` as the per-step loop applies it (a mapping of the settings, or the
+    workers' parsed arguments)."""
+    given = values.get("commit_every") if isinstance(values, Mapping) \
+        else getattr(values, "commit_every", None)
+    return DEFAULT_STEPS_PER_COMMIT if given is None else int(given)
 
 
 def collective_timeout(values: Mapping[str, Any]) -> float:

@@ -258,6 +258,11 @@ def _last_lost(losses: Sequence[Loss], lost_now: Sequence[int] = ()) -> dict[int
     return latest
 
 
+def _steps(abort: dict[str, Any]) -> int:
+    """The steps a dropped transaction held (one before commit-every)."""
+    return int(abort.get("steps", 1))
+
+
 def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((e for e in record["events"] if e["event"] == name), None)
 
@@ -353,6 +358,9 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     failures.sort(key=lambda failure: failure["time"])
     attempted = sum(r["counters"].get("attempted", 0) for r in records)
     committed = sum(r["counters"].get("committed", 0) for r in records)
+    # sync's transactions of several steps (commit-every): what one loss can cost
+    per_commit = max((e.get("steps_per_commit", 1) for r in records for e in r["events"]
+                      if e["event"] == "start"), default=1)
     return {
         "recovery": "per-step",
         "unit": unit,
@@ -363,11 +371,15 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
         "steps_attempted": attempted,
         "steps_committed": committed,
         "committed_ratio": round(committed / attempted, 5) if attempted else None,
-        # at most one step in flight is lost per lost node: the best per-step recovery can do
-        "committed_bound": round(1 - len(failures) / attempted, 5) if attempted else None,
+        "steps_per_commit": per_commit,
+        # at most one transaction in flight (steps_per_commit steps) is lost per lost node: the
+        # best per-step recovery can do
+        "committed_bound": round(1 - len(failures) * per_commit / attempted, 5)
+        if attempted else None,
         # steps that every group took again (a peer died in their all-reduce, or too few
-        # groups were alive), counted once per group that dropped it
-        "dropped_steps": sum(1 for r in records for e in r["events"] if e["event"] == "abort"),
+        # groups were alive), counted once per group that dropped them
+        "dropped_steps": sum(_steps(e) for r in records for e in r["events"]
+                             if e["event"] == "abort"),
         "timeline": timeline(records),
     }
 
@@ -384,7 +396,7 @@ def _survivors(records: list[dict[str, Any]], lost: dict[str, Any],
                    if event["event"] == "resumed" and event["time"] >= moment), default=None)
     if resumed is None:
         return {}
-    dropped = sum(1 for record in others for event in record["events"]
+    dropped = sum(_steps(event) for record in others for event in record["events"]
                   if event["event"] == "abort" and moment <= event["time"] <= resumed)
     return {"survivors_stalled_seconds": round(resumed - moment, 3),
             "survivor_steps_dropped": dropped}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import os
 import sys
@@ -39,6 +40,7 @@ from sublimate.components.base.replica_groups import (
     attempt_started,
     steps_committed_since,
 )
+from sublimate.components.base.settings import steps_per_commit
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring.watchdog import ATTEMPT_ENV
 from sublimate.components.processes.fault_injection import (
@@ -129,11 +131,19 @@ class PerStepRun(Run):
             log(group.slot, f"resumed from checkpoint at step {step}/{data.total_steps}")
         self.groups = groups
         self.periodic = args.algorithm != "sync"
+        # sync: the steps one transaction commits together (the rounds are the transactions
+        # of the periodic paradigms)
+        self.steps_per_commit = 1 if self.periodic else steps_per_commit(args)
+        self._epoch: _Epoch | None = None
         folder = Path(args.run_dir) / run_files.FAULT_TOLERANCE
         since = attempt_started(os.environ.get(ATTEMPT_ENV, "")) or 0.0
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
                                  args.collective_timeout, state=self.state,
-                                 load_state=self.load_state, async_quorum=not self.periodic,
+                                 load_state=self.load_state,
+                                 # a quorum formed while a lone step computes; before a
+                                 # transaction of several, whose steps need the healed state
+                                 async_quorum=self.steps_per_commit == 1 and not self.periodic,
+                                 steps_per_commit=self.steps_per_commit,
                                  job_progress=lambda: steps_committed_since(folder, since),
                                  job_length=data.total_steps
                                  // learner.paradigm.period  # type: ignore[attr-defined]
@@ -186,98 +196,201 @@ class PerStepRun(Run):
     def loop(self) -> None:
         """Take committed steps until the job has taken them all.
 
-        A step, once its quorum is asked for, is always carried through to its commit: every
-        group in that quorum does the same collectives (a group that asked again instead would
-        leave the others waiting in the all-reduce). What the step's number says (its epoch,
-        its batch) is read from the committed count, which a healed group finds ahead."""
-        data, args, learner, reporter = self.data, self.args, self.learner, self.reporter
-        optimizer, paradigm, model, ft = learner.optimizer, learner.paradigm, \
-            self.training_model, self.ft
-        times, progress, perf_counter = reporter.times, reporter.progress, time.perf_counter
+        A transaction, once its quorum is asked for, is always carried through to its commit:
+        every group in that quorum does the same collectives (a group that asked again instead
+        would leave the others waiting in the all-reduce). What a step's number says (its
+        epoch, its batch) is read from the committed count, which a healed group finds
+        ahead."""
         if self.groups.replacement and self.periodic:
             # Heal first: the peers reach a round within sync-period steps, and this group's
             # local steps before that would be thrown away.
             self._round()
-        epoch: _Epoch | None = None
-        while self.step < data.total_steps:
-            started = perf_counter()
-            step = self.step if self.periodic else ft.start_step()
-            if epoch is None or epoch.index != step // data.steps_per_epoch:
-                epoch = _Epoch(step // data.steps_per_epoch, self._order(step
-                                                                         // data.steps_per_epoch),
-                               self.group.device, started)
-            lr = learning_rate(args, step, data.steps_per_epoch, self.group.slots)
-            if lr != self.lr:
-                self.lr = lr
-                for param_group in optimizer.param_groups:
-                    param_group["lr"] = lr
-            x, y = self._batch(step, epoch.order)
-            if not self.periodic and step + 1 == self.fail_in_allreduce:
-                # before the backward pass, which sends this group's share of the all-reduce
-                from sublimate.components.processes.fault_injection import kill_in_allreduce
-
-                kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(),
-                                  self.group.slot, step + 1, record=self.ft.record)
-            loaded = perf_counter()
-            loss = self._forward_backward(model, x, y, args.accumulation_steps)
-            computed = perf_counter()
-            committed = self._commit(step, optimizer, paradigm)
-            paradigm.zero_grad()
-            synced = perf_counter()
-            if not committed:
-                continue  # nobody applied it: the same step again, with the next quorum
+        self._epoch = None
+        while self.step < self.data.total_steps:
             if self.periodic:
-                # The local optimizer step is computation (as in the restart mode's loop); the
-                # round, every sync-period steps, is the communication.
-                computed = synced
-                self.step = step + 1
-                if self.step % paradigm.period == 0:  # type: ignore[attr-defined]
-                    healed = self._round()
-                    synced = perf_counter()
-                    if healed:
-                        epoch = None  # healed: this group's epoch so far is not the job's
-                        continue
+                self._local_step()
             else:
-                self.step = ft.step
-                if self.step != step + 1:  # healed: its epoch so far is not the job's
-                    self._healed(step)
-                    epoch = None
-                    continue
-            epoch.loss += loss
-            epoch.taken += 1
-            if self.pending_startup is not None:
-                self.launch_to_first_step = first_step_done(self.pending_startup,
-                                                            reporter.metrics)
-                if self.groups.replacement:
-                    log(self.group.rank, f"node{self.groups.group}: training again, step "
-                        f"{self.step}: " + monitoring.format_startup(
-                            self.launch_to_first_step, self.pending_startup.phases()))
-                self.pending_startup = None
-            times.data += loaded - started
-            times.compute += computed - loaded
-            times.comm += synced - computed
-            times.steps += 1
-            if times.steps == training.METRICS_FLUSH_STEPS:
-                reporter.flush(self.step)
-                if reporter.metrics is not None:
-                    reporter.metrics.observe_replica_groups(ft.participants, ft.committed,
-                                                            ft.aborted, ft.heals)
-            if synced >= progress.due:
-                progress.step(self.step)
-            if self.step == self.fail_at:
-                self.ft.record("killed", step=self.step, fault="after the step")
-                kill_self(self.group.slot, self.step)
-            if self.step == self.freeze_at:
-                freeze_self(self.group.slot, self.step)
-            every = args.checkpoint_every
-            if every and self.step % every == 0 and self.step < data.total_steps \
-                    and self.leads():
-                self.save_checkpoint(self.step,
-                                     self.train_seconds + perf_counter() - epoch.started)
-            if self.step % data.steps_per_epoch == 0:  # the epoch's last step
-                self.close_epoch(epoch.index, data.steps_per_epoch - epoch.taken, epoch.loss,
-                                 perf_counter() - epoch.started)
-                epoch = None
+                self._transaction()
+
+    def _compute(self, step: int, began: float | None = None
+                 ) -> tuple[torch.Tensor, float, float, float]:
+        """The forward and backward passes of ``step`` (under sync, its buckets are sent during
+        the backward pass). Returns its loss and when it started, had its batch and had its
+        gradient. ``began``: when its transaction began (a new epoch's time starts there)."""
+        started = time.perf_counter()
+        epoch = self._epoch
+        if epoch is None or epoch.index != step // self.data.steps_per_epoch:
+            index = step // self.data.steps_per_epoch
+            epoch = self._epoch = _Epoch(index, self._order(index), self.group.device,
+                                         started if began is None else began)
+        lr = learning_rate(self.args, step, self.data.steps_per_epoch, self.group.slots)
+        if lr != self.lr:
+            self.lr = lr
+            for param_group in self.learner.optimizer.param_groups:
+                param_group["lr"] = lr
+        x, y = self._batch(step, epoch.order)
+        if not self.periodic and step + 1 == self.fail_in_allreduce:
+            # before the backward pass, which sends this group's share of the all-reduce
+            from sublimate.components.processes.fault_injection import kill_in_allreduce
+
+            kill_in_allreduce(self.ft.manager, self.learner.paradigm.averaged_parameters(),
+                              self.group.slot, step + 1, record=self.ft.record)
+        loaded = time.perf_counter()
+        loss = self._forward_backward(self.training_model, x, y, self.args.accumulation_steps)
+        return loss, started, loaded, time.perf_counter()
+
+    def _local_step(self) -> None:
+        """bmuf/easgd/diloco: a local step, which always commits, and every sync-period steps a
+        round, the transaction."""
+        paradigm = self.learner.paradigm
+        loss, started, loaded, _ = self._compute(self.step)
+        self.learner.optimizer.step()
+        paradigm.zero_grad()
+        # The local optimizer step is computation (as in the restart mode's loop); the round,
+        # every sync-period steps, is the communication.
+        computed = synced = time.perf_counter()
+        self.step += 1
+        if self.step % paradigm.period == 0:  # type: ignore[attr-defined]
+            healed = self._round()
+            synced = time.perf_counter()
+            if healed:
+                self._epoch = None  # healed: this group's epoch so far is not the job's
+                return
+        self._count(loss, loaded - started, computed - loaded, synced - computed)
+        self._committed()
+
+    def _transaction(self) -> None:
+        """sync: the steps up to the next commit (``commit-every`` of them at most, ending at
+        every epoch's end and checkpoint) as one transaction of the groups alive.
+
+        Each step's gradient is averaged between the groups; the optimizer steps on it at once
+        (the next step's gradient needs it) except for the last step, which steps only once the
+        groups have committed. A transaction of several steps keeps a copy of the model and the
+        optimizer from its start, and goes back to it when it is dropped."""
+        ft, paradigm, optimizer = self.ft, self.learner.paradigm, self.learner.optimizer
+        began = time.perf_counter()
+        first = ft.start_step()  # the quorum
+        quorum = time.perf_counter() - began
+        if first != self.step:
+            # a heal: applied by the quorum (a blocking one), or on its way to the commit
+            was, self.step, self._epoch = self.step, first, None
+            if not ft.async_quorum:
+                self._healed(was)
+        end = self._transaction_end(first)
+        saved = self._save() if end - first > 1 else None
+        # per step: its loss and its seconds of data, computation and communication
+        steps: list[tuple[torch.Tensor, float, float, float]] = []
+        for step in range(first, end):
+            if step > first:
+                ft.extend()
+            loss, started, loaded, computed = self._compute(step, began)
+            paradigm.average_gradients()  # type: ignore[attr-defined]
+            if ft.failed():
+                break
+            if step + 1 < end:
+                optimizer.step()
+                paradigm.zero_grad()
+            steps.append((loss, loaded - started, computed - loaded,
+                          time.perf_counter() - computed + (quorum if step == first else 0)))
+            if step + 1 == self.fail_at and step + 1 < end:
+                # mid-transaction: the step is taken, not committed (at a transaction's end,
+                # after the commit: _committed)
+                self.ft.record("killed", step=step + 1, fault="after the step")
+                kill_self(self.group.slot, step + 1)
+        taken = step - first + 1
+        committing = time.perf_counter()
+        committed = ft.commit(taken)
+        if committed:
+            optimizer.step()
+            paradigm.communication_ops += taken
+        paradigm.zero_grad()
+        if steps:  # the commit (and the last step's optimizer step) is the last step's
+            loss, data_seconds, compute_seconds, comm_seconds = steps[-1]
+            steps[-1] = (loss, data_seconds, compute_seconds,
+                         comm_seconds + time.perf_counter() - committing)
+        if not committed:  # its steps are not counted: every group takes them again
+            if saved is not None:
+                self._restore(saved)
+            self.step = ft.step
+            if self.step != first:  # healed at the commit
+                self._epoch = None
+            return
+        self.step = ft.step
+        if self.step != first + taken:  # healed at the commit: its epoch so far is not the job's
+            self._healed(first)
+            self._epoch = None
+            return
+        for loss, data_seconds, compute_seconds, comm_seconds in steps:
+            self._count(loss, data_seconds, compute_seconds, comm_seconds)
+        self._committed()
+
+    def _transaction_end(self, first: int) -> int:
+        """Where a transaction that starts at committed step ``first`` ends: after
+        ``commit-every`` steps, at its epoch's end, at a checkpoint or at the job's end,
+        whichever comes first (every group computes the same)."""
+        data, every = self.data, self.args.checkpoint_every
+        end = min(first + self.steps_per_commit, data.total_steps,
+                  (first // data.steps_per_epoch + 1) * data.steps_per_epoch)
+        return min(end, (first // every + 1) * every) if every else end
+
+    def _save(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """What a dropped transaction goes back to: the model's tensors and the optimizer's
+        state, as they are (a copy)."""
+        learner = self.learner
+        return ({name: tensor.detach().clone()
+                 for name, tensor in learner.model.state_dict().items()},
+                copy.deepcopy(learner.optimizer.state_dict()))
+
+    def _restore(self, saved: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
+        model_state, optimizer_state = saved
+        self.learner.model.load_state_dict(model_state)
+        self.learner.optimizer.load_state_dict(optimizer_state)
+
+    def _count(self, loss: torch.Tensor, data_seconds: float, compute_seconds: float,
+               comm_seconds: float) -> None:
+        """A committed step in its epoch's loss and in the time split."""
+        epoch, times = self._epoch, self.reporter.times
+        assert epoch is not None
+        epoch.loss += loss
+        epoch.taken += 1
+        times.data += data_seconds
+        times.compute += compute_seconds
+        times.comm += comm_seconds
+        times.steps += 1
+
+    def _committed(self) -> None:
+        """What follows a commit at ``self.step``: the replacement's first step's line, metrics,
+        progress, fault injection, the checkpoint and the epoch's end."""
+        args, data, reporter, ft = self.args, self.data, self.reporter, self.ft
+        if self.pending_startup is not None:
+            self.launch_to_first_step = first_step_done(self.pending_startup, reporter.metrics)
+            if self.groups.replacement:
+                log(self.group.rank, f"node{self.groups.group}: training again, step "
+                    f"{self.step}: " + monitoring.format_startup(
+                        self.launch_to_first_step, self.pending_startup.phases()))
+            self.pending_startup = None
+        if reporter.times.steps >= training.METRICS_FLUSH_STEPS:
+            reporter.flush(self.step)
+            if reporter.metrics is not None:
+                reporter.metrics.observe_replica_groups(ft.participants, ft.committed,
+                                                        ft.aborted, ft.heals)
+        now = time.perf_counter()
+        if now >= reporter.progress.due:
+            reporter.progress.step(self.step)
+        if self.step == self.fail_at:
+            self.ft.record("killed", step=self.step, fault="after the step")
+            kill_self(self.group.slot, self.step)
+        if self.step == self.freeze_at:
+            freeze_self(self.group.slot, self.step)
+        epoch = self._epoch
+        assert epoch is not None
+        every = args.checkpoint_every
+        if every and self.step % every == 0 and self.step < data.total_steps and self.leads():
+            self.save_checkpoint(self.step, self.train_seconds + now - epoch.started)
+        if self.step % data.steps_per_epoch == 0:  # the epoch's last step
+            self.close_epoch(epoch.index, data.steps_per_epoch - epoch.taken, epoch.loss,
+                             time.perf_counter() - epoch.started)
+            self._epoch = None
 
     def _batch(self, step: int, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         data, args = self.data, self.args
@@ -311,20 +424,6 @@ class PerStepRun(Run):
                 (loss / accumulation).backward()
             total += loss.detach() / accumulation
         return total
-
-    def _commit(self, step: int, optimizer: torch.optim.Optimizer, paradigm: Any) -> bool:
-        """Sync SGD: average the gradients between the groups and step only if every group
-        alive completed the step. bmuf/easgd: a local step always commits (rounds are the
-        transactions)."""
-        if self.periodic:
-            optimizer.step()
-            return True
-        paradigm.average_gradients()
-        if not self.ft.commit():
-            return False
-        optimizer.step()
-        paradigm.communication_ops += 1
-        return True
 
     def _round(self) -> bool:
         """A bmuf/easgd round as a transaction; True when this group healed in its quorum

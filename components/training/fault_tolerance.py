@@ -38,12 +38,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import AllreduceOptions, ReduceOp
 
 from sublimate.components.base import run_files
 from sublimate.components.base.replica_groups import (
@@ -92,6 +94,16 @@ def _bind_manager_server_to(address: str) -> None:
     manager_module.ManagerServer = bound_server
 
 
+@dataclass(frozen=True, slots=True)
+class _Average:
+    """An all-reduce in flight between the groups, and what finishes it: the division of its
+    sum by the groups that took part."""
+
+    work: Any  # the process group's Work
+    tensor: torch.Tensor
+    participants: int
+
+
 class NoLivePeer(RuntimeError):
     """A replacement found no live group with the job's state to copy within the bound."""
 
@@ -108,9 +120,12 @@ class FaultTolerance:
     step: :meth:`start_step` (the quorum; returns the committed step count, which a healed
     replacement finds ahead of where it started), :meth:`average` on what the step averages, then
     :meth:`commit` (True: apply the step; False: it is discarded, and every group retries it).
-    ``async_quorum``: form the quorum while the step computes (sync SGD, where a quorum per step
-    must cost little; a healing group's step then contributes nothing and takes the peer's state
-    at the commit) or before it (bmuf/easgd rounds: the peer's state comes first).
+    ``async_quorum``: form the quorum while the step computes (sync SGD committing every step,
+    where a quorum per step must cost little; a healing group's step then contributes nothing
+    and takes the peer's state at the commit) or before it (bmuf/easgd rounds, and sync
+    transactions of several steps: the peer's state comes first). A transaction of several
+    steps calls :meth:`extend` for each step after its first and commits them together
+    (:meth:`commit` with ``steps``).
     """
 
     def __init__(self, groups: ReplicaGroups, group_rank: int, group_world: int,
@@ -118,7 +133,7 @@ class FaultTolerance:
                  state: Callable[[], dict[str, Any]],
                  load_state: Callable[[dict[str, Any]], None], async_quorum: bool = True,
                  job_progress: Callable[[], int] | None = None,
-                 job_length: int | None = None) -> None:
+                 job_length: int | None = None, steps_per_commit: int = 1) -> None:
         # torchft's Rust logger reads RUST_LOG when torchft is first imported: the launcher sets
         # it on every node; this covers a process started otherwise, if it comes first.
         os.environ.setdefault("RUST_LOG", "warn")
@@ -169,7 +184,11 @@ class FaultTolerance:
         self._events = (folder / f"{stem}.jsonl") if self.recording else None
         self._ended = False
         self._counters = StepCounters(folder / f"{stem}.counters") if self.recording else None
-        self.record("start", step=0, pid=os.getpid(), replacement=groups.replacement)
+        # the most steps one transaction holds (what a loss can cost: per_step.summarize)
+        self.steps_per_commit = steps_per_commit
+        self.async_quorum = async_quorum
+        self.record("start", step=0, pid=os.getpid(), replacement=groups.replacement,
+                    steps_per_commit=steps_per_commit)
 
     # -- the step transaction -----------------------------------------------------------------
 
@@ -244,28 +263,77 @@ class FaultTolerance:
 
     def start_average(self, tensor: torch.Tensor) -> Any:
         """Start replacing ``tensor`` by its mean over the participating groups (between groups
-        only: :meth:`average` averages within the node first); returns the all-reduce's work,
-        for :meth:`finish_averages`."""
-        work = self.manager.allreduce(tensor)
-        self.traffic.all_reduce(tensor_bytes(tensor), self.manager.num_participants())
-        return work
+        only: :meth:`average` averages within the node first); returns the all-reduce in flight
+        (None once the transaction failed: it is dropped anyway), for :meth:`finish_averages`.
+
+        The all-reduce goes to the process group directly rather than through
+        :meth:`Manager.allreduce`, which does the same (a SUM, then a division by the
+        participants) through a chain of futures with a timeout each: 0.3 ms of CPU per call on
+        this machine (``benchmarks/torchft_step_cost.py``), a step's worth of the job's
+        throughput on 4 nodes that share 2 cores. The Manager still hears of every error
+        (:meth:`Manager.report_error`), so its commit says False."""
+        manager = self.manager
+        if manager.errored() is not None:
+            return None
+        manager.wait_quorum()
+        participants = manager.num_participants()
+        if not manager.is_participating():  # healing: its gradient is not the job's yet
+            tensor.zero_()
+        self.traffic.all_reduce(tensor_bytes(tensor), participants)
+        options = AllreduceOptions()
+        options.reduceOp = ReduceOp.SUM
+        try:
+            return _Average(self.process_group.allreduce([tensor], options), tensor,
+                            participants)
+        except Exception as error:  # any failure drops the transaction
+            manager.report_error(error)
+            return None
 
     def finish_averages(self, works: list[Any]) -> None:
         """Wait for the all-reduces :meth:`start_average` started; an error between groups is
         not raised (:meth:`commit` says False), and closes the failed group at once."""
+        manager = self.manager
         for work in works:
-            work.wait()
-        if self.manager.errored() is not None:
+            if work is None or manager.errored() is not None:
+                continue
+            try:
+                work.work.wait()
+            except Exception as error:  # gloo's error: a peer's loss
+                manager.report_error(error)
+                continue
+            work.tensor.div_(work.participants)
+        if manager.errored() is not None:
             self.process_group.close_after_error()  # its peers fail too, at once
 
-    def commit(self) -> bool:
-        """Whether every participating group completed the step: apply it only then. A healed
-        replacement has its peer's state applied here, before it steps."""
-        committed = self.manager.should_commit()
-        step = self.manager.current_step()
-        if step > self._expected + int(committed):  # healed: a peer's state, with its count
+    def failed(self) -> bool:
+        """Whether a collective of the transaction in flight failed (it will not commit)."""
+        return self.manager.errored() is not None
+
+    def extend(self) -> None:
+        """The transaction in flight takes one more step (it commits them together)."""
+        self.attempted += 1
+        if self._counters is not None:
+            self._counters.values[0] = self.attempted
+
+    def commit(self, steps: int = 1) -> bool:
+        """Whether every participating group completed the transaction's ``steps`` steps
+        (one, unless :meth:`extend` added more): apply them only then. A healed replacement
+        has its peer's state applied here (a quorum formed while the step computed), before it
+        steps, or at :meth:`start_step`."""
+        manager = self.manager
+        committed = manager.should_commit()
+        step = manager.current_step()
+        if committed and steps > 1:
+            # torchft counts a commit as one step; the job's count is in steps (its batches,
+            # its epochs, what a replacement heals to), and the Manager's is what the quorum
+            # compares and a replacement copies
+            step += steps - 1
+            manager.load_state_dict({
+                "step": step, "batches_committed": manager.batches_committed()
+                + (steps - 1) * manager.num_participants()})
+        if step > self._expected + (steps if committed else 0):  # healed: a peer's state
             self.heals += 1
-            self.record("healed", step=step - committed)
+            self.record("healed", step=step - (steps if committed else 0))
         participants = self.manager.num_participants()
         changed = participants != self.participants
         if changed:
@@ -277,7 +345,7 @@ class FaultTolerance:
                 # survivors of a failure stood still (per_step.summarize)
                 self.record("resumed", step=step, participants=participants)
             self._disturbed = False
-            self.committed += 1
+            self.committed += steps
             if self._counters is not None:
                 values = self._counters.values
                 values[1], values[2] = self.committed, step
@@ -286,16 +354,17 @@ class FaultTolerance:
                 self.record("first_commit", step=step)
         else:
             self._disturbed = True
-            self.aborted += 1
+            self.aborted += steps
             if self._counters is not None:
                 self._counters.values[3] = self.aborted
-            error = self.manager.errored()
+            error = manager.errored()
             why = str(error).splitlines()[0][:200] if error else \
                 f"fewer than {self.groups.min_groups} group(s) alive"
-            self.record("abort", step=step, error=why)
+            self.record("abort", step=step, steps=steps, error=why)
             if self.recording:
-                print(f"node{self.groups.group}: step {step + 1} dropped, every group takes it "
-                      f"again ({_short(why)})", flush=True)
+                which = f"step {step + 1}" if steps == 1 else f"steps {step + 1}-{step + steps}"
+                print(f"node{self.groups.group}: {which} dropped, every group takes "
+                      f"{'it' if steps == 1 else 'them'} again ({_short(why)})", flush=True)
         return committed
 
     def participating_workers(self) -> int:

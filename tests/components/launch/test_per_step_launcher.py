@@ -252,10 +252,11 @@ def test_chaos_draws_the_same_schedule_from_the_same_seed() -> None:
 
 
 def _incarnation(folder: Path, node: int, start: float, events: list[dict[str, Any]],
-                 counters: tuple[int, int, int, int]) -> None:
+                 counters: tuple[int, int, int, int], **start_fields: Any) -> None:
     stem = replica_groups.incarnation_name(node, start)
     (folder / f"{stem}.jsonl").write_text("".join(
-        json.dumps(event) + "\n" for event in [{"event": "start", "time": start}, *events]))
+        json.dumps(event) + "\n"
+        for event in [{"event": "start", "time": start, **start_fields}, *events]))
     written = StepCounters(folder / f"{stem}.counters")
     for index, value in enumerate(counters):
         written.values[index] = value
@@ -314,6 +315,31 @@ def test_the_summary_dates_each_loss_and_times_its_replacement(tmp_path: Path) -
                         "later (1 group-step(s) dropped), its replacement trained again 2.5s "
                         "after starting (healed at step 131)")
     assert "389 of 392 group-steps committed (99.23%, bound 99.74%)" in lines[-1]
+
+
+def test_the_summary_counts_a_transaction_of_several_steps_as_what_a_loss_may_cost(
+        tmp_path: Path) -> None:
+    # commit-every 8: node 0 dies after step 45, five steps into the transaction that began
+    # after step 40 (its counters: 45 attempted, 40 committed, none dropped); node 1 drops those
+    # five steps and takes them again. Counted as one step each, the survivor's drop read "1
+    # group-step(s) dropped" and the bound assumed one step lost per loss.
+    folder = tmp_path / run_files.FAULT_TOLERANCE
+    folder.mkdir()
+    _killed(folder, 0, 100.0, killed=104.0, step=45, counters=(45, 40, 40, 0))
+    _incarnation(folder, 1, 100.1, [{"event": "first_commit", "time": 100.5, "step": 8},
+                                    {"event": "abort", "time": 104.1, "step": 40, "steps": 5},
+                                    {"event": "resumed", "time": 104.4, "step": 48},
+                                    {"event": "end", "time": 110.0}], (85, 80, 80, 5),
+                 steps_per_commit=8)
+    section = per_step.summarize(tmp_path, [], since=99.0)
+    (failure,) = section["failures"]
+    assert (failure["step"], failure["steps_lost"]) == (40, 5)
+    assert (failure["survivors_stalled_seconds"], failure["survivor_steps_dropped"]) == (0.4, 5)
+    assert section["steps_per_commit"] == 8 and section["dropped_steps"] == 5
+    assert section["committed_bound"] == round(1 - 8 / 130, 5)
+    assert per_step.describe(section)[0].startswith(
+        "lost node0, after step 40, 5 step(s) lost, the others went on 0.4s later (5 "
+        "group-step(s) dropped)")
 
 
 def test_the_summary_counts_rounds_under_a_periodic_paradigm_and_names_a_start_up_loss(

@@ -4,7 +4,9 @@ a replica at a step): node 0 (once the host of the job's rendezvous store), a no
 of the all-reduce between the groups, two nodes at once with a minimum of two groups, every node
 at once, and a chaos run on a cluster on one machine. Each run must finish with no job restart
 (but the last, which must fall back to its checkpoint), lose at most the step in flight, and
-leave no process, namespace or link behind.
+leave no process, namespace or link behind. A sync transaction holds ``commit-every`` steps
+(16 by default): a loss costs the steps since the last commit, and a dropped transaction goes back
+to the model and optimizer it started from, bit for bit (the chaos test's oracle).
 
 The faults come from the workers' fault injection (``SUBLIMATE_FAIL_AT_STEP`` and friends, by
 slot: node x procs-per-node + local rank) and from the launcher's chaos (``chaos-mtbf``); the
@@ -108,11 +110,12 @@ def test_losing_node_0_costs_its_step_in_flight_and_its_replacement_copies_a_pee
     assert "resumed from checkpoint" not in output, output[-3000:]
     assert "lost node0; the others go on without it" in output
     (failure,) = _failures(summary)
-    assert failure["node"] == 0 and failure["step"] == 100
-    assert failure["steps_lost"] <= 1
-    assert failure["healed_at_step"] == 100  # no step was committed without it
-    assert failure["replacement_trained_after_seconds"] > 0
     section = summary["fault_tolerance"]
+    # killed after step 100, inside a transaction: it had committed the steps before that one
+    assert failure["node"] == 0 and 100 - section["steps_per_commit"] < failure["step"] <= 100
+    assert 0 < failure["steps_lost"] <= section["steps_per_commit"]
+    assert failure["healed_at_step"] == failure["step"]  # nothing committed without it
+    assert failure["replacement_trained_after_seconds"] > 0
     assert section["committed_ratio"] >= section["committed_bound"] - 0.02
     assert summary["steps"] == 10 * 23
     assert float(run_outputs(output)["accuracy"]) >= 0.9
@@ -120,7 +123,9 @@ def test_losing_node_0_costs_its_step_in_flight_and_its_replacement_copies_a_pee
 
 def test_a_node_killed_in_the_all_reduce_between_groups_drops_that_step_only(
         tmp_path: Path) -> None:
-    output, summary = _run(tmp_path, *PER_STEP, *THREE, "-p", "epochs=30", faults={
+    # commit-every=1: every step its own transaction, the finest grain
+    output, summary = _run(tmp_path, *PER_STEP, *THREE, "-p", "epochs=30",
+                           "-p", "commit-every=1", faults={
         "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": "40", "SUBLIMATE_FAIL_RANK": "1"})
     assert "fault injection: killing slot 1 during the all-reduce of step 40" in output
     assert "relaunching" not in output
@@ -149,12 +154,13 @@ def test_a_node_killed_in_the_all_reduce_of_six_stalls_no_survivor(tmp_path: Pat
                                "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": "40",
                                "SUBLIMATE_FAIL_RANK": "2"})
     (failure,) = _failures(summary)
-    assert failure["node"] == 2 and failure["steps_lost"] == 1
-    dropped = re.findall(r"node(\d): step (40) dropped, every group takes it again \(([^)]*)\)",
-                         output)
-    assert sorted(node for node, _, _ in dropped) == ["0", "1", "3", "4", "5"], output[-3000:]
-    assert not [why for _, _, why in dropped if "Timed out" in why], dropped
-    assert failure["survivor_steps_dropped"] == 5
+    # the transaction it died in: from its last commit (an epoch is 11 steps) to step 40
+    assert failure["node"] == 2 and failure["step"] == 33 and failure["steps_lost"] == 7
+    dropped = re.findall(r"node(\d): steps 34-40 dropped, every group takes them again "
+                         r"\(([^)]*)\)", output)
+    assert sorted(node for node, _ in dropped) == ["0", "1", "3", "4", "5"], output[-3000:]
+    assert not [why for _, why in dropped if "Timed out" in why], dropped
+    assert failure["survivor_steps_dropped"] == 5 * 7
     assert 0 < failure["survivors_stalled_seconds"] <= STALL_BOUND_SECONDS, failure
     assert "the others went on" in output and summary["steps"] == 6 * 11
 
@@ -171,16 +177,20 @@ def test_two_nodes_lost_below_the_minimum_of_groups_training_waits_then_goes_on(
     assert "relaunching" not in output
     failures = _failures(summary)
     assert sorted(failure["node"] for failure in failures) == [1, 2]
+    per_commit = summary["fault_tolerance"]["steps_per_commit"]
+    (committed,) = {failure["step"] for failure in failures}  # killed in the same transaction
+    assert 60 - per_commit < committed <= 60, failures
     for failure in failures:
-        assert failure["step"] == 60 and failure["steps_lost"] <= 1
-    # No step was committed while node 0 was alone: the first replacement to train copied step
-    # 60's state; a second one that trained joined the two later.
+        assert 0 < failure["steps_lost"] <= per_commit
+    # No step was committed while node 0 was alone: the first replacement to train copied the
+    # state of the last commit before the kills; a second one that trained joined the two
+    # later.
     trained = [failure for failure in failures if "replacement_trained_after_seconds" in failure]
     assert trained, failures
     for failure in trained:
         assert failure["replacement_trained_after_seconds"] > 0
         assert failure["healed_at_step"] is not None, failure
-    assert min(failure["healed_at_step"] for failure in trained) == 60, failures
+    assert min(failure["healed_at_step"] for failure in trained) == committed, failures
     assert summary["steps"] == 8 * 23
 
 
@@ -243,8 +253,9 @@ def test_five_chaos_kills_node_0_among_them_cost_no_restart_and_not_one_bit_of_t
     before = snapshot()
     # nodes=4:4: a step commits only with all four groups, so every committed step is the
     # failure-free run's step, computed on the same batch from the same state: a replacement
-    # copies a live peer's model and optimizer, and a dropped step is taken again. Whatever chaos
-    # does, the model must come out bit for bit the failure-free one.
+    # copies a live peer's model and optimizer, and a dropped transaction (up to 16 steps, each
+    # already applied) goes back to the model and optimizer it started from and is taken again.
+    # Whatever chaos does, the model must come out bit for bit the failure-free one.
     settings = ["-p", "nodes=4:4", "-p", "epochs=15", *PER_STEP]
     # seed 3 draws nodes 1, 3, 0, 3, 1 (tests/components/launch/test_per_step_launcher.py
     # checks that a seed always draws the same schedule)
@@ -255,7 +266,7 @@ def test_five_chaos_kills_node_0_among_them_cost_no_restart_and_not_one_bit_of_t
     section = summary["fault_tolerance"]
     assert section["nodes_lost"] == 5
     for failure in section["failures"]:
-        assert failure["steps_lost"] <= 1, failure
+        assert failure["steps_lost"] <= section["steps_per_commit"] == 16, failure
     assert section["committed_ratio"] >= section["committed_bound"] - 0.02
     _run(tmp_path / "calm", *settings)  # local_cwd, no chaos
     calm, chaos = _model(tmp_path / "calm"), _model(tmp_path / "chaos")
