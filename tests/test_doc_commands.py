@@ -174,16 +174,20 @@ RULES = [
          "your manifest (tests/pipelines/runner/images/test_images.py runs manifests of "
          "several images)"),
     # a cluster on one machine (root)
+    # per-step's chaos (before the generic local_netns rule, which would run it)
+    Rule(r"^sublimate run -p scheduler=local_netns -p nodes=4 .*chaos-mtbf=", "dry-run",
+         "tests/components/launch/test_per_step_recovery.py (five chaos kills on local_netns)"),
     Rule(r"^sublimate run -p scheduler=local_netns ", "run", needs="root"),
     # per-step fault tolerance (docs/fault-tolerance.md)
-    Rule(r"^sublimate run -p recovery=per-step$", "run"),
-    Rule(r"^sublimate run -p recovery=per-step -p nodes=3:4$", "dry-run",
+    Rule(r"^sublimate run$", "dry-run",
+         "the default pipeline (tests/pipelines/cli/test_local.py runs it; .ci/run, the README's)"),
+    Rule(r"^sublimate run -p nodes=3:4$", "dry-run",
          "tests/components/launch/test_per_step_recovery.py (a minimum of nodes, kept)"),
-    Rule(r"^sublimate run -p recovery=per-step -p commit-every=1$", "dry-run",
+    Rule(r"^sublimate run -p commit-every=1$", "dry-run",
          "tests/components/launch/test_per_step_recovery.py (a node killed in the all-reduce, "
          "a step a transaction)"),
-    Rule(r"^sublimate run -p recovery=per-step -p scheduler=local_netns .*chaos-mtbf=", "dry-run",
-         "tests/components/launch/test_per_step_recovery.py (five chaos kills on local_netns)"),
+    Rule(r"^sublimate run -p recovery=restart$", "dry-run",
+         "tests/pipelines/cli/test_local.py (a killed worker restarted from its checkpoint)"),
     Rule(r"^sublimate fault ", "parse",
          "a running local_netns job (tests/components/launch/test_netns_training.py acts on "
          "one with each)"),

@@ -204,7 +204,7 @@ def test_the_watchdog_stops_a_hung_job_names_the_ranks_and_relaunches_it(
     # so no need for more steps than the relaunch's few after its checkpoint).
     started = time.monotonic()
     result = run_cli("run", "-p", "epochs=4", "-p", "checkpoint-every=20",
-                     "-p", "max-restarts=1", "-p", "stall-seconds=6",
+                     "-p", "max-restarts=1", "-p", "stall-seconds=6", "-p", "recovery=restart",
                      "-p", "collective-timeout=600", home=home, timeout=400,
                      env={"SUBLIMATE_FREEZE_AT_STEP": "30", "SUBLIMATE_FAIL_RANK": "1"})
     output = result.stdout + result.stderr

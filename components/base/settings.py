@@ -287,15 +287,17 @@ SETTINGS: tuple[Setting, ...] = (
             f"auto: {DEFAULT_RESTARTS['elastic']} for elastic nodes (MIN:MAX), "
             f"{DEFAULT_RESTARTS['per-step']} with recovery per-step, else 0.", kind="integer",
             minimum=0, maximum=100, auto=True, reader="launcher"),
-    Setting("recovery", "restart", "What a lost node costs. restart: the job stops and every "
-            "node resumes from the last checkpoint (max-restarts times), as torchrun, Kubeflow "
-            "and Ray do. per-step: torchft; every node is a replica group and every few steps "
-            "(commit-every) are committed by the groups alive at that moment, so a lost node "
-            "costs the steps since the last commit while the others go on, and its replacement "
-            "copies the weights from a live peer (docs/fault-tolerance.md). sync, bmuf and "
-            "easgd; diloco always runs per-step (restart then means: relaunch from the last "
-            "checkpoint only when every node is lost, as per-step does anyway).",
-            choices=RECOVERY_MODES, paradigms=_COLLECTIVE),
+    Setting("recovery", AUTO, "What a lost node costs. per-step: torchft; every node is a "
+            "replica group and every few steps (commit-every) are committed by the groups alive "
+            "at that moment, so a lost node costs the steps since the last commit while the "
+            "others go on, and its replacement copies the weights from a live peer "
+            "(docs/fault-tolerance.md). restart: the job stops and every node resumes from the "
+            "last checkpoint (max-restarts times), as torchrun, Kubeflow and Ray do. auto: "
+            "per-step for the built-in loop of sync, bmuf, easgd and diloco on 2 nodes or more "
+            "(with checkpoint-format files, data held in memory and a rendezvous other than "
+            "etcd-v2), restart otherwise (async, your own entrypoint, one node). diloco always "
+            "runs per-step.",
+            choices=(AUTO, *RECOVERY_MODES), paradigms=_COLLECTIVE),
     Setting("commit-every", DEFAULT_STEPS_PER_COMMIT, "sync with recovery per-step: steps the "
             "groups commit together, as one transaction (an epoch's end and a checkpoint end "
             "one too). A lost node then costs the steps since the last commit (at most this "
@@ -487,10 +489,10 @@ def check(values: Mapping[str, Any]) -> None:
     nodes = merged["nodes"]
     algorithm = merged["algorithm"]
     minimum = getattr(nodes, "minimum", nodes)
-    if minimum < nodes and algorithm != "sync" and merged["recovery"] != PER_STEP:
+    per_step = recovery_mode(merged) == PER_STEP
+    if minimum < nodes and algorithm != "sync" and not per_step:
         raise SettingError(f"nodes {nodes}: elastic training needs algorithm sync ({algorithm} "
                            "keeps per-worker state that cannot be re-divided among fewer nodes)")
-    per_step = merged["recovery"] == PER_STEP
     if minimum < nodes and merged["max_restarts"] == 0 and not per_step:
         raise SettingError(f"nodes {nodes}: elastic training needs max-restarts of at least 1 "
                            "(the nodes that remain restart their workers after a loss; leave "
@@ -569,13 +571,25 @@ def _check_diloco(values: Mapping[str, Any]) -> None:
                            "every sync-period / fragments steps)")
 
 
-def recovery_mode(values: Mapping[str, Any]) -> str:
-    """The recovery mode a job runs with: ``recovery``, except that the built-in loop runs
-    diloco on torchft's Manager, that is always per-step (users' own loops, under torchrun
-    alone, average over the job's process group)."""
-    if values.get("algorithm") == "diloco" and not values.get("entrypoint"):
+def recovery_mode(values: Mapping[str, Any], streamed: bool = False) -> str:
+    """The recovery mode a job runs with: ``recovery`` when it names one, except that the
+    built-in loop runs diloco on torchft's Manager, that is always per-step (users' own loops,
+    under torchrun alone, average over the job's process group). ``auto``: per-step wherever
+    the job can run it, restart elsewhere. ``streamed``: the training split streams (the train
+    step knows from the dataset's size under data-loading auto; per-step holds it in memory)."""
+    algorithm = values.get("algorithm", "sync")
+    own_code = bool(values.get("entrypoint"))
+    if algorithm == "diloco" and not own_code:
         return PER_STEP
-    return values.get("recovery") or RESTART
+    chosen = values.get("recovery") or AUTO
+    if chosen != AUTO:
+        return str(chosen)
+    runs_per_step = (algorithm in _COLLECTIVE and not own_code
+                     and int(values.get("nodes", 2)) > 1
+                     and values.get("checkpoint_format", "files") == "files"
+                     and values.get("data_loading", "auto") != "stream" and not streamed
+                     and values.get("rendezvous", AUTO) != ETCD_V2)
+    return PER_STEP if runs_per_step else RESTART
 
 
 def max_restarts(values: Mapping[str, Any]) -> int:

@@ -158,6 +158,18 @@ def write_shards(
     return target
 
 
+# A training split larger than this streams from the volume under data-loading=auto.
+STREAM_ABOVE_BYTES = 1 << 30
+
+
+def streams(data_loading: str, metadata: dict[str, Any]) -> bool:
+    """Whether the training split streams (data-loading stream, or auto and a large split)."""
+    if data_loading != "auto":
+        return data_loading == "stream"
+    shards = metadata["splits"]["train"]["shards"]
+    return sum(int(shard.get("bytes", 0)) for shard in shards) > STREAM_ABOVE_BYTES
+
+
 def read_metadata(folder: Path) -> dict[str, Any]:
     path = folder / METADATA_FILE
     if not folder.is_dir():

@@ -90,6 +90,32 @@ class _Follower:
                        and _event(record, "first_commit") is not None
                        for record in _records(self.run_dir).values())
 
+    def failed_in_code(self, nodes: Sequence[int]) -> str | None:
+        """Why one of ``nodes`` failed, in one line, when its process raised (it wrote an error
+        file since it started): the training code failed, not the node, and a replacement
+        would fail the same way. None when they were lost whole (killed, their machine gone),
+        which is what replacements are for."""
+        if self.run_dir is None or not nodes:
+            return None
+        from sublimate.components.base.elastic_errors import read_failures
+        from sublimate.components.base.runtime import shown_path
+
+        started = {node: self.started for node in nodes}
+        for loss in self.losses:
+            if loss.node in started and loss.replaced is not None:
+                started[loss.node] = max(started[loss.node], loss.replaced)
+        # local_cwd://torchx/<app id>; kubernetes://<session>/<namespace>:<job name>
+        app_id = self.handle.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        for failure in read_failures(self.run_dir):
+            # every node is a torchrun of its own, its rendezvous id the job's and its index
+            # (app-id-<node>); torch's error files date a failure to the second
+            if failure.app_id.rpartition("-")[0] == app_id and failure.node in started \
+                    and failure.time >= int(started[failure.node]):
+                return (f"{failure.who} failed: {failure.message}; its traceback: "
+                        f"{shown_path(failure.error_file)} (a failure of the training code, "
+                        "not a lost node: not replaced)")
+        return None
+
     def summary_written(self) -> bool:
         """Whether this attempt's leader wrote the run's summary (its last act)."""
         if self.run_dir is None:
@@ -127,6 +153,11 @@ class Replacer(_Follower):
             if done:  # what still runs is stopped with the job: it is no loss
                 self.stopped = {node for node, state in workers.items() if state == RUNNING}
             return "succeeded" if done else None
+        crashed = self.failed_in_code(failed)
+        if crashed is not None:
+            # its code raised: a replacement would run the same code into the same error
+            self.message = crashed
+            return "failed"
         if failed and RUNNING not in workers.values():
             self.message = f"lost every node ({', '.join(f'node{n}' for n in failed)})"
             return "lost"
@@ -199,6 +230,10 @@ class VolcanoWatch(_Follower):
             self.message = (f"Volcano ended the job ({state}) after {len(self.losses)} lost "
                             f"pod(s) seen; its budget is the job's: max-restarts "
                             f"({self.budget}) x {len(self.pods)} nodes")
+            return "failed"
+        crashed = self.failed_in_code(sorted({loss.node for loss in self.losses}))
+        if crashed is not None:  # Volcano would only restart the pod into the same error
+            self.message = crashed
             return "failed"
         if any(self.found_no_peer(loss.node) for loss in self.losses):
             self.message = "lost every node (a replacement found no live peer to copy from)"

@@ -177,16 +177,20 @@ def find_stragglers(timings: Iterable[RankTiming], *, synchronous: bool = True,
 
 def timings_from_rows(rows: Iterable[Iterable[float]], steps: int,
                       node_names: Iterable[str] | None = None) -> list[RankTiming]:
-    """:class:`RankTiming` per rank from the epoch's gathered rows, rank ``r`` in row ``r``.
+    """:class:`RankTiming` per rank from the epoch's gathered rows, rank ``r`` in row ``r``
+    unless the row names it.
 
     A row is ``[loss, data_s, compute_s, comm_s, seconds, node_index]``, the vector every worker
-    contributes to the epoch's one all-gather; the node is ``node<node_index>`` unless
-    ``node_names`` names them.
+    contributes to the epoch's one all-gather, and optionally the rank (its slot in the job: under
+    per-step recovery the rows are only those of the groups alive); the node is
+    ``node<node_index>`` unless ``node_names`` names them.
     """
     names = list(node_names) if node_names is not None else None
     timings = []
-    for rank, row in enumerate(rows):
-        _, data_s, compute_s, comm_s, seconds, node_index = list(row)[:6]
-        node = names[rank] if names is not None else f"node{int(node_index)}"
+    for index, row in enumerate(rows):
+        values = list(row)
+        _, data_s, compute_s, comm_s, seconds, node_index = values[:6]
+        rank = int(values[6]) if len(values) > 6 else index
+        node = names[index] if names is not None else f"node{int(node_index)}"
         timings.append(RankTiming(rank, node, steps, seconds, data_s, compute_s, comm_s))
     return timings

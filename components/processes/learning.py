@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from sublimate.components import training
-from sublimate.components.data.datasets import read_metadata, read_split
+from sublimate.components.data.datasets import read_metadata, read_split, streams
 from sublimate.components.model.models import build_model, model_spec
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.paradigms import Paradigm, lr_schedule
@@ -118,18 +118,6 @@ def load_data(args: argparse.Namespace, group: ProcessGroup, startup: monitoring
     startup.mark("data")
     return TrainingData(metadata, features, labels, reader, num_features, test_set,
                         micro_batch, local_batch, steps_per_epoch, steps_per_epoch * args.epochs)
-
-
-# A training split larger than this streams from the volume under data-loading=auto.
-STREAM_ABOVE_BYTES = 1 << 30
-
-
-def streams(data_loading: str, metadata: dict[str, Any]) -> bool:
-    """Whether the training split streams (data-loading stream, or auto and a large split)."""
-    if data_loading != "auto":
-        return data_loading == "stream"
-    shards = metadata["splits"]["train"]["shards"]
-    return sum(int(shard.get("bytes", 0)) for shard in shards) > STREAM_ABOVE_BYTES
 
 
 @dataclass(slots=True)

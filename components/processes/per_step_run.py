@@ -135,6 +135,7 @@ class PerStepRun(Run):
         # of the periodic paradigms)
         self.steps_per_commit = 1 if self.periodic else steps_per_commit(args)
         self._epoch: _Epoch | None = None
+        self._first_epoch_closed = False
         folder = Path(args.run_dir) / run_files.FAULT_TOLERANCE
         since = attempt_started(os.environ.get(ATTEMPT_ENV, "")) or 0.0
         self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
@@ -292,11 +293,14 @@ class PerStepRun(Run):
                 paradigm.zero_grad()
             steps.append((loss, loaded - started, computed - loaded,
                           time.perf_counter() - computed + (quorum if step == first else 0)))
-            if step + 1 == self.fail_at and step + 1 < end:
+            if step + 1 < end:
                 # mid-transaction: the step is taken, not committed (at a transaction's end,
                 # after the commit: _committed)
-                self.ft.record("killed", step=step + 1, fault="after the step")
-                kill_self(self.group.slot, step + 1)
+                if step + 1 == self.fail_at:
+                    self.ft.record("killed", step=step + 1, fault="after the step")
+                    kill_self(self.group.slot, step + 1)
+                if step + 1 == self.freeze_at:
+                    freeze_self(self.group.slot, step + 1)
         taken = step - first + 1
         committing = time.perf_counter()
         committed = ft.commit(taken)
@@ -472,11 +476,15 @@ class PerStepRun(Run):
         epoch_steps = data.steps_per_epoch - position
         leader = self.leads()
         accuracy = self.evaluate() if leader else None
+        extra: dict[str, Any] = {"leader": leader, "participants": self.ft.participants}
+        if not self._first_epoch_closed and self.launch_to_first_step is not None:
+            # this process's first epoch, as the restart mode's loop records it
+            extra["launch_to_first_step_seconds"] = self.launch_to_first_step
+        self._first_epoch_closed = True
         self.reporter.end_epoch(
             epoch, self.step, epoch_loss / max(epoch_steps, 1), epoch_seconds, epoch_steps,
             total_epochs=self.args.epochs, accuracy=accuracy, learning_rate=self.lr,
-            extra={"leader": leader, "participants": self.ft.participants},
-            leader=leader and self.group.rank == 0)
+            extra=extra, leader=leader and self.group.rank == 0, between=self.ft.gather)
 
     def summary(self) -> dict[str, Any]:
         summary = super().summary()

@@ -29,6 +29,7 @@ from sublimate.components.base.settings import (
     rendezvous_backend,
 )
 from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.data.datasets import read_metadata, streams
 from sublimate.components.launch import etcd_server
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan
@@ -82,8 +83,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except SettingError as error:
         parser.error(str(error))
     args.max_restarts = max_restarts(vars(args))  # auto: what the mode needs
-    args.recovery = recovery_mode(vars(args))  # diloco: always per-step (torchft's Manager)
+    # auto: per-step where the job can run it; diloco: always per-step (torchft's Manager)
+    args.recovery = recovery_mode(vars(args), streamed=_streamed(args))
     return args
+
+
+def _streamed(args: argparse.Namespace) -> bool:
+    """Whether data-loading auto streams this job's training split (per-step holds it in
+    memory, so recovery auto is restart then). A dataset that cannot be read yet counts as
+    held in memory: the workers say what is wrong with it."""
+    if args.data_loading != "auto" or args.data_dir is None:
+        return False
+    try:
+        return streams("auto", read_metadata(Path(args.data_dir)))
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def template_inputs() -> dict[str, str | None]:

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import AllreduceOptions, ReduceOp
+from torch.distributed.distributed_c10d import AllgatherOptions
 
 from sublimate.components.base import run_files
 from sublimate.components.base.replica_groups import (
@@ -58,6 +59,8 @@ from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 # The longest a step's quorum waits for enough groups (the rendezvous-timeout's default).
 QUORUM_TIMEOUT_SECONDS = 300
+# The longest the groups wait for each other's rows at an epoch's end (FaultTolerance.gather).
+GATHER_SECONDS = 5.0
 # How often a replacement whose quorum holds no peer with the job's state asks again.
 PEER_POLL_SECONDS = 0.1
 
@@ -304,6 +307,30 @@ class FaultTolerance:
             work.tensor.div_(work.participants)
         if manager.errored() is not None:
             self.process_group.close_after_error()  # its peers fail too, at once
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """Every participating group's ``rows`` (the same shape on each: one row per process of
+        a node), stacked; None when a group is missing. For what a node cannot see alone (the
+        epoch's stragglers): called by every group at the same committed step, between two
+        transactions, on the group of the last one. Bounded by ``GATHER_SECONDS``: a group
+        that left this step's quorum (it healed at the commit, or failed it) is not waited for
+        past that, and the failed group is closed, so the next transaction forms a new one."""
+        manager = self.manager
+        try:
+            participants = manager.num_participants()
+        except Exception:  # the last quorum failed: there is no group to gather on
+            return None
+        if participants <= 1:
+            return rows if participants == 1 and manager.is_participating() else None
+        gathered = [torch.empty_like(rows) for _ in range(participants)]
+        options = AllgatherOptions()
+        options.timeout = timedelta(seconds=GATHER_SECONDS)
+        try:
+            self.process_group.allgather([gathered], [rows], options).wait()
+        except Exception:  # a group gone: the rows of this node alone
+            self.process_group.close_after_error()
+            return None
+        return torch.cat(gathered)
 
     def failed(self) -> bool:
         """Whether a collective of the transaction in flight failed (it will not commit)."""

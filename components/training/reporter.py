@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,7 +165,9 @@ class Reporter:
                   steps: int, *, total_epochs: int | None = None, accuracy: float | None = None,
                   learning_rate: float | None = None,
                   extra: Mapping[str, Any] | None = None,
-                  leader: bool | None = None) -> EpochResult:
+                  leader: bool | None = None,
+                  between: Callable[[torch.Tensor], torch.Tensor | None] | None = None
+                  ) -> EpochResult:
         """Close epoch ``epoch`` (0-based) at ``step`` after ``steps`` steps in ``seconds``: one
         all-reduce of the mean loss and the time split, the leader's log line, the epoch's record.
 
@@ -173,7 +175,8 @@ class Reporter:
         ``accuracy`` (rank 0's evaluation, if any) goes into the line, the record and the
         report's accuracy curve; ``extra`` is added to the record. ``leader`` (default: rank 0)
         logs the job's line and writes its aggregate view; under per-step recovery it is the
-        quorum's first group, and the collective spans one node.
+        quorum's first group, the collective spans one node, and ``between`` gathers the nodes'
+        rows from the other groups alive (None when it could not: the node's rows alone then).
         """
         group = self.group
         leader = group.rank == 0 if leader is None else leader
@@ -184,13 +187,17 @@ class Reporter:
         # The epoch's one collective: every rank's loss, time split, epoch time and node, so
         # that every rank knows the mean and rank 0 can name a straggler.
         local = torch.cat([loss_tensor, torch.tensor(
-            [*self.times.take_epoch(), seconds, self.node_index], device=group.device)])
+            [*self.times.take_epoch(), seconds, self.node_index, group.slot],
+            device=group.device)])
         gathered = [torch.empty_like(local) for _ in range(group.world)]
         dist.all_gather(gathered, local)
-        rows = torch.stack(gathered).tolist()
-        local_values = rows[group.rank][:4]
-        mean_values = [sum(column) / group.world for column in zip(*(row[:4] for row in rows),
-                                                                   strict=True)]
+        node_rows = torch.stack(gathered)
+        job_rows = between(node_rows.cpu()) if between is not None else None
+        rows = (job_rows if job_rows is not None else node_rows).tolist()
+        rows.sort(key=lambda row: row[6])  # by slot, the rank a straggler is named by
+        local_values = node_rows[group.rank][:4].tolist()
+        mean_values = [sum(column) / len(rows) for column in zip(*(row[:4] for row in rows),
+                                                                 strict=True)]
         # Without metrics DDP's all-reduce is not timed and waiting would read as compute.
         finding = stragglers.find_stragglers(stragglers.timings_from_rows(rows, steps)) \
             if self.metrics is not None else None
@@ -206,8 +213,8 @@ class Reporter:
         if finding is not None:
             if finding.line():
                 message += f" | {finding.line()}"
-            self.metrics.observe_step_ratio(finding.ratio_of(group.rank),  # type: ignore[union-attr]
-                                            finding.is_straggler(group.rank))
+            self.metrics.observe_step_ratio(finding.ratio_of(group.slot),  # type: ignore[union-attr]
+                                            finding.is_straggler(group.slot))
         if leader:
             print(message, flush=True)
         record_extra = dict(extra or {})

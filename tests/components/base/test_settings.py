@@ -41,9 +41,10 @@ def test_values_are_typed() -> None:
      "replicated tensor once, so it needs algorithm sync"),
     ({"recovery": "per-step", "checkpoint-format": "dcp"}, "checkpoint-format dcp writes each "
      "replicated tensor once"),
-    ({"rendezvous": "static", "nodes": "2:4"}, "rendezvous static needs a fixed number of nodes "
-     "and max-restarts 0"),
-    ({"rendezvous": "static", "max-restarts": "2"}, "rendezvous static needs a fixed number"),
+    ({"rendezvous": "static", "nodes": "2:4", "recovery": "restart"}, "rendezvous static needs "
+     "a fixed number of nodes and max-restarts 0"),
+    ({"rendezvous": "static", "max-restarts": "2", "recovery": "restart"}, "rendezvous static "
+     "needs a fixed number"),
     # etcd-v2's server: the launcher starts one on one machine; a cluster's is the user's
     ({"rendezvous": "etcd-v2", "scheduler": "kubernetes"}, "rendezvous etcd-v2 on kubernetes "
      "needs rendezvous-endpoint"),

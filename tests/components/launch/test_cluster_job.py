@@ -32,8 +32,10 @@ from sublimate.components.launch.launcher import (
 from sublimate.components.steps.train import parse_args
 
 RUNS = Path("/mnt/sublimate/runs")
+# the restart mode's job (per-step recovery's layout: test_per_step_launcher.py)
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--runs-root", str(RUNS),
-        "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate", "--stall-seconds", "0"]
+        "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate", "--stall-seconds", "0",
+        "--recovery", "restart"]
 
 
 def test_the_job_name_follows_the_workflow_and_the_run_folder() -> None:

@@ -23,7 +23,9 @@ from sublimate.components.launch.logs import follow_logs, whole_lines
 from sublimate.components.monitoring.watchdog import ProgressReporter
 from sublimate.components.steps.train import parse_args
 
-ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1"]
+# the restart mode's app (per-step recovery's layout: test_per_step_launcher.py)
+ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1",
+        "--recovery", "restart"]
 
 
 def test_an_elastic_trainer_starts_the_most_nodes_and_needs_the_fewest() -> None:

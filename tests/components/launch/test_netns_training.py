@@ -92,7 +92,7 @@ def _start(home: Path, *params: str) -> subprocess.Popen[str]:
 def test_a_killed_node_is_relaunched_from_the_last_checkpoint(tmp_path: Path) -> None:
     home = tmp_path / "home"
     process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
-                     "-p", "max-restarts=1")
+                     "-p", "max-restarts=1", "-p", "recovery=restart")
     run_dir, committed = first_checkpoint(home, process)
     faults.kill_node(faults.load_running(run_dir), 1)  # every process of node 1
     output = finish_run(process)
@@ -113,7 +113,8 @@ def test_a_link_cut_longer_than_the_collective_timeout_fails_fast_and_resumes(
         tmp_path: Path) -> None:
     home = tmp_path / "home"
     process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
-                     "-p", "max-restarts=2", "-p", "collective-timeout=4")
+                     "-p", "max-restarts=2", "-p", "collective-timeout=4",
+                     "-p", "recovery=restart")
     run_dir, committed = first_checkpoint(home, process)
     cluster = faults.load_running(run_dir)
     cut_at = time.monotonic()
@@ -155,7 +156,8 @@ def start_elastic(home: Path, *params: str) -> subprocess.Popen[str]:
     that give up on a lost peer after 5 s) started in the background, for a node to be lost."""
     return start_run(home, "-p", "scheduler=local_netns", "-p", "nodes=2:3",
                      "-p", "global-batch-size=60", "-p", "epochs=12",
-                     "-p", "checkpoint-every=20", "-p", "collective-timeout=5", *params)
+                     "-p", "checkpoint-every=20", "-p", "collective-timeout=5",
+                     "-p", "recovery=restart", *params)
 
 
 def finish_on_two_without(home: Path, node: int, *params: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from torchx.specs import AppState
 
-from sublimate.components.base import replica_groups, run_files
+from sublimate.components.base import elastic_errors, replica_groups, run_files
 from sublimate.components.base.replica_groups import StepCounters
 from sublimate.components.base.settings import (
     SettingError,
@@ -21,6 +21,7 @@ from sublimate.components.base.settings import (
     collective_timeout,
     max_restarts,
     parse_values,
+    recovery_mode,
 )
 from sublimate.components.launch import launcher, per_step, volcano_job
 from sublimate.components.launch.chaos import Chaos
@@ -40,7 +41,8 @@ ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/tmp/run",
     ({"recovery": "per-step", "entrypoint": "train.py"},
      "recovery per-step runs sublimate's own step loop"),
     ({"chaos-mtbf": "5"}, "chaos-mtbf kills nodes of a local_netns cluster"),
-    ({"nodes": "2:4", "max-restarts": "0"}, "elastic training needs max-restarts of at least 1"),
+    ({"nodes": "2:4", "max-restarts": "0", "recovery": "restart"},
+     "elastic training needs max-restarts of at least 1"),
 ])
 def test_settings_refuse_what_cannot_run_naming_the_setting(texts: dict[str, str],
                                                             refusal: str) -> None:
@@ -48,20 +50,45 @@ def test_settings_refuse_what_cannot_run_naming_the_setting(texts: dict[str, str
         check(parse_values(texts))
 
 
+@pytest.mark.parametrize(("texts", "mode"), [
+    ({}, "per-step"),  # the default pipeline: sync on 2 nodes
+    ({"algorithm": "bmuf", "nodes": "3:4"}, "per-step"),
+    ({"recovery": "restart"}, "restart"),
+    ({"nodes": "1"}, "restart"),  # no peer to go on with
+    ({"algorithm": "async"}, "restart"),  # its parameter server has its own failure story
+    ({"entrypoint": "train.py"}, "restart"),  # a torchrun script averages over its node only
+    ({"checkpoint-format": "dcp"}, "restart"),
+    ({"data-loading": "stream"}, "restart"),
+    ({"rendezvous": "etcd-v2"}, "restart"),
+    ({"algorithm": "diloco", "recovery": "restart"}, "per-step"),  # always: torchft's Manager
+])
+def test_recovery_auto_is_per_step_wherever_the_job_can_run_it(texts: dict[str, str],
+                                                               mode: str) -> None:
+    assert recovery_mode(parse_values(texts)) == mode
+    check(parse_values(texts))  # and auto never picks what the checks refuse
+
+
+def test_recovery_auto_is_restart_for_a_split_that_streams() -> None:
+    assert recovery_mode(parse_values({}), streamed=True) == "restart"
+    assert recovery_mode(parse_values({"recovery": "per-step"}), streamed=True) == "per-step"
+
+
 def test_auto_settings_follow_the_recovery_mode() -> None:
-    assert max_restarts(parse_values({})) == 0
-    assert max_restarts(parse_values({"nodes": "1:2"})) == 3  # elastic, left at auto: works
-    assert max_restarts(parse_values({"recovery": "per-step"})) == 10
+    restart = {"recovery": "restart"}
+    assert max_restarts(parse_values(restart)) == 0
+    # elastic, left at auto: works
+    assert max_restarts(parse_values({**restart, "nodes": "1:2"})) == 3
+    assert max_restarts(parse_values({})) == 10  # auto: per-step on 2 nodes
     assert max_restarts(parse_values({"recovery": "per-step", "max-restarts": "2"})) == 2
-    assert collective_timeout(parse_values({})) == 300
-    assert collective_timeout(parse_values({"recovery": "per-step"})) == 30
+    assert collective_timeout(parse_values(restart)) == 300
+    assert collective_timeout(parse_values({})) == 30
     assert collective_timeout(parse_values({"recovery": "per-step",
                                             "collective-timeout": "7"})) == 7
-    check(parse_values({"nodes": "1:2"}))  # refused before auto restarts existed
+    check(parse_values({**restart, "nodes": "1:2"}))  # refused before auto restarts existed
     # per-step keeps every node's slice of the batch: 64 need only divide by 4, not by 3 or 2
-    check(parse_values({"recovery": "per-step", "nodes": "2:4"}))
+    check(parse_values({"nodes": "2:4"}))
     with pytest.raises(SettingError, match="not divisible by nodes x procs-per-node = 3"):
-        check(parse_values({"nodes": "2:4", "max-restarts": "1"}))
+        check(parse_values({**restart, "nodes": "2:4", "max-restarts": "1"}))
 
 
 # -- the app and the Volcano job -------------------------------------------------------------
@@ -227,6 +254,39 @@ def test_every_node_lost_falls_back_to_a_relaunch_and_a_node_out_of_replacements
     runner = FakeRunner([_states(F, S)])
     assert per_step.Replacer(runner, "h", budget=3).check() == "succeeded"
     assert runner.restarts == []
+
+
+def _error_file(run_dir: Path, node: int, app_id: str, message: str,
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a node's training process writes when it raises (elastic_errors.write_failure),
+    where torchrun puts it: every per-step node is a torchrun of its own, app-id-<node>."""
+    path = run_dir / "logs" / "elastic" / f"node{node}" / f"{app_id}-{node}_x1y2z3w4" / \
+        "attempt_0" / "0" / "error.json"
+    path.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    elastic_errors.write_failure(message)
+
+
+def test_a_node_whose_code_raised_fails_the_job_in_one_line_and_is_not_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Replaced like a lost node, a node whose model raised ran into the same error again, ten
+    # times per node, then the job relaunched ten times more: a user's bug, as recovery.
+    app = "sublimate-sync-abc"
+    monkeypatch.setenv("RANK", "0")  # each node its own torchrun: rank 0 of its node
+    _error_file(tmp_path, 1, "sublimate-sync-older", "ValueError: another job's", monkeypatch)
+    runner = FakeRunner([_states(R, F), _states(R, F)])
+    replacer = per_step.Replacer(runner, f"local_cwd://torchx/{app}", budget=3,
+                                 run_dir=tmp_path)
+    assert replacer.check() is None  # killed (no error file of this job): replaced
+    assert [node for _, node, _ in runner.restarts] == [1]
+    time.sleep(1.01)  # error files are dated to the second: after the replacement started
+    _error_file(tmp_path, 1, app, "ValueError: my model's forward is broken", monkeypatch)
+    assert replacer.check() == "failed"
+    assert [node for _, node, _ in runner.restarts] == [1]  # not replaced again
+    assert replacer.message.startswith("rank 0 (node1) failed: ValueError: my model's forward "
+                                       "is broken; its traceback: ")
+    assert replacer.message.endswith("(a failure of the training code, not a lost node: not "
+                                     "replaced)")
 
 
 # -- chaos -----------------------------------------------------------------------------------

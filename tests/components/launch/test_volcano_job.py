@@ -14,9 +14,10 @@ from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.launcher import build_app
 from sublimate.components.steps.train import parse_args
 
+# the restart mode's job (per-step recovery's layout: test_per_step_launcher.py)
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/tmp/run",
         "--workflow-name", "w", "--scheduler", "kubernetes", "--gpus-per-node", "8",
-        "--procs-per-node", "8"]
+        "--procs-per-node", "8", "--recovery", "restart"]
 # etcd's default request limit (https://etcd.io/docs/v3.4/dev-guide/limit/)
 ETCD_REQUEST_LIMIT = int(1.5 * 1024 * 1024)
 

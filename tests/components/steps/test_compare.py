@@ -53,7 +53,7 @@ def volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
     killed = _step("sublimate.components.steps.train", "--data-dir", str(data), "--runs-root",
                    str(root / "runs"), "--run-id", "killed", "--scheduler", "local_cwd",
                    "--nodes", "2", "--epochs", "2", "--global-batch-size", "128",
-                   env={"SUBLIMATE_FAIL_AT_STEP": "5"})
+                   "--recovery", "restart", env={"SUBLIMATE_FAIL_AT_STEP": "5"})
     assert killed.returncode != 0
     return root
 

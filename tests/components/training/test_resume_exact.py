@@ -16,7 +16,10 @@ from tests.conftest import run_cli
 
 # 132 steps: 132 % 8 leaves a partial BMUF/EASGD block at the end; commits every 20 steps, so
 # the kill at step 30 resumes from step 20, in the middle of the block that began at step 16.
-COMMON = ("-p", "epochs=6", "-p", "checkpoint-every=20", "-p", "eval-every-epoch=false")
+# the restart path: a killed worker resumes from the last checkpoint (per-step recovery, the
+# default on two nodes, would go on without it instead)
+COMMON = ("-p", "epochs=6", "-p", "checkpoint-every=20", "-p", "eval-every-epoch=false",
+          "-p", "recovery=restart")
 KILL_AT = "30"
 
 

@@ -117,7 +117,8 @@ def test_every_paradigm_reaches_the_accuracy_floor(tmp_path: Path, algorithm: st
 def test_a_killed_worker_is_restarted_and_resumes_from_its_checkpoint(
         tmp_path: Path, default_run: tuple[Path, dict]) -> None:
     home = tmp_path / "home"
-    result = _run_json(home, "-p", "max-restarts=1", "-p", "checkpoint-every=50",
+    result = _run_json(home, "-p", "recovery=restart", "-p", "max-restarts=1",
+                       "-p", "checkpoint-every=50",
                        env={"SUBLIMATE_FAIL_AT_STEP": "130", "SUBLIMATE_FAIL_RANK": "1"})
     assert result["phase"] == PASSES, result["_stderr"]
     run_dir = _volume(home) / "runs" / result["name"]
@@ -135,7 +136,8 @@ def test_a_killed_worker_is_restarted_and_resumes_from_its_checkpoint(
 def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     home = tmp_path / "home"
     fault = {"SUBLIMATE_FAIL_AT_STEP": "130", "SUBLIMATE_FAIL_RANK": "0"}
-    first = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50", env=fault)
+    first = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50",
+                      "-p", "recovery=restart", env=fault)
     assert first["phase"] == "Failed" and first["_exit"] == 1
     assert _nodes(first)["train"]["phase"] == "Failed"
     assert _nodes(first)["evaluate"]["phase"] == "Omitted"
@@ -147,7 +149,8 @@ def test_a_resubmitted_run_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
                      r"memory\); its log: \S+/worker/\d/stderr\.log",
                      first["_stderr"].strip().splitlines()[-1]), first["_stderr"][-3000:]
 
-    second = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50")
+    second = _run_json(home, "-p", "run-id=nightly", "-p", "checkpoint-every=50",
+                       "-p", "recovery=restart")
     assert second["phase"] == PASSES, second["_stderr"]
     summary = json.loads((run_dir / "train-summary.json").read_text())
     assert summary["resumed_from_step"] == 100 and summary["steps"] == 440
@@ -181,7 +184,7 @@ def test_settings_are_checked_together_before_anything_runs(tmp_path: Path) -> N
                                               "procs-per-node x accumulation-steps = 3 x 1 x 2"),
         # elastic runs relaunch 3 times unless told otherwise (max-restarts auto); an explicit 0
         # cannot work
-        (["nodes=2:3", "global-batch-size=60", "max-restarts=0"],
+        (["nodes=2:3", "global-batch-size=60", "max-restarts=0", "recovery=restart"],
          "nodes 2:3: elastic training needs max-restarts of at least 1"),
     ]:
         completed = run_cli("run", *[f"-p{flag}" for flag in flags], home=tmp_path)
