@@ -15,6 +15,7 @@ On a cluster on one machine (``local_netns``, 4 nodes, mnist1d, fixed seeds):
 Needs root (network namespaces). Usage:
     python benchmarks/fault_tolerance.py [--nodes 4] [--epochs 8] [--mtbf 6] [--kills 5]
         [--seed 3] [--target 0.80] [--repeat 3] [--batch 128] [--commit-every K]
+        [--algorithm sync|bmuf|easgd]
         [--skip-throughput | --skip-chaos]
 """
 
@@ -40,7 +41,8 @@ def train(data_dir: Path, run_dir: Path, args: argparse.Namespace, recovery: str
           chaos: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "sublimate.components.steps.train", "--data-dir",
                str(data_dir), "--run-dir", str(run_dir), "--scheduler", "local_netns",
-               "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--global-batch-size",
+               "--nodes", str(args.nodes), "--epochs", str(args.epochs), "--algorithm",
+               args.algorithm, "--global-batch-size",
                str(args.batch), "--recovery", recovery, "--seed", "0",
                "--checkpoint-every", str(args.checkpoint_every)]
     if recovery == "per-step" and args.commit_every:
@@ -93,6 +95,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.80)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--algorithm", default="sync",
+                        help="the paradigm (bmuf, easgd: a transaction per averaging round)")
     parser.add_argument("--commit-every", type=int, default=0,
                         help="per-step's commit-every (0: its default)")
     parser.add_argument("--skip-throughput", action="store_true")
@@ -101,7 +105,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="sublimate-ft-bench-"))
     data_dir = build_builtin("mnist1d", folder / "mnist1d")
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.nodes} nodes on local_netns, mnist1d, "
-          f"batch {args.batch}, {args.epochs} epochs, per-step commit-every "
+          f"{args.algorithm}, batch {args.batch}, {args.epochs} epochs, per-step commit-every "
           f"{args.commit_every or 'default'}", flush=True)
 
     if not args.skip_throughput:
