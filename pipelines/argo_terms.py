@@ -1,7 +1,8 @@
 """Argo's vocabulary, shared by the linter and the local runner so that the two never disagree.
 
 Node phases and types, the task results a DAG ``depends`` expression may test and its grammar,
-the ``{{...}}`` tag pattern, and the annotation that carries sublimate's parameter types. Both
+the ``{{...}}`` tag pattern, the annotation that carries sublimate's parameter types, and the
+Kubernetes rule a volumeMount's ``subPath`` must keep. Both
 ``sublimate lint`` and ``sublimate run`` import this module on every start: standard library only.
 """
 
@@ -176,3 +177,14 @@ def depends_references(ast: Ast) -> list[tuple[str, str | None]]:
     if ast[0] == "ref":
         return [(ast[1], ast[2])]
     return [ref for child in ast[1:] for ref in depends_references(child)]
+
+
+def sub_path_problem(sub_path: str) -> str | None:
+    """Why Kubernetes refuses ``sub_path`` as a ``subPath`` (its API validation,
+    ``validateLocalDescendingPath``: an absolute path, or a ``..`` element), in the words of its
+    error; None when it takes it. A subPath that left its volume wrote into the host as root."""
+    if sub_path.startswith("/"):
+        return f"Invalid value: {sub_path!r}: must be a relative path"
+    if ".." in re.split(r"[\\/]", sub_path):
+        return f"Invalid value: {sub_path!r}: must not contain '..'"
+    return None

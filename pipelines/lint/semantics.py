@@ -14,6 +14,7 @@ from sublimate.pipelines.argo_terms import (
     ExpressionError,
     depends_references,
     parse_depends,
+    sub_path_problem,
     unknown_targets,
 )
 
@@ -203,6 +204,7 @@ def _check_template(report: _Report, tmpl: dict[str, Any], path: str, wf: _Workf
         report.add(path, f"template '{name}' has no type: set one of {', '.join(_TEMPLATE_TYPES)}")
     elif len(types) > 1:
         report.add(path, f"template '{name}' sets more than one type: {', '.join(types)}")
+    _check_mounts(report, tmpl, path)
     body = {k: v for k, v in tmpl.items() if k not in ("dag", "steps")}
     if isinstance(tmpl.get("dag"), dict):
         tasks = _check_dag(report, tmpl, f"{path}.dag", wf)
@@ -212,6 +214,28 @@ def _check_template(report: _Report, tmpl: dict[str, Any], path: str, wf: _Workf
         _check_refs(report, body, path, wf, _Scope(tmpl, "steps", steps))
     else:
         _check_refs(report, body, path, wf, _Scope(tmpl))
+
+
+def _check_mounts(report: _Report, tmpl: dict[str, Any], path: str) -> None:
+    """Each volumeMount's ``subPath`` written out in the template, as Kubernetes checks a pod
+    (one from a parameter is the runner's to check once substituted)."""
+    holders: list[tuple[str, Any]] = [(kind, tmpl.get(kind)) for kind in
+                                      ("container", "script", "containerSet")]
+    container_set = tmpl.get("containerSet")
+    if isinstance(container_set, dict):
+        holders += [(f"containerSet.containers[{j}]", c)
+                    for j, c in enumerate(container_set.get("containers") or [])]
+    for kind in ("initContainers", "sidecars"):
+        holders += [(f"{kind}[{j}]", c) for j, c in enumerate(tmpl.get(kind) or [])]
+    for where, holder in holders:
+        if not isinstance(holder, dict):
+            continue
+        for k, mount in enumerate(holder.get("volumeMounts") or []):
+            sub_path = mount.get("subPath") if isinstance(mount, dict) else None
+            if sub_path and "{{" not in str(sub_path):
+                problem = sub_path_problem(str(sub_path))
+                if problem is not None:
+                    report.add(f"{path}.{where}.volumeMounts[{k}].subPath", problem)
 
 
 def _required_inputs(tmpl: dict[str, Any]) -> list[str]:

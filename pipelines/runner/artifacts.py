@@ -24,7 +24,10 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+from sublimate.pipelines.argo_terms import sub_path_problem
+
 from .errors import NodeError
+from .paths import inside
 from .repository import (
     DEFAULT_KEY_FORMAT,
     bucket_and_key,
@@ -160,7 +163,15 @@ def input_source(art: dict, home: Path) -> Path | None:
     bucket location's key. None when it has neither."""
     if art.get("from"):
         source = Path(str(art["from"]))
-        return source / art["subPath"] if art.get("subPath") else source
+        if not art.get("subPath"):
+            return source
+        sub_path = str(art["subPath"])
+        problem = sub_path_problem(sub_path)
+        target = inside(source, sub_path) if problem is None else None
+        if target is None:  # it would read outside the artifact it names
+            raise NodeError(f"input artifact {art['name']!r}: subPath: "
+                            f"{problem or f'{sub_path!r} leaves the artifact through a link'}")
+        return target
     kind = location_kind(art)
     if kind is None or kind in ("http", "git"):
         return None

@@ -31,7 +31,13 @@ from .library import (
 )
 from .repository import remote_problems
 from .substitution import expression_sites
-from .template_checks import COMMAND_REQUIRED, container_problems, hook_problems, kind_problems
+from .template_checks import (
+    COMMAND_REQUIRED,
+    container_problems,
+    hook_problems,
+    kind_problems,
+    mount_problems,
+)
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -421,6 +427,7 @@ def _check_template(
                     f"{path}.{kind}.volumeMounts[{j}].name: volume {mount.get('name')!r}"
                     " is not declared"
                 )
+            problems += mount_problems(mount, f"{path}.{kind}.volumeMounts[{j}]")
     problems += timing_problems(template, path)  # timeout, deadlines, backoff (validate.go)
     problems += kind_problems(template, path)  # suspend, daemon, data, http, outputs
     for number in ("parallelism", "activeDeadlineSeconds"):

@@ -19,6 +19,13 @@ import re
 from pathlib import Path
 
 
+def inside(root: Path, sub_path: str) -> Path | None:
+    """``root / sub_path`` when it resolves inside ``root``, links followed (a link planted on a
+    shared volume by an earlier step can point anywhere on the host); else None."""
+    target = root / sub_path
+    return target if target.resolve().is_relative_to(root.resolve()) else None
+
+
 class PathMap:
     def __init__(self, fs_root: Path) -> None:
         self.fs_root = fs_root

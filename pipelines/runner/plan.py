@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from sublimate.pipelines.argo_terms import NodeType
+from sublimate.pipelines.argo_terms import NodeType, sub_path_problem
 
 from .artifacts import Input as InputArtifact
 from .artifacts import input_source
@@ -30,7 +30,7 @@ from .durations import parse_duration
 from .errors import NodeError
 from .fields import CLUSTER_ONLY_FIELDS
 from .mounts import SCRIPT_PATH, Bind, binds_for
-from .paths import PathMap
+from .paths import PathMap, inside
 from .substitution import Vars, as_text, substitute, substitute_text
 
 if TYPE_CHECKING:
@@ -609,14 +609,24 @@ def _mounts(tmpl: dict, body: dict, folder: Path, layout: Layout,
     }
     paths = PathMap(fs_root or folder / "fs")
     mounts: list[Mount] = []
-    for mount in body.get("volumeMounts") or []:
+    for index, mount in enumerate(body.get("volumeMounts") or []):
         if mount["name"] not in volumes:
             # workflowpod.go addVolumeReferences, on the substituted name (it may come from a
             # parameter: validate.go does not check mounts' names).
             raise NodeError(f"volume '{mount['name']}' not found in workflow spec")
         local, kind = volumes[mount["name"]]
         if mount.get("subPath"):
-            local = local / mount["subPath"]
+            # checked once substituted (a parameter may hold ../..), as Kubernetes checks the
+            # pod; and resolved inside the volume, as a container runtime does
+            sub_path, field = str(mount["subPath"]), f"volumeMounts[{index}].subPath"
+            problem = sub_path_problem(sub_path)
+            if problem is not None:
+                raise NodeError(f"{field}: {problem}")
+            target = inside(local, sub_path)
+            if target is None:
+                raise NodeError(f"{field}: {sub_path!r} leaves volume {mount['name']!r} through "
+                                "a link on it")
+            local = target
         paths.mount(mount["mountPath"], local)
         mounts.append(Mount(mount["mountPath"], local, mount["name"], kind,
                             # outside the node folder: shared, but for a secret (its tmpfs)

@@ -8,6 +8,8 @@ containers, ``hooks`` the hooks), so the checker never imports an executor or th
 
 from __future__ import annotations
 
+from sublimate.pipelines.argo_terms import sub_path_problem
+
 from .conditions import ExpressionError
 
 EXIT = "exit"  # wfv1.ExitLifecycleEvent: the hook that runs when its node (or the workflow) ends
@@ -16,6 +18,15 @@ EXIT = "exit"  # wfv1.ExitLifecycleEvent: the hook that runs when its node (or t
 # (``images``) the image's entrypoint stands in for it, and ``check_workflow`` lets it be.
 COMMAND_REQUIRED = "command: required by the local runner (the image's entrypoint is unknown " \
     "locally)"
+
+
+def mount_problems(mount: object, where: str) -> list[str]:
+    """What Kubernetes refuses in a volumeMount written out in the manifest (its ``subPath``;
+    one from a parameter is checked once substituted, when the pod is planned)."""
+    if not isinstance(mount, dict) or not mount.get("subPath") or "{{" in str(mount["subPath"]):
+        return []
+    problem = sub_path_problem(str(mount["subPath"]))
+    return [f"{where}.subPath: {problem}"] if problem is not None else []
 
 
 def container_problems(template: dict, path: str, volumes: set[str]) -> list[str]:
@@ -48,6 +59,7 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
             if isinstance(mount, dict) and mount.get("name") not in volumes:
                 problems.append(f"{path}.containerSet.volumeMounts[{j}].name: volume "
                                 f"{mount.get('name')!r} is not declared")
+            problems += mount_problems(mount, f"{path}.containerSet.volumeMounts[{j}]")
         retries = (container_set.get("retryStrategy") or {}).get("retries")
         if retries is not None and "{{" not in str(retries):
             try:
@@ -86,6 +98,7 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
                         and "{{" not in str(mount.get("name")):
                     problems.append(f"{where}.volumeMounts[{k}].name: volume "
                                     f"{mount.get('name')!r} is not declared")
+                problems += mount_problems(mount, f"{where}.volumeMounts[{k}]")
     return problems
 
 

@@ -473,3 +473,39 @@ def test_import_is_cheap_and_semantic_checks_do_not_need_jsonschema() -> None:
         "assert 'jsonschema' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(("sub_path", "refusal"), [
+    ("../../../../somewhere", "Invalid value: '../../../../somewhere': must not contain '..'"),
+    ("/etc", "Invalid value: '/etc': must be a relative path"),
+])
+def test_lint_refuses_a_sub_path_kubernetes_refuses(sub_path: str, refusal: str) -> None:
+    # `sublimate lint` passed both, and the local runner wrote through them into the host.
+    doc = yaml.safe_load(f"""
+    apiVersion: argoproj.io/v1alpha1
+    kind: Workflow
+    metadata: {{generateName: escape-}}
+    spec:
+      entrypoint: main
+      arguments: {{parameters: [{{name: user, value: alice}}]}}
+      volumes: [{{name: data, persistentVolumeClaim: {{claimName: shared}}}}]
+      templates:
+      - name: main
+        container:
+          image: busybox
+          command: [sh, -c, "echo pwned > /mnt/out/x"]
+          volumeMounts: [{{name: data, mountPath: /mnt/out, subPath: "{sub_path}"}}]
+        sidecars:
+        - name: helper
+          image: busybox
+          command: [sleep, "1"]
+          volumeMounts: [{{name: data, mountPath: /mnt/h, subPath: "{sub_path}"}}]
+    """)
+    problems = {(p.path, p.message) for p in semantic_problems(doc)}
+    assert ("spec.templates[0].container.volumeMounts[0].subPath", refusal) in problems
+    assert ("spec.templates[0].sidecars[0].volumeMounts[0].subPath", refusal) in problems
+    # a parameter's value is checked once substituted, by the runner
+    doc["spec"]["templates"][0]["container"]["volumeMounts"][0]["subPath"] = \
+        "users/{{workflow.parameters.user}}"
+    assert not [p for p in semantic_problems(doc) if p.path.endswith("container.volumeMounts[0]"
+                                                                      ".subPath")]

@@ -9,6 +9,7 @@ started a process would fail. Tests with real processes are in test_engine.py.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import textwrap
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.pipelines.runner import (
+    ManifestError,
     NodePhase,
     NodeType,
     PodHooks,
@@ -30,8 +32,10 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
+from sublimate.pipelines.runner.artifacts import input_source
 from sublimate.pipelines.runner.conditions import parse_depends
 from sublimate.pipelines.runner.dag import DagPlan, describe_depends
+from sublimate.pipelines.runner.errors import NodeError
 
 Script = PodOutcome | list[PodOutcome] | Callable[[PodRequest], PodOutcome]
 
@@ -508,6 +512,67 @@ def test_a_failed_exit_handler_fails_a_successful_workflow(tmp_path: Path) -> No
 
 
 # ------------------------------------------------------------------ pods: the plan itself
+
+
+ESCAPE = """
+- name: main
+  container:
+    command: [sh, -c, "echo pwned > /mnt/out/x"]
+    image: ignored
+    volumeMounts: [{name: data, mountPath: /mnt/out, subPath: "SUB"}]
+  volumes: [{name: data, persistentVolumeClaim: {claimName: shared}}]
+"""
+
+
+@pytest.mark.parametrize("how", ["parameter", "link"])
+def test_a_sub_path_that_leaves_its_volume_is_refused_before_the_pod_runs(
+        tmp_path: Path, how: str) -> None:
+    # The runner wrote, as root, into host folders outside SUBLIMATE_HOME through a subPath that
+    # a parameter filled with ../.. , or through a link an earlier step left on the volume.
+    home, outside = tmp_path / "home", tmp_path / "outside"
+    outside.mkdir()
+    if how == "parameter":
+        sub_path = "users/{{workflow.parameters.user}}"
+        params = {"user": f"../../../../{outside.name}"}
+        refusal = "must not contain '..'"
+    else:
+        volume = home / "volumes" / "shared"
+        volume.mkdir(parents=True)
+        (volume / "trap").symlink_to(outside)
+        sub_path, params = "trap/inner", {}
+        refusal = "'trap/inner' leaves volume 'data' through a link on it"
+    fake = FakeExecutor()
+    result = run(wf(ESCAPE.replace("SUB", sub_path),
+                    extra="arguments: {parameters: [{name: user, value: alice}]}\n"),
+                 home, fake, params=params)
+    assert fake.requests == []  # no pod ran
+    node = result.node(result.name)
+    assert node.phase == NodePhase.ERROR
+    assert node.message.startswith("volumeMounts[0].subPath: ") and refusal in node.message
+    assert list(outside.iterdir()) == []
+
+
+def test_a_sub_path_written_out_that_kubernetes_refuses_fails_the_check(tmp_path: Path) -> None:
+    for sub_path, refusal in [("../../elsewhere", "must not contain '..'"),
+                              ("/etc", "must be a relative path")]:
+        with pytest.raises(ManifestError) as info:
+            run(wf(ESCAPE.replace("SUB", sub_path)), tmp_path, FakeExecutor())
+        assert f"spec.templates[0].container.volumeMounts[0].subPath: Invalid value: " \
+            f"{sub_path!r}: {refusal}" in str(info.value)
+        assert not (tmp_path / "runs").exists()
+
+
+def test_an_input_artifact_sub_path_stays_inside_its_artifact(tmp_path: Path) -> None:
+    stored = tmp_path / "artifacts" / "run" / "model"
+    stored.mkdir(parents=True)
+    with pytest.raises(NodeError, match=re.escape("input artifact 'm': subPath: Invalid value: "
+                                                  "'../../../etc': must not contain '..'")):
+        input_source({"name": "m", "from": str(stored), "subPath": "../../../etc"}, tmp_path)
+    (stored / "link").symlink_to(tmp_path)
+    with pytest.raises(NodeError, match=re.escape("'link/x' leaves the artifact through a link")):
+        input_source({"name": "m", "from": str(stored), "subPath": "link/x"}, tmp_path)
+    assert input_source({"name": "m", "from": str(stored), "subPath": "a/b"}, tmp_path) == \
+        stored / "a" / "b"
 
 
 def test_a_pod_request_is_resolved_and_rewritten(tmp_path: Path) -> None:
