@@ -2,7 +2,7 @@
 
 Node phases and types, the task results a DAG ``depends`` expression may test and its grammar,
 the ``{{...}}`` tag pattern, the annotation that carries sublimate's parameter types, and the
-Kubernetes rule a volumeMount's ``subPath`` must keep. Both
+Kubernetes rules a volumeMount's ``subPath`` and an object's name must keep. Both
 ``sublimate lint`` and ``sublimate run`` import this module on every start: standard library only.
 """
 
@@ -187,4 +187,23 @@ def sub_path_problem(sub_path: str) -> str | None:
         return f"Invalid value: {sub_path!r}: must be a relative path"
     if ".." in re.split(r"[\\/]", sub_path):
         return f"Invalid value: {sub_path!r}: must not contain '..'"
+    return None
+
+
+# Kubernetes' object names (apimachinery's IsDNS1123Subdomain): what a Workflow is named by, and
+# so the local runner's run folder.
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def object_name_problem(name: str, prefix: bool = False) -> str | None:
+    """Why Kubernetes refuses ``name`` as an object's ``metadata.name`` (``prefix``: as its
+    ``generateName``, which may end in '-'), in the words of its error; None when it takes it.
+    A name with '/' or '..' put the local runner's run folder elsewhere on the host."""
+    checked = name[:-1] if prefix and name.endswith("-") else name
+    if len(name) > 253:
+        return f"Invalid value: {name!r}: must be no more than 253 characters"
+    if _SUBDOMAIN.fullmatch(checked) is None:
+        return (f"Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower "
+                "case alphanumeric characters, '-' or '.', and must start and end with an "
+                "alphanumeric character")
     return None

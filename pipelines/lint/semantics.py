@@ -13,6 +13,7 @@ from sublimate.pipelines.argo_terms import (
     TAG,
     ExpressionError,
     depends_references,
+    object_name_problem,
     parse_depends,
     sub_path_problem,
     unknown_targets,
@@ -123,6 +124,12 @@ def check_semantics(doc: Mapping[str, Any], source: str, document: str) -> list[
 
 def _semantic(doc: Mapping[str, Any], report: _Report) -> None:
     kind = doc.get("kind")
+    metadata = as_dict(doc.get("metadata"))
+    for key in ("name", "generateName"):
+        if metadata.get(key) is not None:
+            problem = object_name_problem(str(metadata[key]), prefix=key == "generateName")
+            if problem is not None:
+                report.add(f"metadata.{key}", problem)
     spec = as_dict(doc.get("spec"))
     base = "spec"
     if kind == "CronWorkflow":

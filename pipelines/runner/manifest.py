@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from sublimate.pipelines.argo_terms import unknown_targets
+from sublimate.pipelines.argo_terms import object_name_problem, unknown_targets
 
 from .conditions import ExpressionError, parse_depends
 from .durations import timing_problems
@@ -330,9 +330,16 @@ def unsupported_fields(workflow: dict) -> list[str]:
     ``depends`` syntax, volume names, container commands and ``{{=...}}`` expression tags.
     """
     problems: list[str] = []
+    metadata = workflow.get("metadata")
+    for key in ("name", "generateName"):  # the run folder is named after them
+        value = metadata.get(key) if isinstance(metadata, dict) else None
+        if value is not None:
+            problem = object_name_problem(str(value), prefix=key == "generateName")
+            if problem is not None:
+                problems.append(f"metadata.{key}: {problem}")
     spec = workflow.get("spec")
     if not isinstance(spec, dict):
-        return ["spec: missing"]
+        return [*problems, "spec: missing"]
     _walk(spec, _SPEC, "spec", problems)
     sites = expression_sites(spec, _strings(spec, "spec"))
     if sites:

@@ -509,3 +509,19 @@ def test_lint_refuses_a_sub_path_kubernetes_refuses(sub_path: str, refusal: str)
         "users/{{workflow.parameters.user}}"
     assert not [p for p in semantic_problems(doc) if p.path.endswith("container.volumeMounts[0]"
                                                                       ".subPath")]
+
+
+def test_lint_refuses_a_workflow_name_kubernetes_refuses() -> None:
+    doc = yaml.safe_load("""
+    apiVersion: argoproj.io/v1alpha1
+    kind: Workflow
+    metadata: {name: ../../x}
+    spec:
+      entrypoint: main
+      templates:
+      - {name: main, container: {image: busybox, command: [echo, hi]}}
+    """)
+    (problem,) = [p for p in semantic_problems(doc) if p.path == "metadata.name"]
+    assert problem.message.startswith("Invalid value: '../../x': a lowercase RFC 1123 subdomain")
+    doc["metadata"] = {"generateName": "nightly-"}
+    assert not [p for p in semantic_problems(doc) if p.path.startswith("metadata")]

@@ -562,6 +562,21 @@ def test_a_sub_path_written_out_that_kubernetes_refuses_fails_the_check(tmp_path
         assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("meta", ["name: ../../escaped", "name: a/b",
+                                  "generateName: ../../escaped-"])
+def test_a_workflow_name_kubernetes_refuses_names_no_run_folder(tmp_path: Path,
+                                                                 meta: str) -> None:
+    # metadata.name ../../x put the run folder outside SUBLIMATE_HOME; a/b ended in a traceback
+    home = tmp_path / "home"
+    text = wf(ECHO, dag(task("a", "x"))).replace("metadata: {generateName: t-}",
+                                                 f"metadata: {{{meta}}}")
+    key, _, value = meta.partition(": ")
+    with pytest.raises(ManifestError, match=re.escape(f"metadata.{key}: Invalid value: "
+                                                      f"{value!r}: a lowercase RFC 1123")):
+        run(text, home, FakeExecutor())
+    assert list(tmp_path.iterdir()) == []  # no run folder, here or above
+
+
 def test_an_input_artifact_sub_path_stays_inside_its_artifact(tmp_path: Path) -> None:
     stored = tmp_path / "artifacts" / "run" / "model"
     stored.mkdir(parents=True)
