@@ -421,7 +421,8 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
             replacer = recovery.VolcanoWatch(runner, handle, args.max_restarts,
                                              run_dir=args.run_dir)
         elif per_step(args) and scheduler in LOCAL_SCHEDULERS:
-            replacer = recovery.Replacer(runner, handle, args.max_restarts, run_dir=args.run_dir)
+            replacer = recovery.Replacer(runner, handle, args.max_restarts, run_dir=args.run_dir,
+                                         stop=stop)
         streams = follow_logs(runner, handle, app, scheduler)
         poll = POLL_SECONDS.get(scheduler, 0.25)
         next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
@@ -433,6 +434,8 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
                                   and not isinstance(replacer, recovery.VolcanoWatch)):
                 break
             if replacer is not None:
+                if stop.is_set():  # a signal while the status was read: stop, replace nothing
+                    break
                 ended = replacer.check(status.state.name)
                 if ended is not None:
                     break

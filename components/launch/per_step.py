@@ -18,6 +18,7 @@ Standard library only: the launcher never imports torch.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,9 @@ class Replacer(_Follower):
     (a node is out of replacements)."""
 
     replaced: dict[int, int] = field(default_factory=dict)  # node -> replacements so far
+    # set when the launcher is stopping (a signal): a node lost then is not replaced, or the
+    # cancel that follows would have to stop a node started under it
+    stop: threading.Event | None = None
 
     def check(self, state: str = "") -> str | None:
         """``state``: the job's (TorchX's name; unused here: a local job ends only when the
@@ -177,12 +181,15 @@ class Replacer(_Follower):
                                 "(max-restarts)")
                 return "failed"
             self._replace(node)
-        if states.get((LIGHTHOUSE_ROLE, 0)) == FAILED:
+        if states.get((LIGHTHOUSE_ROLE, 0)) == FAILED and not (self.stop is not None
+                                                                and self.stop.is_set()):
             print("train: the lighthouse stopped; starting it again", flush=True)
             self.runner.restart_replica(self.handle, LIGHTHOUSE_ROLE, 0, {})
         return None
 
     def _replace(self, node: int) -> None:
+        if self.stop is not None and self.stop.is_set():
+            return
         count = self.replaced[node] = self.replaced.get(node, 0) + 1
         loss = Loss(node, detected=time.time(), replacement=count)
         print(f"train: lost node{node}; the others go on without it, and a replacement starts "

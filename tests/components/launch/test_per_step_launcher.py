@@ -6,6 +6,7 @@ loss cost (from records laid out as the workers write them)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,17 @@ def test_the_replacer_replaces_a_lost_node_alone_and_ends_as_the_nodes_end() -> 
     assert float(env["SUBLIMATE_LAUNCH_TIME"]) > 0  # the replacement's start-up clock
     assert lighthouse == ("lighthouse", 0, {})
     assert [(loss.node, loss.replacement) for loss in replacer.losses] == [(0, 1)]
+
+
+def test_a_stopping_launcher_replaces_no_node() -> None:
+    # Stopped by a signal (its runner killed) while it followed the job, the launcher must
+    # cancel the job, not start nodes under the cancel (CI once saw a stopped run's agents and
+    # Lighthouse outlive it).
+    stop = threading.Event()
+    stop.set()
+    runner = FakeRunner([_states(F, R, lighthouse=F)])
+    replacer = per_step.Replacer(runner, "h", budget=3, stop=stop)
+    assert replacer.check() is None and runner.restarts == [] and replacer.losses == []
 
 
 def test_every_node_lost_falls_back_to_a_relaunch_and_a_node_out_of_replacements_fails() -> None:
