@@ -619,11 +619,9 @@ def rendezvous_backend(values: Mapping[str, Any]) -> str:
     return "static" if fixed and not max_restarts(values) else "c10d"
 
 
-def steps_per_commit(values: Mapping[str, Any] | Any) -> int:
-    """``commit-every`` as the per-step loop applies it (a mapping of the settings, or the
-    workers' parsed arguments)."""
-    given = values.get("commit_every") if isinstance(values, Mapping) \
-        else getattr(values, "commit_every", None)
+def steps_per_commit(values: Mapping[str, Any]) -> int:
+    """``commit-every`` as the per-step loop applies it: the value given, or its default."""
+    given = values.get("commit_every")
     return DEFAULT_STEPS_PER_COMMIT if given is None else int(given)
 
 

@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import run_files
+from sublimate.components.base.elastic_errors import read_failures
 from sublimate.components.base.replica_groups import (
     LIGHTHOUSE_HOSTS_ENV,
     LIGHTHOUSE_ROLE,
     read_counters,
 )
+from sublimate.components.base.runtime import shown_path
+from sublimate.components.launch.failures import app_id_of
 from sublimate.components.monitoring import metrics
 from sublimate.components.monitoring.run_report import failure_line
 
@@ -98,15 +101,12 @@ class _Follower:
         which is what replacements are for."""
         if self.run_dir is None or not nodes:
             return None
-        from sublimate.components.base.elastic_errors import read_failures
-        from sublimate.components.base.runtime import shown_path
-
         started = {node: self.started for node in nodes}
         for loss in self.losses:
             if loss.node in started and loss.replaced is not None:
                 started[loss.node] = max(started[loss.node], loss.replaced)
-        # local_cwd://torchx/<app id>; kubernetes://<session>/<namespace>:<job name>
-        app_id = self.handle.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        # kubernetes' app id is <namespace>:<job name>; its pods' rendezvous ids, the name
+        app_id = app_id_of(self.handle).rsplit(":", 1)[-1]
         for failure in read_failures(self.run_dir):
             # every node is a torchrun of its own, its rendezvous id the job's and its index
             # (app-id-<node>); torch's error files date a failure to the second

@@ -133,7 +133,7 @@ class PerStepRun(Run):
         self.periodic = args.algorithm != "sync"
         # sync: the steps one transaction commits together (the rounds are the transactions
         # of the periodic paradigms)
-        self.steps_per_commit = 1 if self.periodic else steps_per_commit(args)
+        self.steps_per_commit = 1 if self.periodic else steps_per_commit(vars(args))
         self._epoch: _Epoch | None = None
         self._first_epoch_closed = False
         folder = Path(args.run_dir) / run_files.FAULT_TOLERANCE
