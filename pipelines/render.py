@@ -130,7 +130,7 @@ def rendered_cache(pipeline: str) -> Path | None:
 
 
 def _runnable_dict(pipeline: str) -> dict[str, Any]:
-    from sublimate.pipelines.runner.library import (
+    from sublimate.pipelines.runner.manifest.library import (
         TemplateLibrary,
         has_template_refs,
         inline_template_refs,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import tomllib
 from collections import deque
 from functools import cache
-from pathlib import Path
 
 import grimp
 import pytest
@@ -101,10 +100,11 @@ def test_the_graph_sees_deferred_and_type_checking_imports() -> None:
     # what the test relies on: both kinds of import are arrows of the drawing
     imports = _imports()
     # deferred into a function: the engine imports container mode only when it runs in it
-    assert "sublimate.pipelines.runner.images.executor" in \
+    assert "sublimate.pipelines.runner.pods.images.executor" in \
         imports["sublimate.pipelines.runner.engine"]
     # under TYPE_CHECKING: the per-kind modules name the run's protocol only for annotations
-    assert "sublimate.pipelines.runner.context" in imports["sublimate.pipelines.runner.dag"]
+    templates = "sublimate.pipelines.runner.templates"
+    assert f"{templates}.context" in imports[f"{templates}.dag"]
 
 
 def test_no_module_imports_itself_back_through_any_chain() -> None:
@@ -144,26 +144,50 @@ def test_the_package_roots_import_nothing_of_their_own_at_import_time(package: s
     assert not _imports()[package]
 
 
-def test_the_runner_per_kind_modules_do_not_import_the_engine() -> None:
-    imports = _imports()
-    runner = "sublimate.pipelines.runner"
-    for kind in ("calls", "dag", "steps", "loops", "retry", "exit_handler", "hooks", "pod",
-                 "outputs"):
-        assert f"{runner}.engine" not in imports[f"{runner}.{kind}"], kind
+RUNNER_TOP = ["__init__.py", "engine.py", "errors.py", "harness.py", "preview.py"]
 
 
-def test_the_manifest_checker_does_not_reach_an_executor() -> None:
-    graph = _graph()
-    runner = "sublimate.pipelines.runner"
-    for executor in ("executor", "local_executor", "container_set", "images.executor"):
-        chain = graph.find_shortest_chain(f"{runner}.manifest", f"{runner}.{executor}")
-        assert chain is None, chain
-
-
-def test_container_mode_lives_in_one_room() -> None:
+def test_every_room_of_the_runner_is_one_layer_of_the_contract() -> None:
+    contract = _contract("Runner layers")
+    assert contract["containers"] == ["sublimate.pipelines.runner"]
+    layers = [name.strip() for layer in contract["layers"] for name in layer.split("|")]
     runner = REPO / "pipelines" / "runner"
-    assert sorted(p.name for p in (runner / "images").glob("*.py")) == [
+    rooms = sorted(path.parent.name for path in runner.glob("*/__init__.py"))
+    modules = sorted(path.stem for path in runner.glob("*.py") if path.name != "__init__.py")
+    assert sorted(layers) == sorted(rooms + modules)
+    # only the run's top (engine, harness, preview) and its exceptions lie beside the rooms
+    assert sorted(path.name for path in runner.glob("*.py")) == RUNNER_TOP
+
+
+def test_the_per_kind_modules_see_a_run_only_through_its_protocol() -> None:
+    # the layers contract forbids templates -> engine; this names the arrow it relies on
+    imports = _imports()
+    templates = "sublimate.pipelines.runner.templates"
+    assert "sublimate.pipelines.runner.engine" not in imports[f"{templates}.dag"]
+    assert f"{templates}.context" in imports[f"{templates}.dag"]
+
+
+def test_container_mode_lives_in_one_room_of_pods() -> None:
+    pods = REPO / "pipelines" / "runner" / "pods"
+    assert sorted(p.name for p in (pods / "images").glob("*.py")) == [
         "__init__.py", "engines.py", "executor.py", "keeper.py", "spec.py"]
-    assert not [p.name for p in runner.glob("*.py")
-                if p.stem in ("in_images", "container_engines", "container_keeper")]
-    assert Path(runner / "container_set.py").is_file()
+    assert (pods / "container_set.py").is_file()
+    # only the engine (deferred), the plan (a container's spec) and the room itself import it
+    graph = _graph()
+    importers = {importer for module in graph.modules
+                 if module.startswith("sublimate.pipelines.runner.pods.images")
+                 for importer in graph.find_modules_that_directly_import(module)}
+    assert {m for m in importers if not m.startswith("sublimate.pipelines.runner.pods.images")} \
+        == {"sublimate.pipelines.runner.engine", "sublimate.pipelines.runner.pods.plan"}
+
+
+def test_the_map_holds_no_timings() -> None:
+    # docs/architecture.md is a map of the structure; how long things took goes in a
+    # benchmark's output or a change's closing note, where a date and a machine go with it
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    months = "January|February|March|April|May|June|July|August|September|October|November|December"
+    durations = r"\b\d+(?:\.\d+)? ?(?:s|ms|min|minutes|seconds|CPU-s)\b"
+    timings = re.findall(rf"{durations}|\b\d{{1,2}} (?:{months}) 20\d\d", text)
+    assert not timings, timings

@@ -168,10 +168,10 @@ RULES = [
     Rule(r"^sublimate run --containers$", "dry-run", "tests/test_image.py"),
     # a suspended local run of your own
     Rule(r"^sublimate (resume|stop) RUN\b", "parse",
-         "a run waiting at a suspend node (tests/pipelines/runner/test_suspend.py resumes and "
-         "stops such runs)"),
+         "a run waiting at a suspend node (tests/pipelines/runner/templates/test_suspend.py "
+         "resumes and stops such runs)"),
     Rule(r"^sublimate run --containers my-flow\.yaml$", "parse",
-         "your manifest (tests/pipelines/runner/images/test_images.py runs manifests of "
+         "your manifest (tests/pipelines/runner/pods/images/test_images.py runs manifests of "
          "several images)"),
     # a cluster on one machine (root)
     # per-step's chaos (before the generic local_netns rule, which would run it)

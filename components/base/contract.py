@@ -35,7 +35,7 @@ RUN_DIR_ENV = "SUBLIMATE_RUN_DIR"
 SETTINGS_ENV = "SUBLIMATE_SETTINGS"
 METRICS_PORT_ENV = "SUBLIMATE_METRICS_PORT"  # read by metrics.base_port
 TF_CONFIG_ENV = "TF_CONFIG"
-# Set by the local runner: where `sublimate run` was started (pipelines/runner/plan.py).
+# Set by the local runner: where `sublimate run` was started (pipelines/runner/pods/plan.py).
 LOCAL_CWD_ENV = "SUBLIMATE_LOCAL_CWD"
 
 

@@ -6,7 +6,7 @@ running, on this machine. ``resume`` resumes its waiting suspend nodes, setting 
 output parameters given with ``-p`` (checked against their enums); ``stop`` with
 ``--node-field-selector`` fails the matching suspend nodes, and without one stops the whole run
 as Ctrl-C would (the runner gets SIGTERM: its steps are stopped, its exit handler runs). The
-rules are Argo's: ``pipelines/runner/control.py``.
+rules are Argo's: ``pipelines/runner/records/control.py``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def add_control_commands(commands: Any) -> None:
 
 def running_run(reference: str, home: Path) -> tuple[Path, dict]:
     """A run's folder and status, from its name or folder; ``UsageError`` unless it runs."""
-    from sublimate.pipelines.runner.run_folder import STATUS_FILE, runner_gone
+    from sublimate.pipelines.runner.records.run_folder import STATUS_FILE, runner_gone
 
     path = Path(reference).expanduser()
     folder = path if (path / STATUS_FILE).is_file() else home / "runs" / reference
@@ -82,7 +82,7 @@ def command_stop(args: argparse.Namespace) -> int:
                              "message": args.message}, "stopped")
     import signal
 
-    from sublimate.pipelines.runner.run_folder import host_name
+    from sublimate.pipelines.runner.records.run_folder import host_name
 
     runner = status.get("runner") or {}
     if runner.get("host") != host_name() or not isinstance(runner.get("pid"), int):
@@ -95,7 +95,7 @@ def command_stop(args: argparse.Namespace) -> int:
 def _ask(folder: Path, request: dict, done: str) -> int:
     import getpass
 
-    from sublimate.pipelines.runner.control import ControlError, send
+    from sublimate.pipelines.runner.records.control import ControlError, send
 
     try:
         reply = send(folder, {**request, "user": getpass.getuser()})

@@ -21,7 +21,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from sublimate.pipelines.runner.k8s_objects import ObjectLibrary
+    from sublimate.pipelines.runner.pods.k8s_objects import ObjectLibrary
 
 
 def add_local_commands(commands: Any) -> None:
@@ -128,7 +128,7 @@ def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     semaphores = getattr(args, "semaphore", None) or []
     if not semaphores:
         return limits  # nothing to parse: the module stays unloaded
-    from sublimate.pipelines.runner.synchronization import parse_semaphore_option
+    from sublimate.pipelines.runner.templates.synchronization import parse_semaphore_option
 
     for text in semaphores:
         try:
@@ -148,7 +148,7 @@ def kube_objects(workflow: dict[str, Any], args: argparse.Namespace) -> ObjectLi
     text = json.dumps(workflow.get("spec") or {})
     if not args.objects and '"secret' not in text and '"configMap' not in text:
         return None
-    from sublimate.pipelines.runner.k8s_objects import manifest_objects
+    from sublimate.pipelines.runner.pods.k8s_objects import manifest_objects
 
     target = Path(args.target)
     return manifest_objects(target if target.is_file() else None,
@@ -164,8 +164,8 @@ def command_run(args: argparse.Namespace) -> int:
         RunOptions,
         settle_interrupted_runs,
     )
-    from sublimate.pipelines.runner.display import console_reporter
     from sublimate.pipelines.runner.engine import run_workflow
+    from sublimate.pipelines.runner.records.display import console_reporter
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
@@ -178,7 +178,7 @@ def command_run(args: argparse.Namespace) -> int:
         raise UsageError("the manifest is invalid:\n  " + "\n  ".join(map(str, problems)))
     check_settings(workflow, parameters)
     if args.mounts in ("overlay", "namespace"):  # before a run folder exists
-        from sublimate.pipelines.runner.mount_modes import NamespaceError, resolve
+        from sublimate.pipelines.runner.pods.mount_modes import NamespaceError, resolve
 
         try:
             resolve(args.mounts, True, args.home, args.home)

@@ -32,19 +32,20 @@ working directories rewritten to local folders (``paths``).
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .errors import ManifestError, ParameterError, RunInterrupted
-from .executor import Executor, PodHooks, PodOutcome
-from .fields import CLUSTER_ONLY_FIELDS
-from .local_executor import LocalExecutor
-from .manifest import load_manifest, unsupported_fields
-from .parameter_resolution import resolve_parameters
-from .plan import Mount, PodRequest
-from .run_folder import InterruptedRun, settle_interrupted_runs
-from .run_types import NodeResult, RunEvent, RunOptions, RunResult
+from .manifest.fields import CLUSTER_ONLY_FIELDS
+from .manifest.load import load_manifest, unsupported_fields
+from .manifest.parameter_resolution import resolve_parameters
+from .pods.executor import Executor, PodHooks, PodOutcome
+from .pods.local_executor import LocalExecutor
+from .pods.plan import Mount, PodRequest
+from .records.run_folder import InterruptedRun, settle_interrupted_runs
+from .records.run_types import NodeResult, RunEvent, RunOptions, RunResult
 
 # Loaded on first use (PEP 562): `sublimate run FILE` needs neither the harness (Hera, test
 # runs) nor, with -o json, the table.
-_LAZY = {"console_reporter": "display", "format_table": "display", "NodeView": "harness",
-         "WorkflowRun": "harness", "run": "harness", "run_workflow": "harness"}
+_LAZY = {"console_reporter": "records.display", "format_table": "records.display",
+         "NodeView": "harness", "WorkflowRun": "harness", "run": "harness",
+         "run_workflow": "harness"}
 
 
 def __getattr__(name: str) -> object:

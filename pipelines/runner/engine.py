@@ -37,33 +37,33 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
-from .artifacts import workflow_artifacts
-from .calls import call_one
-from .daemons import Daemons
-from .dag import run_dag
 from .errors import ManifestError, NodeError, RunInterrupted
-from .executor import Executor
-from .exit_handler import run_exit_handler
-from .inputs import resolve_inputs
-from .library import ANNOTATION_SCHEDULED_TIME
-from .local_executor import LocalExecutor
-from .loops import loop_items, run_loop
-from .manifest import check_workflow, normalise_workflow
-from .mount_modes import Mode, resolve_soon
-from .parameter_resolution import resolve_parameters
-from .plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
-from .pod import run_pod
-from .retry import retry_strategy, run_with_retries
-from .run_folder import RunRecord, make_run_dir
-from .run_types import NodeResult, RunEvent, RunOptions, RunResult, iso, now
-from .scope import CancelScope
-from .steps import run_steps
-from .substitution import Vars
+from .expressions.substitution import Vars
+from .manifest.library import ANNOTATION_SCHEDULED_TIME
+from .manifest.load import check_workflow, normalise_workflow
+from .manifest.parameter_resolution import resolve_parameters
+from .pods.artifacts import workflow_artifacts
+from .pods.executor import Executor
+from .pods.local_executor import LocalExecutor
+from .pods.mount_modes import Mode, resolve_soon
+from .pods.plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
+from .pods.scope import CancelScope
+from .records.run_folder import RunRecord, make_run_dir
+from .records.run_types import NodeResult, RunEvent, RunOptions, RunResult, iso, now
+from .templates.calls import call_one
+from .templates.daemons import Daemons
+from .templates.dag import run_dag
+from .templates.exit_handler import run_exit_handler
+from .templates.inputs import resolve_inputs
+from .templates.loops import loop_items, run_loop
+from .templates.pod import run_pod
+from .templates.retry import retry_strategy, run_with_retries
+from .templates.steps import run_steps
 
 if TYPE_CHECKING:
-    from .control import ControlChannel, Suspensions
-    from .hooks import Hook, WorkflowHooks
-    from .synchronization import Synchronizer
+    from .records.control import ControlChannel, Suspensions
+    from .templates.hooks import Hook, WorkflowHooks
+    from .templates.synchronization import Synchronizer
 
 
 def prepare_workflow(workflow: dict, parameters: dict[str, str], images: bool = False
@@ -129,7 +129,10 @@ class Run:
         self.sync: Synchronizer | None = None  # before anything exists: it may refuse the run
         if self.spec.get("synchronization") or any(t.get("synchronization")
                                                    for t in self.spec["templates"]):
-            from .synchronization import Synchronizer, configmap_limits  # only such a workflow
+            from .templates.synchronization import (  # only such a workflow
+                Synchronizer,
+                configmap_limits,
+            )
 
             limits = options.semaphores  # --semaphore first, then the ConfigMap manifests
             if options.objects is not None:
@@ -139,7 +142,9 @@ class Run:
                                    else options.executor)
         mounts = None
         if options.containers is not None:  # before anything exists: an image may be missing
-            from .images.executor import image_executor  # deferred: only container mode pays for it
+            from .pods.images.executor import (
+                image_executor,  # deferred: only container mode pays for it
+            )
 
             self.executor = image_executor(workflow, params, options.containers)
             mounts = "image"
@@ -148,7 +153,7 @@ class Run:
         if options.reporter is not None:
             reporter = options.reporter
         else:
-            from .display import console_reporter
+            from .records.display import console_reporter
 
             reporter = console_reporter(follow_logs=options.follow_logs)
         self.record = RunRecord(self.name, self.run_dir, params, reporter)
@@ -166,7 +171,7 @@ class Run:
         self._home = home
         self._objects = options.objects
         if options.objects is not None:  # every value of a Secret it names is masked from now
-            from .k8s_objects import referenced_secrets, secret_values
+            from .pods.k8s_objects import referenced_secrets, secret_values
 
             names = referenced_secrets(self.spec)
             if names:
@@ -177,7 +182,7 @@ class Run:
         self.suspensions: Suspensions | None = None
         self._control: ControlChannel | None = None
         if any("suspend" in t for t in self.spec["templates"]):
-            from .control import ControlChannel, Suspensions
+            from .records.control import ControlChannel, Suspensions
 
             self.suspensions = Suspensions(options.answers)
             self._control = ControlChannel(self.run_dir, self.suspensions)
@@ -268,7 +273,7 @@ class Run:
             if close is not None:
                 close()
             if self._objects is not None:  # (not the layout: it may wait for the probe)
-                from .k8s_objects import remove_secret_root
+                from .pods.k8s_objects import remove_secret_root
 
                 remove_secret_root(self.run_dir)
         if stopped_by is not None:
@@ -306,7 +311,12 @@ class Run:
             handler: Hook | None = None
             if self.spec.get("hooks") or self.spec.get("onExit"):
                 # Imported here: a workflow without hooks does not pay for the module.
-                from .hooks import WorkflowHooks, exit_hook, named_hooks, workflow_arguments
+                from .templates.hooks import (
+                    WorkflowHooks,
+                    exit_hook,
+                    named_hooks,
+                    workflow_arguments,
+                )
 
                 handler = exit_hook(self.spec, workflow_arguments(self))
                 if named_hooks(self.spec):
@@ -396,17 +406,17 @@ class Run:
                 scope.deadline(limit, f"{node.display_name!r} exceeded its deadline of "
                                       f"{seconds(limit)}")
             if kind == NodeType.POD and "data" in template:
-                from .data_template import run_data  # only a workflow with one loads it
+                from .templates.data_template import run_data  # only a workflow with one loads it
 
                 return run_data(self, template, local, node, scope)
             if kind == NodeType.POD:
                 return run_pod(self, template, local, node, scope, art_args)
             if kind == NodeType.SUSPEND:
-                from .suspend import run_suspend
+                from .templates.suspend import run_suspend
 
                 return run_suspend(self, template, local, node, scope)
             if kind == NodeType.HTTP:
-                from .http_template import run_http
+                from .templates.http_template import run_http
 
                 return run_http(self, template, local, node, scope)
             if kind == NodeType.DAG:
@@ -443,7 +453,9 @@ class Run:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
         if items is None:
             if "hooks" in call or "onExit" in call:
-                from .hooks import call_with_hooks  # only a workflow with hooks imports it
+                from .templates.hooks import (
+                    call_with_hooks,  # only a workflow with hooks imports it
+                )
 
                 return call_with_hooks(self, call, call_vars, name, display, parent, scope,
                                        slots, where, prefix)

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from . import engine
-from .manifest import load_manifest, normalise_workflow
-from .run_types import NodeResult, RunEvent, RunOptions, RunResult, SuspendAnswer
+from .manifest.load import load_manifest, normalise_workflow
+from .records.run_types import NodeResult, RunEvent, RunOptions, RunResult, SuspendAnswer
 
 if TYPE_CHECKING:
-    from .k8s_objects import ObjectLibrary
+    from .pods.k8s_objects import ObjectLibrary
 
 # Nodes that never ran: a false `when` (Skipped), an unmet `depends` (Omitted).
 _NOT_RUN = frozenset({NodePhase.SKIPPED, NodePhase.OMITTED})
@@ -53,7 +53,7 @@ def as_manifest(workflow: object, templates: Iterable[object] = ()) -> dict:
         return manifest
     manifest = _as_dict(workflow)
     if documents or folders:
-        from .library import TemplateLibrary
+        from .manifest.library import TemplateLibrary
 
         library = TemplateLibrary(folders, [(d, "the templates given") for d in documents])
         manifest = normalise_workflow(manifest, library)
@@ -214,7 +214,7 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
         if reporter is None and not echo:
             reporter = _silent
         elif reporter is None:
-            from .display import console_reporter
+            from .records.display import console_reporter
 
             reporter = console_reporter(None)  # sys.stderr as it is at each event
         folder = Path(home) if home is not None else temporary_home()
@@ -234,7 +234,7 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
 def object_library(workflow: object, objects: list[object]) -> ObjectLibrary:
     """The Secrets and ConfigMaps of a run: ``objects`` (dicts and folders) and, for a YAML
     file, those of its folder (the file itself among them)."""
-    from .k8s_objects import ObjectLibrary
+    from .pods.k8s_objects import ObjectLibrary
 
     folders = [Path(o) for o in objects if isinstance(o, str | Path)]
     if _is_file(workflow):

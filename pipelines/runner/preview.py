@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodeType
 
-from .artifacts import workflow_artifacts
-from .calls import call_arguments, when_text
-from .conditions import ExpressionError, evaluate_when
-from .dag import DagPlan, describe_depends
 from .engine import prepare_workflow, seconds, workflow_globals
 from .errors import NodeError
-from .inputs import resolve_inputs
-from .loops import item_display, item_vars, loop_items
-from .plan import Layout, PodRequest, plan_pod, template_kind
-from .retry import retry_policy, retry_strategy
-from .run_folder import draw_name, node_id
-from .substitution import Vars, as_text
+from .expressions.conditions import ExpressionError, evaluate_when
+from .expressions.substitution import Vars, as_text
+from .pods.artifacts import workflow_artifacts
+from .pods.plan import Layout, PodRequest, plan_pod, template_kind
+from .records.run_folder import draw_name, node_id
+from .templates.calls import call_arguments, when_text
+from .templates.dag import DagPlan, describe_depends
+from .templates.inputs import resolve_inputs
+from .templates.loops import item_display, item_vars, loop_items
+from .templates.retry import retry_policy, retry_strategy
 
 if TYPE_CHECKING:
-    from .k8s_objects import ObjectLibrary
+    from .pods.k8s_objects import ObjectLibrary
 
 _MAX_DEPTH = 20  # templates may call themselves (recursion ends on a condition at run time)
 _SCRIPT_LINES = 12

@@ -32,10 +32,10 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
-from sublimate.pipelines.runner.artifacts import input_source
-from sublimate.pipelines.runner.conditions import parse_depends
-from sublimate.pipelines.runner.dag import DagPlan, describe_depends
 from sublimate.pipelines.runner.errors import NodeError
+from sublimate.pipelines.runner.expressions.conditions import parse_depends
+from sublimate.pipelines.runner.pods.artifacts import input_source
+from sublimate.pipelines.runner.templates.dag import DagPlan, describe_depends
 
 Script = PodOutcome | list[PodOutcome] | Callable[[PodRequest], PodOutcome]
 

@@ -26,7 +26,7 @@ from sublimate.pipelines.runner import (
     load_manifest,
     run_workflow,
 )
-from sublimate.pipelines.runner.durations import parse_duration, parse_go_duration
+from sublimate.pipelines.runner.manifest.durations import parse_duration, parse_go_duration
 from tests.conftest import run_cli
 
 
