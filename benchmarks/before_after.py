@@ -6,8 +6,13 @@ drift on a shared machine hits both alike; it prints per paradigm the median sam
 loop only) and the train step's wall time (start-up included) of each, the after/before ratios,
 and the spread over the repeats.
 
+``--smoke`` (tests/test_benchmarks.py): this checkout against itself (``--before`` defaults to
+this Python), sync only (every paradigm takes the same path here, and benchmarks/paradigms.py's
+smoke runs each), 1 epoch, one repeat: seconds, figures that mean nothing.
+
 Usage: python benchmarks/before_after.py --before /tmp/old-venv/bin/python [--repeat 3]
-       [--epochs 30] [--paradigms sync,async,bmuf,easgd]
+       [--epochs 30] [--paradigms sync,async,bmuf,easgd,diloco]
+       python benchmarks/before_after.py --smoke
 """
 
 from __future__ import annotations
@@ -18,20 +23,29 @@ import sys
 import tempfile
 from pathlib import Path
 
-from paradigms import component
+from paradigms import SMOKE_LINE, component
 
+from sublimate.components.base.settings import PARADIGM_NAMES
 from sublimate.components.data.datasets import build_builtin
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="Python of the earlier checkout")
+    parser.add_argument("--before", help="Python of the earlier checkout (required)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--paradigms", default="sync,async,bmuf,easgd")
+    parser.add_argument("--paradigms", default=",".join(PARADIGM_NAMES))
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(before=sys.executable, repeat=1, epochs=1, paradigms="sync")
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
+    if not args.before:
+        parser.error("the following arguments are required: --before")
     pythons = {"before": args.before, "after": sys.executable}
     paradigms = args.paradigms.split(",")
     speed = {(p, side): [] for p in paradigms for side in pythons}

@@ -22,6 +22,9 @@ followed by ``between`` steps. What a checkpoint costs training, per format:
 The first checkpoint of either format is reported apart (it faults fresh memory in); the others
 give a median and their range. Files go to a temporary folder on local disk, fsync'ed. Timings
 on a shared machine are noisy: read the ratios against this run's own baseline, with the load.
+
+``--smoke`` (tests/test_benchmarks.py): both formats on a 2 x ``Linear(64, 64)`` model, two
+checkpoints one step apart: seconds, figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
+SMOKE = {"repeat": 2, "between": 1, "width": 64, "depth": 2}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,10 +52,17 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=10)
     parser.add_argument("--formats", default="files,dcp")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:  # the workers get --smoke too, and the same sizes
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.smoke:
+        print(SMOKE_LINE, flush=True)
     with tempfile.TemporaryDirectory(prefix="checkpoints-bench-") as folder:
         results = Path(folder) / "results.json"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "BENCH_RESULTS": str(results),

@@ -16,6 +16,9 @@ local runner costs per node of a large fan-out.
    nothing, so it is the runner's overhead), the steps' own time, the runner's peak memory (the
    largest resident set of its process tree, from ``getrusage``) and its ``status.json`` per
    node.
+
+``--smoke`` (tests/test_benchmarks.py): 2 and 4 nodes, TorchX rendering 2 (4 extrapolated), a
+fan-out of 4 steps: seconds, figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ sys.path.insert(0, str(REPO))  # for the test's manifest
 from tests.pipelines.runner.test_fan_out import fan_out_manifest  # noqa: E402
 
 ETCD_REQUEST_LIMIT = 1_572_864
+SMOKE = {"nodes": "2,4", "torchx_up_to": 2, "sweep_nodes": 4}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def volcano_sizes(node_counts: list[int], torchx_up_to: int) -> None:
@@ -45,6 +50,7 @@ def volcano_sizes(node_counts: list[int], torchx_up_to: int) -> None:
     from sublimate.components.launch import volcano_job
     from sublimate.components.launch.cluster_job import make_runner
     from sublimate.components.launch.launcher import build_app
+    from sublimate.components.launch.request import plan_launch
     from sublimate.components.steps.train import parse_args
 
     def app(nodes: int) -> object:
@@ -52,7 +58,7 @@ def volcano_sizes(node_counts: list[int], torchx_up_to: int) -> None:
                            "--scheduler", "kubernetes", "--gpus-per-node", "8",
                            "--procs-per-node", "8", "--nodes", "512",
                            "--global-batch-size", "4096"])
-        built = build_app(args, "kubernetes")
+        built = build_app(args, plan_launch(args, scheduler="kubernetes"))
         built.roles[0].num_replicas = nodes  # the launcher caps nodes at 512
         return built
 
@@ -139,7 +145,13 @@ def main() -> None:
     parser.add_argument("--nodes", default="2,512,1024,4096")
     parser.add_argument("--torchx-up-to", type=int, default=4096)
     parser.add_argument("--sweep-nodes", type=int, default=1000)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     volcano_sizes([int(n) for n in args.nodes.split(",")], args.torchx_up_to)
     workflow_sizes()
     if args.sweep_nodes:

@@ -12,11 +12,15 @@ On a cluster on one machine (``local_netns``, 4 nodes, mnist1d, fixed seeds):
    per failure, seconds until each replacement trained again, group-steps committed against the
    bound). Also a failure-free per-step run with the same seed, for the accuracy it should keep.
 
+``--smoke`` (tests/test_benchmarks.py): both parts on 2 nodes and digits, one pair, one kill, in
+a temporary folder removed afterwards: seconds, figures that mean nothing.
+
 Needs root (network namespaces). Usage:
     python benchmarks/fault_tolerance.py [--nodes 4] [--epochs 8] [--mtbf 6] [--kills 5]
         [--seed 3] [--target 0.80] [--repeat 3] [--batch 128] [--commit-every K]
         [--algorithm sync|bmuf|easgd]
         [--skip-throughput | --skip-chaos]
+    python benchmarks/fault_tolerance.py --smoke
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +40,10 @@ from typing import Any
 from sublimate.components.data.datasets import build_builtin
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
+# --smoke's sizes: digits (mnist1d takes ~18 s to generate), long enough for one kill to land
+SMOKE = {"dataset": "digits", "nodes": 2, "epochs": 10, "batch": 64, "mtbf": 0.5, "kills": 1,
+         "target": 0.5, "repeat": 1}
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def train(data_dir: Path, run_dir: Path, args: argparse.Namespace, recovery: str,
@@ -101,10 +110,26 @@ def main() -> None:
                         help="per-step's commit-every (0: its default)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-chaos", action="store_true", help="the failure-free ratio only")
+    parser.add_argument("--dataset", default="mnist1d", help="a built-in dataset")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     folder = Path(tempfile.mkdtemp(prefix="sublimate-ft-bench-"))
-    data_dir = build_builtin("mnist1d", folder / "mnist1d")
-    print(f"load before: {os.getloadavg()[0]:.2f}; {args.nodes} nodes on local_netns, mnist1d, "
+    try:
+        measure(args, folder)
+    finally:
+        if args.smoke:  # else the runs are kept, for a look at their logs
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, folder: Path) -> None:
+    data_dir = build_builtin(args.dataset, folder / args.dataset)
+    print(f"load before: {os.getloadavg()[0]:.2f}; {args.nodes} nodes on local_netns, "
+          f"{args.dataset}, "
           f"{args.algorithm}, batch {args.batch}, {args.epochs} epochs, per-step commit-every "
           f"{args.commit_every or 'default'}", flush=True)
 
@@ -124,8 +149,9 @@ def main() -> None:
         for recovery, values in rates.items():
             print(f"  {recovery:9} samples/s: {_spread(values)}")
 
+    kept = " (removed: smoke mode)" if args.smoke else ""
     if args.skip_chaos:
-        print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}")
+        print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}{kept}")
         return
     calm = train(data_dir, folder / "calm-per-step-accuracy", args, "per-step", chaos=False)
     print(f"failure-free per-step: accuracy {calm['accuracy']}, {args.target} after "
@@ -158,7 +184,7 @@ def main() -> None:
     if restart and per_step:
         print(f"time to {args.target}: per-step {per_step:.1f}s, restart {restart:.1f}s, "
               f"ratio {per_step / restart:.3f}")
-    print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}")
+    print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}{kept}")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,12 @@ waited-for children holds them all), its wall time, and launch to first step. Me
 nodes, 10 epochs) whose node 0 is killed at step 100, and prints how long its replacement took
 from its start to training again (``replacement_trained_after_seconds``), forked and afresh.
 
+``--smoke`` (tests/test_benchmarks.py): one round at 2 nodes without the warm-up, and one
+replacement pair (node 0 killed at step 5 of 1 epoch): seconds, figures that mean nothing.
+
 Usage: python benchmarks/forked_agents.py [--repeat 7] [--nodes 2,4] [--replacements 3]
                                          [--scheduler local_cwd|local_netns]
+       python benchmarks/forked_agents.py --smoke
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
 MODES = {"afresh": "0", "forked": "1"}
+SMOKE = {"repeat": 1, "nodes": "2", "replacements": 1}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str,
@@ -54,13 +60,14 @@ def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str,
     return cpu, wall, summary["launch_to_first_step_seconds"]
 
 
-def replacement(home: Path, forked: str, scheduler: str) -> float:
+def replacement(home: Path, forked: str, scheduler: str, kill_at: int = 100,
+                epochs: int = 10) -> float:
     """Seconds from node 0's replacement's start to its training again, in a per-step job."""
     env = {**ENV, "SUBLIMATE_HOME": str(home), "SUBLIMATE_FORK_AGENTS": forked,
-           "SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "0"}
+           "SUBLIMATE_FAIL_AT_STEP": str(kill_at), "SUBLIMATE_FAIL_RANK": "0"}
     completed = subprocess.run(
         [sys.executable, "-m", "sublimate.pipelines", "run", "-q", "-p", "recovery=per-step",
-         "-p", "nodes=3:3", "-p", "global-batch-size=60", "-p", "epochs=10",
+         "-p", "nodes=3:3", "-p", "global-batch-size=60", "-p", f"epochs={epochs}",
          "-p", f"scheduler={scheduler}"],
         env=env, capture_output=True, text=True, check=False)
     if completed.returncode:
@@ -80,13 +87,23 @@ def main() -> None:
     parser.add_argument("--nodes", default="2,4")
     parser.add_argument("--replacements", type=int, default=0)
     parser.add_argument("--scheduler", choices=["local_cwd", "local_netns"], default="local_cwd")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
+    # node 0 killed at step 100 of 10 epochs (smoke: step 5 of 1; nodes=3:3 keeps the others
+    # waiting for the replacement, so it trains again before the job ends)
+    kill_at, epochs = (5, 1) if args.smoke else (100, 10)
     from sublimate.components.data.datasets import build_builtin
 
     counts = [int(n) for n in args.nodes.split(",")] if args.repeat else []
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")
-        train_step(data_dir, Path(folder) / "warm-up", 2, "1", args.scheduler)  # page cache
+        if not args.smoke:  # page cache
+            train_step(data_dir, Path(folder) / "warm-up", 2, "1", args.scheduler)
         results: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
         for attempt in range(args.repeat):  # interleaved, so drift hits both alike
             for nodes in counts:
@@ -99,7 +116,7 @@ def main() -> None:
             for mode, value in MODES.items():
                 healed.setdefault(mode, []).append(
                     replacement(Path(folder) / f"per-step-{mode}-{attempt}", value,
-                                args.scheduler))
+                                args.scheduler, kill_at, epochs))
     print(f"digits, train step on {args.scheduler}, 1 epoch, median (min-max) of {args.repeat}, "
           f"{os.cpu_count()} CPUs")
     for nodes in counts:
@@ -113,7 +130,7 @@ def main() -> None:
         print(f"  {nodes} nodes, forked / afresh: CPU {ratios[0]:.2f}, wall {ratios[1]:.2f}, "
               f"launch to first step {ratios[2]:.2f}")
     for mode, seconds in healed.items():
-        print(f"  per-step, 3 nodes, node 0 killed at step 100, {mode:6}: its replacement "
+        print(f"  per-step, 3 nodes, node 0 killed at step {kill_at}, {mode:6}: its replacement "
               f"trained again after {_spread(seconds)} s")
 
 

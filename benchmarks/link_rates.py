@@ -7,8 +7,12 @@ epoch records, every rank, all epochs but the first), and the final test accurac
 rate must not change. `--repeat` runs every rate several times, interleaved, and prints the
 spread of the comm share. Needs root.
 
+``--smoke`` (tests/test_benchmarks.py): unlimited and 1gbit, 1 epoch, MLP 16: seconds, figures
+that mean nothing.
+
 Usage: python benchmarks/link_rates.py [--rates none,1gbit,100mbit,20mbit] [--epochs 4]
        [--hidden 512] [--repeat 1]
+       python benchmarks/link_rates.py --smoke
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import tempfile
 from pathlib import Path
 
 from sublimate.components.data.datasets import build_builtin
+
+SMOKE = {"rates": "none,1gbit", "epochs": 1, "hidden": 16}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def train(data_dir: Path, run_dir: Path, rate: str, args: argparse.Namespace) -> dict[str, float]:
@@ -53,7 +60,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512,
                         help="width of the MLP: 512 makes a 1.2 MB gradient per step")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     rates = args.rates.split(",")
     results: dict[str, list[dict[str, float]]] = {rate: [] for rate in rates}
     with tempfile.TemporaryDirectory() as scratch:

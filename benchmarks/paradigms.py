@@ -16,8 +16,13 @@ against ``false``, ``--eval-repeat`` times interleaved. It compares the training
 (rank 0's ``train_seconds``, plus its ``evaluation_seconds`` while its peers wait) and the whole
 train step's wall time, with medians and spread; ``--eval-cost-only`` runs just this part.
 
+``--smoke`` (tests/test_benchmarks.py) goes through all of it at the tiniest sizes (1 epoch, one
+repeat, the timed runs evaluated for their curves instead of a second run each): seconds, and
+figures that mean nothing.
+
 Usage: python benchmarks/paradigms.py [--epochs 30] [--hidden 512] [--repeat 3] [--target 0.95]
        python benchmarks/paradigms.py --eval-cost-only [--eval-repeat 5]
+       python benchmarks/paradigms.py --smoke
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from sublimate.components.base.settings import COLLECTIVE_PARADIGMS
 from sublimate.components.base.settings import PARADIGM_NAMES as PARADIGMS
 from sublimate.components.data.datasets import build_builtin
 
 HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
+SMOKE = {"epochs": 1, "repeat": 1, "eval_repeat": 1}  # --smoke's sizes (explicit flags win)
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def baseline(data_dir: Path, args: argparse.Namespace) -> float:
@@ -69,9 +77,10 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):7.3f} s ({min(values):.3f}-{max(values):.3f})"
 
 
-def evaluation_cost(data_dir: Path, folder: Path, repeat: int) -> None:
-    """Sync on the pipeline's defaults, evaluating after every epoch or not."""
-    defaults = argparse.Namespace(epochs=20, batch=64, hidden=128)
+def evaluation_cost(data_dir: Path, folder: Path, repeat: int, epochs: int = 20) -> None:
+    """Sync on the pipeline's defaults (``epochs``: 20, 1 in smoke mode), evaluating after every
+    epoch or not."""
+    defaults = argparse.Namespace(epochs=epochs, batch=64, hidden=128)
     loop: dict[bool, list[float]] = {True: [], False: []}
     wall: dict[bool, list[float]] = {True: [], False: []}
     evaluating: list[float] = []  # rank 0's seconds in evaluation, all epochs together
@@ -83,11 +92,12 @@ def evaluation_cost(data_dir: Path, folder: Path, repeat: int) -> None:
             wall[evaluate].append(summary["step_wall_seconds"])
             if evaluate:
                 evaluating.append(summary["evaluation_seconds"])
-    print(f"per-epoch evaluation, sync on the pipeline's defaults (2 nodes, batch 64, 20 epochs, "
-          f"MLP 128), median (min-max) of {repeat}")
+    print(f"per-epoch evaluation, sync on the pipeline's defaults (2 nodes, batch 64, {epochs} "
+          f"epochs, MLP 128), median (min-max) of {repeat}")
     print(f"  training loop, eval off   {_spread(loop[False])}")
     print(f"  training loop, eval on    {_spread(loop[True])}   (rank 0's train + evaluation)")
-    print(f"  evaluation itself         {_spread(evaluating)}   (20 evaluations of 359 examples)")
+    print(f"  evaluation itself         {_spread(evaluating)}   ({epochs} evaluations of 359 "
+          "examples)")
     print(f"  train step wall, eval off {_spread(wall[False])}")
     print(f"  train step wall, eval on  {_spread(wall[True])}")
     print(f"  eval on / off: training loop "
@@ -112,12 +122,18 @@ def main() -> None:
     parser.add_argument("--eval-repeat", type=int, default=5)
     parser.add_argument("--eval-cost-only", action="store_true",
                         help="measure only the cost of per-epoch evaluation")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     if not args.eval_cost_only:
         compare_paradigms(args)
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")
-        evaluation_cost(data_dir, Path(folder), args.eval_repeat)
+        evaluation_cost(data_dir, Path(folder), args.eval_repeat, 1 if args.smoke else 20)
 
 
 def compare_paradigms(args: argparse.Namespace) -> None:
@@ -126,18 +142,23 @@ def compare_paradigms(args: argparse.Namespace) -> None:
         throughput: dict[str, list[float]] = {
             "baseline": [], "sync-metrics-off": [], **{p: [] for p in PARADIGMS}}
         ops: dict[str, float] = {}
+        curves: dict[str, list[list[float]]] = {}
         for attempt in range(args.repeat):  # interleaved, so drift hits every contender alike
             throughput["baseline"].append(baseline(data_dir, args))
             for paradigm in PARADIGMS:
+                # smoke: the timed run evaluates too and gives the curve (no second run)
                 summary = component(paradigm, data_dir, Path(folder) / f"{paradigm}-{attempt}",
-                                    args)
+                                    args, evaluate=args.smoke)
                 throughput[paradigm].append(summary["samples_per_second"])
                 ops[paradigm] = summary["communication_ops_per_epoch"]
+                curves[paradigm] = summary["accuracy_curve"]
             quiet = component("sync", data_dir, Path(folder) / f"sync-off-{attempt}", args,
                               metrics=False)
             throughput["sync-metrics-off"].append(quiet["samples_per_second"])
-        curves = {p: component(p, data_dir, Path(folder) / f"{p}-eval", args, evaluate=True,
-                               epochs=args.epochs)["accuracy_curve"] for p in PARADIGMS}
+        if not args.smoke:
+            curves = {p: component(p, data_dir, Path(folder) / f"{p}-eval", args,
+                                   evaluate=True, epochs=args.epochs)["accuracy_curve"]
+                      for p in PARADIGMS}
     medians = {name: statistics.median(values) for name, values in throughput.items()}
     print(f"digits, MLP hidden={args.hidden}, 2 workers, global batch {args.batch}, "
           f"{args.epochs} epochs, median of {args.repeat}")
@@ -145,13 +166,12 @@ def compare_paradigms(args: argparse.Namespace) -> None:
           f"{'time to ' + str(args.target):>20}")
     print(f"{'ddp baseline (torchrun)':<22}{medians['baseline']:>11.0f}{1.0:>13.3f}"
           f"{'22 all-reduce':>16}{'-':>20}")
-    kinds = {"sync": "all-reduce", "async": "push/pull", "bmuf": "all-reduce",
-             "easgd": "all-reduce"}
-    for paradigm in PARADIGMS:
+    for paradigm in PARADIGMS:  # every paradigm of settings.PARADIGMS, a new one included
+        kind = "all-reduce" if paradigm in COLLECTIVE_PARADIGMS else "push/pull"
         print(f"{paradigm:<22}{medians[paradigm]:>11.0f}"
               f"{medians[paradigm] / medians['baseline']:>13.3f}"
-              f"{f'{ops[paradigm]:g} {kinds[paradigm]}':>16}"
-              f"{time_to_target(curves[paradigm], args.target):>20}")
+              f"{f'{ops[paradigm]:g} {kind}':>16}"
+              f"{' ' + time_to_target(curves[paradigm], args.target):>20}")
     print(f"{'sync, metrics off':<22}{medians['sync-metrics-off']:>11.0f}"
           f"{medians['sync-metrics-off'] / medians['baseline']:>13.3f}")
     # The loops are short (~1 s), so say how far the repeats were apart before reading ratios.

@@ -8,6 +8,8 @@ median, the spread (min-max) and the cached/rendered ratio.
 Usage: python benchmarks/render_cache.py [--repeat 10] [--full 3]
   --repeat: `sublimate run --dry-run` (the runner's own start: parse, render, plan) per side
   --full:   whole default runs (stage, train on 2 nodes, evaluate) per side
+  --smoke:  (tests/test_benchmarks.py) one of each per side, the default runs of 1 epoch:
+            seconds, figures that mean nothing
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+SMOKE = {"repeat": 1, "full": 1}  # --smoke's sizes (and its default runs train 1 epoch)
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def _once(args: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -42,13 +47,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--full", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     options = parser.parse_args()
+    if options.smoke:
+        parser.set_defaults(**SMOKE)
+        options = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
+    full = ["-p", "epochs=1"] if options.smoke else []
     with tempfile.TemporaryDirectory() as folder:
         base = {**os.environ, "SUBLIMATE_HOME": folder, "XDG_CACHE_HOME": f"{folder}/cache"}
         sides = {"cached": base, "rendered": {**base, "SUBLIMATE_RENDER_CACHE": "0"}}
         _once(["--dry-run"], sides["cached"])  # warms the cache
         for kind, args, count in (("dry run: CPU-s", ["--dry-run"], options.repeat),
-                                  ("default run: CPU-s", [], options.full)):
+                                  ("default run: CPU-s", full, options.full)):
             cpu: dict[str, list[float]] = {side: [] for side in sides}
             wall: dict[str, list[float]] = {side: [] for side in sides}
             for _ in range(count):

@@ -8,7 +8,11 @@ path, the median and spread (min-max) of the CPU seconds of the whole process (i
 included: what the evaluate step pays) and of the plotting alone, and their ratios. Ratios are
 printed, never asserted.
 
+``--smoke`` (tests/test_benchmarks.py): one repetition of each path: seconds, figures that mean
+nothing.
+
 Usage: python benchmarks/report_plots.py [--repeat 15]
+       python benchmarks/report_plots.py --smoke
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 EPOCHS = 20
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 # Each child prints the CPU seconds its plotting took (after matplotlib's import).
 CHILD = """
@@ -84,7 +89,13 @@ def describe(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(repeat=1)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = fake_run(Path(scratch) / "run")
         results: dict[str, tuple[list[float], list[float]]] = {"panels": ([], []),

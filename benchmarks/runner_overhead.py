@@ -24,8 +24,12 @@ ran within a second of each other) and given as the median of those ratios. The 
 shared: the load average (``os.getloadavg``) is printed before and after, and a change is only
 a change when it moves a median by more than its spread.
 
+``--smoke`` (tests/test_benchmarks.py): one round, no warm-up, this interpreter as the baseline
+(KFP only with ``--kfp-python``): seconds, figures that mean nothing.
+
 Usage: python benchmarks/runner_overhead.py [--repeat N] [--kfp-python PY] [--baseline-python PY]
        [--mounts auto|overlay|namespace|rewrite]
+       python benchmarks/runner_overhead.py --smoke
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from pathlib import Path
 
 PYTHON_STEP = [sys.executable, "-c", "print('step')"]
 ECHO_STEP = ["echo", "step"]
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def manifest(step: list[str]) -> str:
@@ -161,7 +166,13 @@ def main() -> None:
     parser.add_argument("--kfp-python", help="an interpreter with kfp installed")
     parser.add_argument("--baseline-python", help="an interpreter whose sublimate is a baseline")
     parser.add_argument("--mounts", default="auto")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(repeat=1, baseline_python=sys.executable)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     for option in ("kfp_python", "baseline_python"):  # absolute, not resolved (a venv's link)
         if getattr(args, option):
             setattr(args, option, os.path.abspath(getattr(args, option)))
@@ -190,7 +201,7 @@ def main() -> None:
             variants["kfp.local, python steps"] = kfp_local(args.kfp_python, script)
         variants["by hand, echo"] = by_hand(ECHO_STEP)
         variants["by hand, python"] = by_hand(PYTHON_STEP)
-        for once in variants.values():  # warm the page cache
+        for once in variants.values() if not args.smoke else ():  # warm the page cache
             once()
         before = load()
         times: dict[str, list[float]] = {name: [] for name in variants}

@@ -42,6 +42,11 @@ training again:
 
 The machine is shared: the 1-minute load before and after each run is printed; read the figures
 as indicative and the exponents as the result.
+
+``--smoke`` (tests/test_benchmarks.py) goes through every mode at 2 nodes: the N table (static),
+then node 1 killed after epoch 1 under restart and per-step (40 epochs after), the results and
+the plot in a temporary folder (removed afterwards), read back as ``--from`` does: seconds,
+figures that mean nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +71,8 @@ COLUMNS = ("imports", "rendezvous_s", "first_step", "all_reduce_ms", "pss_node_m
 PLOTTED = (("rendezvous_s", "rendezvous (s)"), ("first_step", "launch to first step (s)"),
            ("all_reduce_ms", "all-reduce per step (ms)"))
 STEPS_PER_EPOCH = 22  # digits' 1,437 training examples at global batch 64
+SMOKE = {"nodes": "2", "rendezvous": "static", "epochs_after": 40}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def _descendants(root: int) -> list[int]:
@@ -332,26 +340,57 @@ def main() -> None:
     parser.add_argument("--epochs-after", type=int, default=80,
                         help="epochs trained after the kill's (long enough for a per-step "
                              "replacement to start and train)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if not args.smoke:
+        report(args)
+        return
+    parser.set_defaults(**SMOKE)
+    args = parser.parse_args()
+    print(SMOKE_LINE, flush=True)
+    folder = Path(tempfile.mkdtemp(prefix="scale-nodes-smoke-"))
+    try:
+        args.results, args.plot = folder / "results.json", folder / "scale-nodes.png"
+        results = measure(args, [])  # the N table
+        recovery = argparse.Namespace(**{**vars(args), "recovery": "restart,per-step",
+                                         "rendezvous": "c10d", "kill_node": 1,
+                                         "kill_at_epoch": 1})
+        measure(recovery, results)  # the recovery from a lost node, in both modes
+        args.saved = args.results  # then all of it read back, as --from does
+        report(args)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, results: list[dict]) -> list[dict]:
+    """Run every (recovery, backend, N) of ``args``, printing a row and saving ``results`` (to
+    which they are added) after each."""
     args.rendezvous = args.rendezvous or ("c10d" if args.kill_node is not None else "static,c10d")
+    if not results:
+        print_table([])
+    for recovery in args.recovery.split(","):
+        # per-step: every node meets only itself, whatever the rendezvous setting
+        backends = ["static"] if recovery == "per-step" else args.rendezvous.split(",")
+        for backend in backends:
+            for nodes in (int(n) for n in args.nodes.split(",")):
+                with tempfile.TemporaryDirectory(prefix="scale-nodes-") as home:
+                    result = run(nodes, backend, recovery, Path(home), args.kill_node,
+                                 args.kill_at_epoch, args.epochs_after)
+                results.append(result)
+                print_row(result)
+                if args.results:  # after every run: a long run's figures survive a crash
+                    args.results.write_text(json.dumps(results, indent=1))
+    return results
+
+
+def report(args: argparse.Namespace) -> None:
+    """Measure (or read ``--from``), then the growth, the recovery table and the plot."""
     if args.saved:
         results = json.loads(args.saved.read_text())
         print_table([r for r in results if not _measured_recovery(r)])
     else:
-        results = []
-        print_table([])
-        for recovery in args.recovery.split(","):
-            # per-step: every node meets only itself, whatever the rendezvous setting
-            backends = ["static"] if recovery == "per-step" else args.rendezvous.split(",")
-            for backend in backends:
-                for nodes in (int(n) for n in args.nodes.split(",")):
-                    with tempfile.TemporaryDirectory(prefix="scale-nodes-") as home:
-                        result = run(nodes, backend, recovery, Path(home), args.kill_node,
-                                     args.kill_at_epoch, args.epochs_after)
-                    results.append(result)
-                    print_row(result)
-                    if args.results:  # after every run: a long run's figures survive a crash
-                        args.results.write_text(json.dumps(results, indent=1))
+        results = measure(args, [])
     print_growth(results)
     if any(_measured_recovery(r) for r in results):
         print_recovery([r for r in results if _measured_recovery(r)])

@@ -21,12 +21,17 @@ writes land in the page cache (no fsync), for every contender alike. Each figure
 ``--repeat`` runs; the CPU seconds that the SeaweedFS server and this client process used during
 that run are shown next to it, to tell a client-bound result from a server-bound one on a small
 machine (the server and the client share its cores).
+
+``--smoke`` (tests/test_benchmarks.py): the three workloads at a few files each ("large": one
+object just over the ceiling's 16 MiB part, so it is fetched in ranges), best of 1: seconds,
+figures that mean nothing. Needs boto3 (``pip install -e '.[bench]' -c constraints.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -35,6 +40,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.s3_server
 
@@ -47,21 +54,32 @@ WORKLOADS = {  # name: (files, bytes each)
     "tiny": (500, 64 << 10),
     "large": (4, 64 << 20),
 }
+# --smoke's sizes: every workload, a few files each
+SMOKE_WORKLOADS = {"small": (3, 64 << 10), "tiny": (3, 4 << 10), "large": (1, (16 << 20) + 1)}
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 BASELINE = "boto3 download_file loop"
 
 
 def make_dataset(folder: Path, count: int, size: int) -> Path:
-    """A dataset folder in the layout whose shards are ``count`` random files of ``size`` bytes."""
+    """A dataset folder in the layout whose shards are ``count`` files of about ``size`` bytes:
+    real shards (staging checks each one's arrays), of random float32 examples (so no
+    transfer can compress them) with one feature and an int64 label each (12 bytes a row)."""
     folder.mkdir(parents=True)
+    rows = max(size // 12, 1)
+    rng = np.random.default_rng(0)
     shards = []
     for index in range(count):
         name = f"train-{index:05d}-of-{count:05d}.npz"
-        data = os.urandom(size)
+        buffer = io.BytesIO()
+        np.savez(buffer, x=rng.random((rows, 1), dtype=np.float32),
+                 y=rng.integers(0, 2, rows, dtype=np.int64))
+        data = buffer.getvalue()
         (folder / name).write_bytes(data)
-        shards.append({"file": name, "bytes": size, "sha256": hashlib.sha256(data).hexdigest()})
+        shards.append({"file": name, "bytes": len(data),
+                       "sha256": hashlib.sha256(data).hexdigest()})
     (folder / METADATA_FILE).write_text(json.dumps({
         "format_version": FORMAT_VERSION, "name": folder.name, "feature_shape": [1],
-        "num_classes": 2, "splits": {"train": {"examples": count, "shards": shards}}}))
+        "num_classes": 2, "splits": {"train": {"examples": count * rows, "shards": shards}}}))
     return folder
 
 
@@ -233,7 +251,15 @@ def main() -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help="comma-separated, from: " + ", ".join(WORKLOADS))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    workloads = WORKLOADS
+    if args.smoke:
+        parser.set_defaults(repeat=1)
+        args = parser.parse_args()
+        workloads = SMOKE_WORKLOADS
+        print(SMOKE_LINE, flush=True)
     print(f"{os.cpu_count()} CPUs; server and client share them", flush=True)
     with tempfile.TemporaryDirectory(prefix="sublimate-bench-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -241,7 +267,7 @@ def main() -> int:
             os.environ.update(server.env())
             pids = _weed_pids()
             for label in args.workloads.split(","):
-                count, size = WORKLOADS[label]
+                count, size = workloads[label]
                 run_workload(server, scratch, label, count, size, args.repeat, pids)
     return 0
 

@@ -17,6 +17,8 @@ all-reduce of step ``--kill-at-step`` waits for its share
 Needs root (network namespaces). Prints a row per run and the median (min to max) per N.
 
     python benchmarks/stall.py [--nodes 4,8,16] [--repeat 3] [--kill-at-step 30]
+    python benchmarks/stall.py --smoke   # one run at N = 2, node 1 killed at step 5: seconds,
+                                         # figures that mean nothing
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 STEPS_AFTER_KILL = 200
+SMOKE = {"nodes": "2", "repeat": 1, "kill_at_step": 5}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 FIELDS = {"stalled": "survivors_stalled_seconds", "dropped": "survivor_steps_dropped",
           "back": "replacement_trained_after_seconds", "lost": "steps_lost"}
 
@@ -61,7 +65,13 @@ def main() -> None:
     parser.add_argument("--nodes", default="4,8,16")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--kill-at-step", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     sizes = [int(n) for n in args.nodes.split(",")]
     results: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory(prefix="sublimate-stall-") as folder:

@@ -18,7 +18,11 @@ the bare minimum), and the median of each start-up phase. Ratios are printed, ne
 ``--launcher FILE.py`` runs another copy of the launcher instead (e.g. a previous version of
 components/steps/train.py saved elsewhere), to compare versions in one run.
 
+``--smoke`` (tests/test_benchmarks.py): one round, no warm-up: seconds, figures that mean
+nothing.
+
 Usage: python benchmarks/startup.py [--repeat 5] [--launcher FILE.py]
+       python benchmarks/startup.py --smoke
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
 HIDDEN = 128
 BATCH = 64
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def bare_worker(data_dir: str) -> None:
@@ -110,15 +115,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--launcher", help="a launcher file to run instead of the installed one")
     parser.add_argument("--bare-worker", metavar="DATA_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
     if args.bare_worker:
         bare_worker(args.bare_worker)
         return
+    if args.smoke:
+        parser.set_defaults(repeat=1)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     from sublimate.components.data.datasets import build_builtin
 
     with tempfile.TemporaryDirectory() as folder:
         data_dir = build_builtin("digits", Path(folder) / "digits")
-        component(data_dir, Path(folder) / "warm-up", args.launcher)  # page cache, bytecode
+        if not args.smoke:  # page cache, bytecode
+            component(data_dir, Path(folder) / "warm-up", args.launcher)
         bare_first, bare_wall, ours_first, ours_wall, train = [], [], [], [], []
         phases: dict[str, list[float]] = {}
         for attempt in range(args.repeat):  # interleaved, so drift hits both alike

@@ -25,8 +25,13 @@ which needs root. Without one it falls back to ``RLIMIT_AS`` of cap + ``--as-sla
 torch alone reserves ~0.8 GB of address space that it never touches (so an address-space cap is a
 much weaker statement: it bounds mappings, not resident memory), and says so.
 
+``--smoke`` (tests/test_benchmarks.py): the same three children and tables on a 1 MB split of 16
+features (a temporary folder, removed afterwards), a few steps each: seconds, figures that mean
+nothing.
+
 Usage: python benchmarks/streaming_memory.py [--cap-mb 512] [--size-factor 4] [--rounds 1]
            [--workers 0] [--features 1024] [--hidden 512] [--batch 256] [--data-dir DIR]
+       python benchmarks/streaming_memory.py --smoke
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ from sublimate.components.data.datasets import read_metadata, write_synthetic_da
 
 MB = 1 << 20
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+# --smoke's sizes: a split of 1 MB (not the cap's multiple: the cap must still hold torch)
+SMOKE = {"size_factor": 1 / 512, "prefix_mb": 1, "features": 16, "hidden": 16,
+         "shard_rows": 4096, "buffer": 1024, "warmup": 2, "steps": 5, "pairs": 2, "block": 3}
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +272,7 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
 
 def make_data(args: argparse.Namespace) -> Path:
     row_bytes = 4 * args.features
-    train_examples = args.size_factor * args.cap_mb * MB // row_bytes
+    train_examples = int(args.size_factor * args.cap_mb * MB) // row_bytes
     folder = args.data_dir or Path(tempfile.mkdtemp(prefix="sublimate-stream-")) / "data"
     if (folder / "metadata.json").is_file():
         metadata = read_metadata(folder)
@@ -289,7 +298,7 @@ def _spread(values: list[float], fmt: str = ".0f") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cap-mb", type=int, default=512, help="memory cap per training child")
-    parser.add_argument("--size-factor", type=int, default=4, help="training split / cap")
+    parser.add_argument("--size-factor", type=float, default=4, help="training split / cap")
     parser.add_argument("--prefix-mb", type=int, default=48,
                         help="rows the in-memory run holds (must fit under the cap with torch)")
     parser.add_argument("--features", type=int, default=1024)
@@ -310,10 +319,24 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=40, help="steps in one paired block")
     parser.add_argument("--child", choices=("streaming", "in-memory", "paired"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
     if args.child:
         child(args)
         return
+    if not args.smoke:
+        measure(args)
+        return
+    parser.set_defaults(**SMOKE)
+    args = parser.parse_args()
+    print(SMOKE_LINE, flush=True)
+    with tempfile.TemporaryDirectory(prefix="sublimate-stream-smoke-") as folder:
+        args.data_dir = args.data_dir or Path(folder) / "data"
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     args.data_dir = make_data(args)
     runs = {mode: [run_child(mode, args) for _ in range(args.rounds if mode == "paired" else 1)]

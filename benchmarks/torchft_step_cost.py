@@ -9,6 +9,8 @@ per step, the wall time and this process's CPU time (the Manager's Rust threads 
 each of ``--repeat`` rounds of ``--steps`` steps, then their median and range.
 
     python benchmarks/torchft_step_cost.py [--steps 500] [--repeat 5] [--values 26122]
+    python benchmarks/torchft_step_cost.py --smoke   # 2 rounds of 5 steps after 5 of warm-up:
+                                                     # seconds, figures that mean nothing
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import time
 from datetime import timedelta
 
 PHASES = ("start quorum", "wait quorum", "all-reduce", "commit")
+SMOKE = {"steps": 5, "repeat": 2, "warmup": 5}  # --smoke's sizes
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def main() -> None:
@@ -30,7 +34,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--values", type=int, default=26122)
+    parser.add_argument("--warmup", type=int, default=50,
+                        help="steps first, not timed (the first quorum configures the group)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     args = parser.parse_args()
+    if args.smoke:
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        print(SMOKE_LINE, flush=True)
     os.environ.setdefault("RUST_LOG", "warn")
     import torch
     from torch.distributed import TCPStore
@@ -73,7 +85,7 @@ def main() -> None:
             for index in range(len(PHASES)):
                 phases[index] += marks[index + 1] - marks[index]
 
-        for _ in range(50):  # warm-up: the first quorum configures the group
+        for _ in range(args.warmup):  # the first quorum configures the group
             step([0.0] * len(PHASES))
         walls, cpus, parts = [], [], []
         for _ in range(args.repeat):

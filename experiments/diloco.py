@@ -10,10 +10,16 @@ figures (accuracy against bytes sent and against training time, the frontier) an
 ``frontier.json`` (every point, the equal-budget table and the goal's verdict) to ``<output>/``.
 Needs root (network namespaces).
 
+``--smoke``: the parts paradigms, streaming and longer-slowest (every label, the longer parts'
+filter) with each grid axis cut to its first value, on 2 nodes behind 100mbit links (both of
+the goal's checks), global batch 32, 1 epoch (3 for longer-slowest): seconds, figures that mean
+nothing.
+
 Usage: python experiments/diloco.py [--rates 1gbit,100mbit,10mbit] [--epochs 6]
        [--parts paradigms,diloco,streaming,longer,longer-diloco,longer-slowest] [--model mlp]
        [--reuse]
        [--output DIR]
+       python experiments/diloco.py --smoke
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from experiments.sweep_study import (
     arguments,
     mbytes,
     ok_points,
+    parse,
     pyplot,
     run_study,
     save,
@@ -174,13 +181,16 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="read the parts already in --output instead of running them again "
                              "(only the missing parts run)")
-    args = parser.parse_args()
+    args = parse(parser, rates="100mbit", parts="paradigms,streaming,longer-slowest", nodes=2,
+                 global_batch_size=32)
     rates = args.rates.split(",")
     output = args.output
     points: list[dict[str, Any]] = []
     for part, (grid, fixed) in parts(args, rates).items():
         if part not in args.parts.split(","):
             continue
+        if args.smoke:  # each axis at its first value: one point per part
+            grid = {name: values[:1] for name, values in grid.items()}
         args.output = output / part
         kept = args.output / "report.json"
         report = json.loads(kept.read_text()) if args.reuse and kept.exists() \

@@ -7,6 +7,7 @@ test accuracy per batch and draws it against the batch, with the paper's ~10^3 m
 About 8 minutes on 2 cores.
 
 Usage: python experiments/large_batch.py [--batches 32,128,...,8192] [--epochs 10] [--home DIR]
+       python experiments/large_batch.py --smoke   # batch 64, with and without 1 epoch of warmup
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.sweep_study import arguments, ok_points, pyplot, run_study, save, table
+from experiments.sweep_study import arguments, ok_points, parse, pyplot, run_study, save, table
 
 BATCHES = "32,128,512,1024,2048,4096,8192"
 PAPER_KNEE = 1000  # the global batch past which the paper saw accuracy drop
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument("--batches", default=BATCHES, help="global batch sizes")
     parser.add_argument("--warmup-epochs", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=2)
-    args = parser.parse_args()
+    args = parse(parser, batches="64", warmup_epochs=1)
     batches = [int(b) for b in args.batches.split(",")]
     grid = {"global-batch-size": batches, "warmup-epochs": [0, args.warmup_epochs]}
     fixed = {"dataset": args.dataset, "nodes": args.nodes, "epochs": args.epochs,

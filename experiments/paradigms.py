@@ -7,7 +7,8 @@ per point, and draws test accuracy against epochs and against training time.
 Needs root (network namespaces). About 10 minutes on 2 cores.
 
 Usage: python experiments/paradigms.py [--rates 1gbit,100mbit] [--epochs 6] [--home DIR]
-       [--algorithms sync,async,bmuf,easgd] [--seeds 1,2,3] [--output DIR]
+       [--algorithms sync,async,bmuf,easgd,diloco] [--seeds 1,2,3] [--output DIR]
+       python experiments/paradigms.py --smoke   # every paradigm, 2 nodes, 1gbit, 1 epoch
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from experiments.sweep_study import (
     arguments,
     mbytes,
     ok_points,
+    parse,
     pyplot,
     run_study,
     save,
@@ -30,7 +32,8 @@ from experiments.sweep_study import (
 from sublimate.components.base.settings import PARADIGM_NAMES
 
 ALGORITHMS = list(PARADIGM_NAMES)
-STYLES = {"sync": "tab:blue", "async": "tab:red", "bmuf": "tab:green", "easgd": "tab:purple"}
+STYLES = {"sync": "tab:blue", "async": "tab:red", "bmuf": "tab:green", "easgd": "tab:purple",
+          "diloco": "tab:orange"}
 
 
 def main() -> None:
@@ -41,7 +44,7 @@ def main() -> None:
                         help="a seed axis (e.g. 1,2,3) for the spread; default: the seed 0 only")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--global-batch-size", type=int, default=128)
-    args = parser.parse_args()
+    args = parse(parser, rates="1gbit", nodes=2)
     rates = args.rates.split(",")
     grid: dict[str, list] = {"algorithm": args.algorithms.split(","), "link-rate": rates}
     if args.seeds:

@@ -12,6 +12,7 @@ two cores can hold two nodes (docs/results.md: ``--output docs/results/scaling-c
 
 Usage: python experiments/scaling.py [--nodes 1,2,4] [--link-rate 100mbit] [--target 0.8]
        [--global-batch-size 128] [--model M] [--learning-rate LR] [--lr-scaling linear|none]
+       python experiments/scaling.py --smoke   # 2 nodes, sync, 1 epoch (root, as the default)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.sweep_study import (
     arguments,
     ok_points,
+    parse,
     pyplot,
     run_study,
     save,
@@ -46,7 +48,7 @@ def main() -> None:
     parser.add_argument("--lr-scaling", choices=["linear", "none"], default=None)
     parser.add_argument("--target", type=float, default=0.8,
                         help="test accuracy for time to target")
-    args = parser.parse_args()
+    args = parse(parser, nodes="2", algorithms="sync", target=0.3)
     nodes = [int(n) for n in args.nodes.split(",")]
     grid = {"nodes": nodes, "algorithm": args.algorithms.split(",")}
     fixed = {"dataset": args.dataset, "scheduler": args.scheduler, "epochs": args.epochs,

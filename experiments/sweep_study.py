@@ -9,11 +9,16 @@ a ``study.json`` that says how it was run: the exact command, the machine, the l
 
 Points run one at a time (``--parallelism 1``): they share two cores, so two at once would halve
 each other's throughput and blur every time-based figure.
+
+``--smoke`` (every study; tests/test_benchmarks.py runs each so): the study's grid at its tiniest
+(digits, 1 epoch, each axis cut to what still reaches every table and plot), its report in a
+temporary folder removed afterwards, never ``docs/results/``: seconds, figures that mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -30,6 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
 REPORT_FILES = ("report.md", "report.json", "points.csv")
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
 
 
 def arguments(description: str, study: str, epochs: int) -> argparse.ArgumentParser:
@@ -45,7 +51,27 @@ def arguments(description: str, study: str, epochs: int) -> argparse.ArgumentPar
                         help="epochs of every point (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the sweep command and exit")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every code path at tiny sizes, in seconds (tests)")
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, **smoke: Any) -> argparse.Namespace:
+    """The study's options; with ``--smoke``, ``smoke`` (the study's own tiniest sizes, by
+    option name), digits and 1 epoch are the defaults (options given still win), and
+    ``--output`` is a temporary folder, removed when the study ends (never under docs/)."""
+    args = parser.parse_args()
+    if not args.smoke:
+        return args
+    parser.set_defaults(dataset="digits", epochs=1, output=None, **smoke)
+    args = parser.parse_args()
+    print(SMOKE_LINE, flush=True)
+    if args.output is None:
+        args.output = Path(tempfile.mkdtemp(prefix="sublimate-smoke-"))
+        atexit.register(shutil.rmtree, args.output, ignore_errors=True)
+    elif args.output.resolve().is_relative_to(REPO / "docs"):
+        parser.error("--smoke writes its figures into a temporary folder, never under docs/")
+    return args
 
 
 def sweep_command(grid: Mapping[str, Sequence[Any]], fixed: Mapping[str, Any],

@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sublimate.components.base.settings import PER_STEP
+
 RECOVERY_ENV = "SUBLIMATE_RECOVERY"
 GROUP_ENV = "SUBLIMATE_REPLICA_GROUP"
 GROUPS_ENV = "SUBLIMATE_REPLICA_GROUPS"
@@ -55,7 +57,7 @@ def replica_group_env(groups: int, min_groups: int, lighthouse_port: int,
                       replica_id_macro: str) -> dict[str, str]:
     """The launcher's side: the variables of every training node of a per-step job
     (``replica_id_macro``: TorchX's ``${replica_id}``, replaced by each replica's index)."""
-    return {RECOVERY_ENV: "per-step", GROUP_ENV: replica_id_macro, GROUPS_ENV: str(groups),
+    return {RECOVERY_ENV: PER_STEP, GROUP_ENV: replica_id_macro, GROUPS_ENV: str(groups),
             MIN_GROUPS_ENV: str(min_groups), LIGHTHOUSE_PORT_ENV: str(lighthouse_port)}
 
 
@@ -89,9 +91,9 @@ class ReplicaGroups:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ReplicaGroups | None:
         """The job's replica groups, or None when the job does not recover per step."""
         env = os.environ if env is None else env
-        if env.get(RECOVERY_ENV) != "per-step":
+        if env.get(RECOVERY_ENV) != PER_STEP:
             return None
-        group = env.get(GROUP_ENV) or env.get(TASK_INDEX_ENV)
+        group = env.get(GROUP_ENV) or env.get(TASK_INDEX_ENV) or ""
         missing = [name for name in (GROUPS_ENV, LIGHTHOUSE_PORT_ENV, LIGHTHOUSE_HOSTS_ENV)
                    if not env.get(name)] + ([] if group else [GROUP_ENV])
         if missing:

@@ -67,7 +67,13 @@ def python_step(
     ``/tmp/outputs/<name>``).
     """
     from hera.workflows import Container, Counter, Gauge, Label, Parameter, RetryStrategy
-    from hera.workflows.models import Backoff, ResourceRequirements, ValueFrom
+    from hera.workflows.models import (
+        Backoff,
+        IntOrString,
+        Quantity,
+        ResourceRequirements,
+        ValueFrom,
+    )
 
     args: list[str] = []
     for parameter, flag in inputs.items():
@@ -86,14 +92,15 @@ def python_step(
         outputs=output_parameters,
         volumes=[shared_volume(claim_name)],
         env=env,
-        resources=ResourceRequirements(requests={"cpu": cpu, "memory": memory},
-                                       limits={"memory": memory}),
+        resources=ResourceRequirements(
+            requests={"cpu": Quantity(cpu), "memory": Quantity(memory)},
+            limits={"memory": Quantity(memory)}),
         # Retries only on errors of the pod itself (evicted, node lost): a step that fails on
         # bad input would fail again. Every sublimate step is safe to re-run (staging is
         # idempotent, training resumes from its checkpoint).
         retry_strategy=RetryStrategy(
             limit=retries, retry_policy="OnError",
-            backoff=Backoff(duration="10s", factor=2, max_duration="5m"),
+            backoff=Backoff(duration="10s", factor=IntOrString(2), max_duration="5m"),
         ) if retries else None,
         # Argo's controller exports these to the cluster's Prometheus for every run.
         metrics=[

@@ -7,12 +7,14 @@ and who reads it (the launcher only, or passed on to every worker). From the dec
 pipeline's parameters and their types annotation (:mod:`sublimate.pipelines.sublimate_train`), the
 template's inputs and the launcher's flags (:mod:`sublimate.components.steps.train`), the workers'
 arguments (:mod:`sublimate.components.processes.worker`,
-:mod:`sublimate.components.processes.async_sgd`) and each paradigm's typed configuration
-(:func:`paradigm_config`). Rules that tie settings together live in :func:`check` and run before any
-step starts (``sublimate run``/``submit``) and again inside the step, with the same code and the
-same one-line message.
+:mod:`sublimate.components.processes.async_sgd`), their typed form
+(:class:`~sublimate.components.base.train_settings.TrainSettings`) and each paradigm's typed
+``Config`` (through :func:`checked_values`). Rules that tie settings together live in
+:func:`check` and run before any step starts (``sublimate run``/``submit``) and again inside
+the step, with the same code and the same one-line message.
 
-Adding a setting is one entry in :data:`SETTINGS` (plus the code that uses it).
+Adding a setting is one entry in :data:`SETTINGS` and its typed field in ``TrainSettings`` (a
+test holds the two lists to each other), plus the code that uses it.
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ RESTART, PER_STEP = "restart", "per-step"
 RECOVERY_MODES = (RESTART, PER_STEP)
 # max-restarts when left at auto: elastic jobs and per-step recovery exist to survive lost nodes,
 # so they get a few relaunches (per-step: replacements of each node) without being asked.
-DEFAULT_RESTARTS = {"elastic": 3, "per-step": 10, "otherwise": 0}
+DEFAULT_RESTARTS = {"elastic": 3, PER_STEP: 10, "otherwise": 0}
 # commit-every: steps per transaction under sync per-step recovery (benchmarks/fault_tolerance.py
 # measured what a transaction costs against restart's throughput).
 DEFAULT_STEPS_PER_COMMIT = 16
@@ -285,7 +287,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the launcher relaunches a stalled job or one that lost a node (they resume from the "
             "last checkpoint); with recovery per-step, also times each lost node is replaced. "
             f"auto: {DEFAULT_RESTARTS['elastic']} for elastic nodes (MIN:MAX), "
-            f"{DEFAULT_RESTARTS['per-step']} with recovery per-step, else 0.", kind="integer",
+            f"{DEFAULT_RESTARTS[PER_STEP]} with recovery {PER_STEP}, else 0.", kind="integer",
             minimum=0, maximum=100, auto=True, reader="launcher"),
     Setting("recovery", AUTO, "What a lost node costs. per-step: torchft; every node is a "
             "replica group and every few steps (commit-every) are committed by the groups alive "
@@ -657,30 +659,17 @@ def check_texts(texts: Mapping[str, str]) -> None:
     check(parse_values(texts))
 
 
-@dataclass(frozen=True)
-class ParadigmConfig:
-    """The typed settings one paradigm applies, by attribute (``config.sync_period``)."""
-
-    algorithm: str
-    values: Mapping[str, Any]
-
-    def __getattr__(self, attribute: str) -> Any:
-        try:
-            return self.values[attribute]
-        except KeyError:
-            raise AttributeError(f"{self.algorithm} has no setting '{attribute}'") from None
-
-
-def paradigm_config(algorithm: str, values: Mapping[str, Any]) -> ParadigmConfig:
-    """The settings that apply to ``algorithm`` from typed ``values`` (argparse's, by attribute);
-    each is checked against its declaration, missing ones take their defaults."""
+def checked_values(attributes: Iterable[str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings named by ``attributes`` from typed ``values`` (by attribute), each checked
+    against its declaration (a bad value raises :class:`SettingError` naming it); a missing one
+    takes its default. A paradigm's typed config is built from this."""
     typed = {}
-    for setting in settings(paradigm=algorithm):
-        if setting.attribute in values:
-            value = values[setting.attribute]
+    for attribute in attributes:
+        setting = BY_NAME[attribute.replace("_", "-")]
+        if attribute in values:
+            value = values[attribute]
             setting.parse(setting.text(value))  # refuses what the declaration does not allow
-            typed[setting.attribute] = value
+            typed[attribute] = value
         else:
-            typed[setting.attribute] = setting.default_value
-    typed["algorithm"] = algorithm
-    return ParadigmConfig(algorithm, typed)
+            typed[attribute] = setting.default_value
+    return typed

@@ -370,7 +370,7 @@ def digits_splits(test_fraction: float = 0.2, seed: int = 0) -> dict[str, Split]
     x = (table[:, :-1] / 16.0).astype(np.float32)
     y = table[:, -1].astype(np.int64)
     rng = np.random.default_rng(seed)
-    test_rows = []
+    test_rows: list[np.ndarray] = []
     for label in np.unique(y):
         rows = np.flatnonzero(y == label)
         rng.shuffle(rows)

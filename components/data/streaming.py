@@ -45,7 +45,7 @@ import mmap
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from sublimate.components.data.datasets import (
 
 if TYPE_CHECKING:
     import torch
+    from torch.utils.data import Dataset
 
 DEFAULT_BUFFER = 16_384  # examples in one shuffle window (before rounding to whole batches)
 _SHARD_ORDER_STREAM = 0x5348  # keeps the shard-order generator apart from the window ones
@@ -378,7 +379,10 @@ class ShardReader:
         if not 0 <= start_batch <= len(batches):
             raise ValueError(f"start_batch {start_batch} is outside epoch's {len(batches)} "
                              f"batches")
-        loader = DataLoader(batches, batch_size=None, sampler=range(start_batch, len(batches)),
+        # EpochBatches is a map-style dataset by its protocol (__len__, __getitem__)
+        dataset = cast("Dataset[tuple[torch.Tensor, torch.Tensor]]", batches)
+        loader: DataLoader[tuple[torch.Tensor, torch.Tensor]] = DataLoader(
+            dataset, batch_size=None, sampler=range(start_batch, len(batches)),
                             num_workers=num_workers, pin_memory=pin_memory,
                             prefetch_factor=prefetch_factor if num_workers else None)
         if num_workers == 0 and prefetch_factor:
@@ -437,7 +441,7 @@ class ThreadPrefetch:
 
 
 def evaluation_batches(folder: Path, split: str = "test", batch_size: int = 8192, *,
-                       num_workers: int = 0) -> torch.utils.data.DataLoader:
+                       num_workers: int = 0) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """The whole of ``split`` in order, in batches of ``batch_size`` (the last one shorter),
     for one process: memory is a few batches, whatever the split's size."""
     reader = ShardReader(folder, split, local_batch=batch_size, shuffle=False, drop_last=False,

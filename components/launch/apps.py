@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.components.base import replica_groups
 from sublimate.components.base.runtime import DEFAULT_IMAGE
+from sublimate.components.base.settings import PER_STEP, RESTART
 from sublimate.components.launch import etcd_server, lighthouse
 from sublimate.components.monitoring import metrics
 
@@ -95,7 +96,7 @@ def trainer(
     rendezvous_timeout: int = 300,
     rendezvous: str = "c10d",
     rdzv_endpoint: str = "",
-    recovery: str = "restart",
+    recovery: str = RESTART,
     lighthouse_port: int = 29510,
     lighthouse_bind: str = LOCAL_BIND,
 ) -> specs.AppDef:
@@ -144,7 +145,7 @@ def trainer(
     """
     from torchx import specs
 
-    if recovery == "per-step":
+    if recovery == PER_STEP:
         return _per_step_trainer(
             worker_args, nodes=nodes, procs_per_node=procs_per_node, image=image, cpu=cpu,
             gpu=gpu, memMB=memMB, python=python, mounts=mounts, env=env, name=name,
@@ -246,7 +247,7 @@ def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_nod
             num_replicas=nodes, min_replicas=min_nodes if min_nodes < nodes else None,
             resource=specs.Resource(cpu=cpu, gpu=gpu, memMB=memMB), env=worker_env,
             port_map={"metrics": _metrics_port()}, mounts=_mounts(mounts),
-            metadata={lighthouse.RECOVERY_METADATA: "per-step",
+            metadata={lighthouse.RECOVERY_METADATA: PER_STEP,
                       lighthouse.MIN_GROUPS_METADATA: min_nodes,
                       lighthouse.REPLACEMENTS_METADATA: replacements}),
         specs.Role(

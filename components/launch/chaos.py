@@ -61,7 +61,8 @@ class Chaos:
 
     def schedule(self, nodes: list[int]) -> tuple[float, int]:
         """The next (interval in seconds, node) of the seeded schedule among ``nodes``."""
-        interval = self._random.expovariate(1 / self.mtbf) if self.mtbf else float(self.every)
+        # __init__ took exactly one of mtbf and every
+        interval = self._random.expovariate(1 / self.mtbf) if self.mtbf else float(self.every or 0)
         return interval, self.node if self.node is not None else self._random.choice(nodes)
 
     def start(self) -> Chaos:

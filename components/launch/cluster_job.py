@@ -15,13 +15,19 @@ import hashlib
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from sublimate.components.base.settings import PER_STEP
 from sublimate.components.launch.lighthouse import (
     MIN_GROUPS_METADATA,
     RECOVERY_METADATA,
     REPLACEMENTS_METADATA,
 )
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from torchx.specs import AppDef, AppDryRunInfo, AppStatus
 
 # Schedulers that run the nodes on this machine (the launcher's Python, its folders).
 LOCAL_SCHEDULERS = ("local_cwd", "local_netns")
@@ -100,7 +106,7 @@ def _kubernetes_scheduler_class() -> type:
                 generated = resource["metadata"]["name"]
                 info.request.resource = _renamed(resource, generated, name)
             per_step = [role for role in app.roles  # type: ignore[attr-defined]
-                        if role.metadata.get(RECOVERY_METADATA) == "per-step"]
+                        if role.metadata.get(RECOVERY_METADATA) == PER_STEP]
             if per_step:
                 from sublimate.components.launch.per_step import volcano_per_step
 
@@ -239,6 +245,42 @@ def _in_cluster_kubernetes_scheduler(session_name: str, **kwargs: object) -> obj
     return _kubernetes_scheduler_class()(session_name, client=api_client)
 
 
+class JobRunner(Protocol):
+    """What the launcher uses of the runner :func:`make_runner` gives: TorchX's ``Runner``
+    (submit, status, cancel) and the methods this module adds to it."""
+
+    def run(self, app: AppDef, scheduler: str, cfg: dict[str, Any] | None = None) -> str: ...
+
+    def dryrun(self, app: AppDef, scheduler: str,
+               cfg: dict[str, Any] | None = None) -> AppDryRunInfo: ...
+
+    def status(self, app_handle: str) -> AppStatus | None: ...
+
+    def cancel(self, app_handle: str) -> None: ...
+
+    def name(self) -> str: ...
+
+    def log_lines(self, app_handle: str, role_name: str, k: int = 0, regex: str | None = None,
+                  since: Any = None, until: Any = None, should_tail: bool = False,
+                  streams: Any = None) -> Any: ...
+
+    def delete(self, app_handle: str) -> None: ...
+
+    def ending(self, app_handle: str) -> str: ...
+
+    def worker_pods(self, app_handle: str) -> dict[int, tuple[str, str]]: ...
+
+    def replica_states(self, app_handle: str) -> dict[tuple[str, int], object]: ...
+
+    def restart_replica(self, app_handle: str, role: str, replica: int,
+                        env: dict[str, str]) -> None: ...
+
+    def __enter__(self) -> JobRunner: ...
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None: ...
+
+
 @functools.cache
 def _runner_class() -> type:
     from torchx.runner import Runner
@@ -275,7 +317,7 @@ def _runner_class() -> type:
     return JobRunner
 
 
-def make_runner(scheduler: str, host_gpus: int | None = None) -> object:
+def make_runner(scheduler: str, host_gpus: int | None = None) -> JobRunner:
     """A TorchX Runner for ``scheduler``; ``host_gpus``: the GPUs the local schedulers divide
     between the simulated nodes (default: what the host has)."""
     if scheduler == "local_netns":
@@ -292,20 +334,19 @@ def make_runner(scheduler: str, host_gpus: int | None = None) -> object:
     return _runner_class()("sublimate", {"kubernetes": _in_cluster_kubernetes_scheduler})
 
 
-def job_handle(runner: object, scheduler: str, cfg: dict[str, object]) -> str:
+def job_handle(runner: JobRunner, scheduler: str, cfg: dict[str, object]) -> str:
     """The TorchX app handle of the named job ``cfg`` describes (``kubernetes://session/
     namespace:name``)."""
     from torchx.specs.builders import make_app_handle
 
-    return make_app_handle(scheduler, runner.name(),  # type: ignore[attr-defined]
-                           f"{cfg['namespace']}:{cfg['job_name']}")
+    return make_app_handle(scheduler, runner.name(), f"{cfg['namespace']}:{cfg['job_name']}")
 
 
 # What to do about a job of the same name found before submitting.
 ATTACH, REPLACE, START = "attach", "replace", "start"
 
 
-def previous_job_action(status: object, ending: str = "", fresh: bool = False) -> str:
+def previous_job_action(status: AppStatus | None, ending: str = "", fresh: bool = False) -> str:
     """ATTACH to a job that runs (or finished well: its results stand), REPLACE one that
     failed, was cancelled, is ``ending`` or is in an unknown state, START when there is none.
     ``fresh``: this launcher stopped that job itself (a relaunch): replace it whatever its
@@ -316,33 +357,34 @@ def previous_job_action(status: object, ending: str = "", fresh: bool = False) -
         return START
     if fresh:
         return REPLACE
-    state = status.state  # type: ignore[attr-defined]
+    state = status.state
     if state == AppState.SUCCEEDED or (
             state in (AppState.SUBMITTED, AppState.PENDING, AppState.RUNNING) and not ending):
         return ATTACH
     return REPLACE
 
 
-def claim_job(runner: object, handle: str, fresh: bool,
+def claim_job(runner: JobRunner, handle: str, fresh: bool,
               wait_seconds: float = DELETE_WAIT_SECONDS, poll: float = 1.0) -> bool:
     """Before submitting the job ``handle`` names: whether to follow the job already there
     (True), or to submit (False), after deleting any job left under that name."""
     from torchx.specs import is_terminal
 
-    status = runner.status(handle)  # type: ignore[attr-defined]
-    ending = "" if status is None or is_terminal(status.state) else \
-        runner.ending(handle)  # type: ignore[attr-defined]
+    status = runner.status(handle)
+    if status is None:
+        return False
+    ending = "" if is_terminal(status.state) else runner.ending(handle)
     action = previous_job_action(status, ending, fresh)
     if action == ATTACH:
-        print(f"train: re-attached to {handle} ({status.state.name}), "  # type: ignore[union-attr]
+        print(f"train: re-attached to {handle} ({status.state.name}), "
               "started by an earlier attempt of this step", flush=True)
         return True
     if action == REPLACE:
-        why = status.state.name + (f", {ending}" if ending else "")  # type: ignore[union-attr]
+        why = status.state.name + (f", {ending}" if ending else "")
         print(f"train: deleting {handle} ({why}) before submitting it again", flush=True)
-        runner.delete(handle)  # type: ignore[attr-defined]
+        runner.delete(handle)
         deadline = time.monotonic() + wait_seconds
-        while runner.status(handle) is not None:  # type: ignore[attr-defined]
+        while runner.status(handle) is not None:
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"training job {handle} is still there {wait_seconds:.0f}s "
                                    "after deleting it; delete it by hand (kubectl delete "

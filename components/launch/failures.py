@@ -130,7 +130,8 @@ def silent(run_dir: Path, handle: str, nodes: Iterable[int]) -> list[int]:
     app_id = app_id_of(handle)
     with _KILLED_LOCK:
         reported = {killed.node for killed in _KILLED.get(app_id, [])}
-    reported |= {failure.node for failure in read_failures(run_dir, app_id)}
+    reported |= {failure.node for failure in read_failures(run_dir, app_id)
+                 if failure.node is not None}
     return [node for node in nodes if node not in reported]
 
 

@@ -270,8 +270,10 @@ class AgentServers:
         and the agent's command line; None when ``args`` is not a forkable agent (or its
         server could not start), for the caller to start it afresh."""
         argv = self.agent_argv(args, env, cwd)
-        server = argv and self.server(argv, env, cwd)
-        return None if not argv or server is None else (server, argv)
+        if not argv:
+            return None
+        server = self.server(argv, env, cwd)
+        return None if server is None else (server, argv)
 
     def close(self) -> None:
         with self._lock:

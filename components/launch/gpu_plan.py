@@ -7,7 +7,6 @@ TorchX app and its run options.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -67,15 +66,16 @@ def place_gpus(app: specs.AppDef, cfg: dict[str, object], plan: GpuPlan) -> None
         role.resource = dataclasses.replace(role.resource, gpu=0)
 
 
-def host_gpus(args: argparse.Namespace) -> int:
+def host_gpus(given: int | None) -> int:
     """The GPUs of this host: ``--host-gpus`` when given, else what nvidia-smi lists."""
-    if args.host_gpus is None:
-        from sublimate.components.launch.netns_scheduler import host_gpu_count
+    if given is not None:
+        return given
+    from sublimate.components.launch.netns_scheduler import host_gpu_count
 
-        args.host_gpus = host_gpu_count()
-    return args.host_gpus
+    return host_gpu_count()
 
 
-def gpu_plan(args: argparse.Namespace, app: specs.AppDef) -> GpuPlan:
-    """The plan for ``app`` on a local scheduler (the host is asked only when GPUs are)."""
-    return local_gpu_plan(app, args.backend, host_gpus(args) if requested_gpus(app) else 0)
+def gpu_plan(app: specs.AppDef, backend: str, given_host_gpus: int | None) -> GpuPlan:
+    """The plan for ``app`` on a local scheduler (the host is asked only when GPUs are);
+    ``given_host_gpus``: ``--host-gpus`` (None: ask nvidia-smi)."""
+    return local_gpu_plan(app, backend, host_gpus(given_host_gpus) if requested_gpus(app) else 0)

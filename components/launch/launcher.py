@@ -15,7 +15,6 @@ not).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -34,7 +33,7 @@ from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import contract_env, is_script, locate_entrypoint
 from sublimate.components.base.ports import free_port
 from sublimate.components.base.runtime import shown_path
-from sublimate.components.base.settings import PER_STEP, RESTART, to_flags, worker_settings
+from sublimate.components.base.settings import PER_STEP, to_flags, worker_settings
 from sublimate.components.base.termination import fail
 from sublimate.components.launch import etcd_server, failures
 from sublimate.components.launch import per_step as recovery
@@ -42,18 +41,21 @@ from sublimate.components.launch.apps import parameter_server, trainer
 from sublimate.components.launch.chaos import Chaos
 from sublimate.components.launch.cluster_job import (
     LOCAL_SCHEDULERS,
+    JobRunner,
     claim_job,
     job_handle,
     job_name,
     make_runner,
 )
-from sublimate.components.launch.gpu_plan import gpu_plan, place_gpus
+from sublimate.components.launch.gpu_plan import GpuPlan, GpuShortage, gpu_plan, place_gpus
 from sublimate.components.launch.logs import follow_logs
+from sublimate.components.launch.request import LaunchPlan, TrainRequest
 from sublimate.components.launch.run_lock import RunLock, RunLockBusy, lock_owner
 from sublimate.components.monitoring import metrics, watchdog
 
 if TYPE_CHECKING:
     from torchx import specs
+    from torchx.specs import AppStatus
 
 # The step whose launcher this is: its settings (``settings(step=STEP)``) and the prefix of
 # every line the launcher writes.
@@ -66,41 +68,35 @@ POLL_SECONDS = {"local_cwd": 0.05, "local_netns": 0.05, "kubernetes": 0.25}
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def scheduler_config(args: argparse.Namespace, scheduler: str) -> dict[str, str]:
+def scheduler_config(request: TrainRequest, scheduler: str) -> dict[str, str]:
     if scheduler == "local_cwd":
-        return {"log_dir": str(args.run_dir / run_files.LOGS)}
+        return {"log_dir": str(request.run_dir / run_files.LOGS)}
     if scheduler == "local_netns":
         from sublimate.components.base.runtime import SHARED_VOLUME_PATH
 
         # Each node sees the shared volume at its cluster path too, as a pod would.
-        volume = {"volume": f"{args.runs_root.parent}:{SHARED_VOLUME_PATH}"} \
-            if args.runs_root else {}
-        return {"log_dir": str(args.run_dir / run_files.LOGS), **volume,
+        volume = {"volume": f"{request.runs_root.parent}:{SHARED_VOLUME_PATH}"} \
+            if request.runs_root else {}
+        return {"log_dir": str(request.run_dir / run_files.LOGS), **volume,
                 **{option: value for option, value in (
-                    ("link_rate", args.link_rate), ("link_delay", args.link_delay),
-                    ("link_loss", args.link_loss)) if value}}
+                    ("link_rate", request.link_rate), ("link_delay", request.link_delay),
+                    ("link_loss", request.link_loss)) if value}}
     namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
     # The job runs next to the workflow, in the namespace of the pod that launches it.
     namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
-    return {"queue": args.queue, "namespace": namespace,
-            "job_name": job_name(args.workflow_name, args.run_dir)}
+    return {"queue": request.queue, "namespace": namespace,
+            "job_name": job_name(request.workflow_name, request.run_dir)}
 
 
-def choose_scheduler(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    in_cluster = "KUBERNETES_SERVICE_HOST" in os.environ and "SUBLIMATE_LOCAL_RUN" not in os.environ
-    return "kubernetes" if in_cluster else "local_cwd"
+def training_flags(request: TrainRequest, plan: LaunchPlan) -> list[str]:
+    """The settings the workers of ``request.algorithm`` read, as their command-line flags."""
+    return to_flags(plan.resolved(request), worker_settings([request.algorithm]))
 
 
-def training_flags(args: argparse.Namespace) -> list[str]:
-    """The settings the workers of ``args.algorithm`` read, as their command-line flags."""
-    return to_flags(vars(args), worker_settings([args.algorithm]))
-
-
-def job_settings(args: argparse.Namespace) -> dict[str, object]:
+def job_settings(request: TrainRequest, plan: LaunchPlan) -> dict[str, object]:
     """The train step's settings, typed, by attribute: ``$SUBLIMATE_SETTINGS`` of the contract."""
-    return {setting.attribute: getattr(args, setting.attribute)
+    resolved = plan.resolved(request)
+    return {setting.attribute: resolved[setting.attribute]
             for setting in declared.settings(step=STEP)}
 
 
@@ -133,96 +129,101 @@ def entrypoint_problem(entrypoint: str, local: bool) -> str | None:
     return None if found else f"entrypoint '{entrypoint}': no module named '{module}'"
 
 
-def build_app(args: argparse.Namespace, scheduler: str) -> specs.AppDef:
-    local = scheduler in LOCAL_SCHEDULERS
-    common = {
-        "image": args.image, "cpu": args.cpu_per_node, "gpu": args.gpus_per_node,
-        "memMB": args.memory_mb_per_node, "python": sys.executable if local else "python",
-        "mounts": None if local else args.mount, "name": f"sublimate-{args.algorithm}",
-        "env": {
-            # The workers time their start-up from this launcher's start (train-summary.json).
-            **({metrics.LAUNCH_TIME_ENV: f"{args.launch_time:.3f}"}
-               if getattr(args, "launch_time", None) else {}),
-            # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
-            # machine they stay on loopback.
-            **({} if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"}),
-        },
+def build_app(request: TrainRequest, plan: LaunchPlan) -> specs.AppDef:
+    """The training job's ``AppDef`` for one attempt (each gets its own local ports)."""
+    local = plan.scheduler in LOCAL_SCHEDULERS
+    env = {
+        # The workers time their start-up from this launcher's start (train-summary.json).
+        **({metrics.LAUNCH_TIME_ENV: f"{plan.launch_time:.3f}"} if plan.launch_time else {}),
+        # In a pod the workers' metrics endpoints must be reachable by Prometheus; on one
+        # machine they stay on loopback.
+        **({} if local else {"SUBLIMATE_METRICS_ADDR": "0.0.0.0"}),
+        # Every training process gets the contract (dataset, run folder, settings:
+        # contract.py); the built-in workers read the same through their flags.
+        **contract_env(request.data_dir, request.run_dir, job_settings(request, plan)),
+        **failures.error_file_env(request.run_dir),  # why a worker failed
+    }
+    common: dict[str, Any] = {
+        "image": request.image, "cpu": request.cpu_per_node, "gpu": request.gpus_per_node,
+        "memMB": request.memory_mb_per_node, "python": sys.executable if local else "python",
+        "mounts": None if local else list(request.mounts),
+        "name": f"sublimate-{request.algorithm}", "env": env,
     }
     # Simulated nodes share one host, so each local job needs its own rendezvous port.
     port = free_port() if local else 29500
-    # Every training process gets the contract (dataset, run folder, settings: contract.py);
-    # the built-in workers read the same through their flags.
-    common["env"].update(contract_env(args.data_dir, args.run_dir, job_settings(args)))
-    common["env"].update(failures.error_file_env(args.run_dir))  # why a worker failed
-    paths = ["--data-dir", str(args.data_dir), "--run-dir", str(args.run_dir)]
-    layout = {"nodes": int(args.nodes), "min_nodes": getattr(args.nodes, "minimum", args.nodes),
-              "procs_per_node": args.procs_per_node, "rdzv_port": port,
-              "max_restarts": args.max_restarts,
-              "rendezvous_timeout": int(args.rendezvous_timeout),
-              "rendezvous": declared.rendezvous_backend(vars(args))}
+    paths = ["--data-dir", str(request.data_dir), "--run-dir", str(request.run_dir)]
+    nodes = request.nodes
+    layout: dict[str, Any] = {
+        "nodes": int(nodes), "min_nodes": nodes.minimum, "procs_per_node": request.procs_per_node,
+        "rdzv_port": port, "max_restarts": plan.max_restarts,
+        "rendezvous_timeout": int(request.rendezvous_timeout),
+        "rendezvous": declared.rendezvous_backend(plan.resolved(request))}
     if layout["rendezvous"] == declared.ETCD_V2:
         # The user's server, or the one the launcher starts for this attempt (run_attempt);
         # building the job before that (the GPU plan, a dry run) gets a placeholder port.
-        layout["rdzv_endpoint"] = getattr(args, "rendezvous_endpoint", "") \
+        layout["rdzv_endpoint"] = plan.etcd_endpoint or request.rendezvous_endpoint \
             or f"{etcd_server.NODE_ENDPOINT_HOST}:{etcd_server.DEFAULT_PORT}"
-    if per_step(args):
+    if plan.per_step:
         # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
-        layout["min_nodes"] = args.nodes.minimum if getattr(args.nodes, "ranged", False) else 1
+        layout["min_nodes"] = nodes.minimum if nodes.ranged else 1
         layout.update(recovery=PER_STEP, lighthouse_port=free_port() if local else 29510,
                       **({} if local else {"lighthouse_bind": "0.0.0.0"}))
-    if args.entrypoint:
-        target, pythonpath = locate_entrypoint(args.entrypoint, local)
+    if request.entrypoint:
+        target, pythonpath = locate_entrypoint(request.entrypoint, local)
         if pythonpath:
-            common["env"]["PYTHONPATH"] = os.pathsep.join(
+            env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
         return trainer(
-            *entrypoint_arguments(args.entrypoint_args, common["env"]), entrypoint=target,
-            framework=args.framework, **layout, **common)
-    if args.algorithm == "async":
+            *entrypoint_arguments(request.entrypoint_args, env), entrypoint=target,
+            framework=request.framework, **layout, **common)
+    if request.algorithm == "async":
         return parameter_server(
-            *paths, *training_flags(args),
-            trainers=int(args.nodes) * args.procs_per_node, rpc_port=port, **common)
-    return trainer("--algorithm", args.algorithm, *paths, *training_flags(args), **layout,
-                   **common)
+            *paths, *training_flags(request, plan),
+            trainers=int(nodes) * request.procs_per_node, rpc_port=port, **common)
+    return trainer("--algorithm", request.algorithm, *paths, *training_flags(request, plan),
+                   **layout, **common)
 
 
-def per_step(args: argparse.Namespace) -> bool:
-    """Whether the job recovers per step (torchft) rather than by restarting."""
-    return getattr(args, "recovery", RESTART) == PER_STEP and args.algorithm != "async"
-
-
-def make_watchdog(args: argparse.Namespace, attempt: str | None) -> watchdog.Watchdog | None:
+def make_watchdog(request: TrainRequest, attempt: str | None) -> watchdog.Watchdog | None:
     """The launcher's progress watchdog for one attempt (None: off, or async, whose processes
     write no heartbeats); ``attempt`` None judges every heartbeat written from now on."""
-    if args.algorithm == "async" or not args.stall_seconds:
+    if request.algorithm == "async" or not request.stall_seconds:
         return None
     # An elastic job may go on with fewer nodes: only the ranks it always has are judged.
-    world = getattr(args.nodes, "minimum", args.nodes) * args.procs_per_node
-    return watchdog.Watchdog(args.run_dir, args.stall_seconds, world,
-                             startup_seconds=args.startup_seconds, attempt=attempt,
-                             nodes={rank: f"node{rank // args.procs_per_node}"
+    world = request.nodes.minimum * request.procs_per_node
+    return watchdog.Watchdog(request.run_dir, request.stall_seconds, world,
+                             startup_seconds=request.startup_seconds, attempt=attempt,
+                             nodes={rank: f"node{rank // request.procs_per_node}"
                                     for rank in range(world)})
 
 
-def _watched(args: argparse.Namespace, dog: watchdog.Watchdog | None) -> bool:
+def _watched(request: TrainRequest, dog: watchdog.Watchdog | None) -> bool:
     """Whether to judge progress now: own code that does not use sublimate's library writes no
     heartbeats, so its watchdog waits for the first one."""
     if dog is None:
         return False
-    return not args.entrypoint or dog.heard_from_any()
+    return not request.entrypoint or dog.heard_from_any()
 
 
-
-
-def launch(args: argparse.Namespace) -> int:
+def launch(request: TrainRequest, plan: LaunchPlan) -> int:
     """Submit the job and wait for it; relaunch it from the last checkpoint when the watchdog
     finds it stalled or a node is lost (``max-restarts`` times; torchrun's own restarts cover
     a crashed worker on a node that is still there)."""
-    scheduler = choose_scheduler(args.scheduler)
-    args.run_dir.mkdir(parents=True, exist_ok=True)
-    if args.dryrun:  # writes nothing in the run folder: no lock to take
-        return _launch(args, scheduler)
-    lock = RunLock(args.run_dir, lock_owner(args.workflow_name, args.run_dir))
+    # The first attempt's job, built here so that a GPU shortage fails the step in one line
+    # before anything is written or started; every attempt divides the GPUs the same way.
+    first = build_app(request, plan)
+    gpus = None
+    if plan.scheduler in LOCAL_SCHEDULERS:  # simulated nodes share this host's GPUs
+        try:
+            gpus = gpu_plan(first, request.backend, request.host_gpus)
+        except GpuShortage as error:
+            return fail(STEP, str(error))
+        if gpus.note:
+            print(f"train: {gpus.note}", file=sys.stderr, flush=True)
+    request.run_dir.mkdir(parents=True, exist_ok=True)
+    if request.dryrun:  # writes nothing in the run folder: no lock to take
+        return _launch(request, plan, first, gpus)
+    lock = RunLock(request.run_dir, lock_owner(request.workflow_name, request.run_dir))
     try:
         takeover = lock.acquire()
     except RunLockBusy as error:
@@ -230,52 +231,56 @@ def launch(args: argparse.Namespace) -> int:
     try:
         if takeover:
             print(f"train: {takeover}", file=sys.stderr, flush=True)
-        return _launch(args, scheduler)
+        return _launch(request, plan, first, gpus)
     finally:
         lock.release()
 
 
-def _launch(args: argparse.Namespace, scheduler: str) -> int:
+def _launch(request: TrainRequest, plan: LaunchPlan, first: specs.AppDef,
+            gpus: GpuPlan | None) -> int:
     started = time.perf_counter()
-    chaos = start_chaos(args, scheduler)
+    run_dir = request.run_dir
+    chaos = start_chaos(request, plan.scheduler)
     try:
         # What each relaunch cost (train-summary.json's relaunches): when the attempt before
         # it ended, when it started.
         relaunches: list[dict[str, float]] = []
-        with make_runner(scheduler, args.host_gpus) as runner:  # type: ignore[attr-defined]
-            for attempt in range(args.max_restarts + 1):
+        outcome = FAILED
+        with make_runner(plan.scheduler, request.host_gpus) as runner:
+            for attempt in range(plan.max_restarts + 1):
                 if attempt:
                     relaunches[-1]["relaunched_at"] = time.time()
-                outcome = run_attempt(runner, args, scheduler, attempt, chaos)
+                outcome = run_attempt(runner, request, plan, attempt, chaos, gpus,
+                                      first if attempt == 0 else None)
                 if outcome not in (STALLED, LOST):
                     break
-                if attempt < args.max_restarts:
+                if attempt < plan.max_restarts:
                     relaunches.append({"previous_ended_at": time.time()})
-                    print(f"train: relaunching {failures.relaunch_note(args.run_dir)} (relaunch "
-                          f"{attempt + 1} of {args.max_restarts})", file=sys.stderr, flush=True)
+                    print(f"train: relaunching {failures.relaunch_note(run_dir)} (relaunch "
+                          f"{attempt + 1} of {plan.max_restarts})", file=sys.stderr, flush=True)
             if outcome != SUCCEEDED:
                 return 143 if outcome == STOPPED else 1
-        if relaunches and not args.dryrun:
+        if relaunches and not request.dryrun:
             recovery.merge_into_summary(
-                args.run_dir, failures.relaunches_section(args.run_dir, relaunches), "relaunches")
+                run_dir, failures.relaunches_section(run_dir, relaunches), "relaunches")
     finally:
         if chaos is not None:
             chaos.stop()
             print(f"train: chaos killed {len(chaos.kills)} node(s): "
                   f"{', '.join(f'node{kill.node}' for kill in chaos.kills) or 'none'}",
                   flush=True)
-    if args.dryrun:
+    if request.dryrun:
         return 0
-    startup = _startup_line(args.run_dir)
+    startup = _startup_line(run_dir)
     if startup:
         print(f"train: {startup}", flush=True)
-    model = args.run_dir / run_files.MODEL
+    model = run_dir / run_files.MODEL
     where = f"model at {shown_path(model)}" if model.is_file() \
-        else f"results in {shown_path(args.run_dir)} (no {run_files.MODEL})"
+        else f"results in {shown_path(run_dir)} (no {run_files.MODEL})"
     print(f"train: finished in {time.perf_counter() - started:.1f}s; {where}", flush=True)
     # model-path is empty when the training wrote no model (own code may write only metrics).
-    for output, value in ((args.model_path_output, model if model.is_file() else ""),
-                          (args.run_dir_output, args.run_dir)):
+    for output, value in ((request.model_path_output, model if model.is_file() else ""),
+                          (request.run_dir_output, run_dir)):
         if output:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(str(value))
@@ -286,12 +291,12 @@ def _launch(args: argparse.Namespace, scheduler: str) -> int:
 SUCCEEDED, FAILED, STALLED, LOST, STOPPED = "succeeded", "failed", "stalled", "lost", "stopped"
 
 
-def enough_nodes(args: argparse.Namespace, status: object) -> bool:
+def enough_nodes(request: TrainRequest, status: AppStatus | None) -> bool:
     """Whether an elastic job still has its minimum of nodes (running or finished well)."""
     from torchx.specs import AppState
 
-    minimum = getattr(args.nodes, "minimum", args.nodes)
-    if minimum >= int(args.nodes):
+    minimum = request.nodes.minimum
+    if minimum >= int(request.nodes):
         return False
     replicas = [replica for role in getattr(status, "roles", None) or []
                 if role.role == "worker" for replica in role.replicas]
@@ -327,17 +332,20 @@ def end_hung_workers(run_dir: Path, attempt: str) -> None:
                 os.kill(beat.pid, signal.SIGKILL)
 
 
-def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int,
-                chaos: Chaos | None = None) -> str:
+def run_attempt(runner: JobRunner, request: TrainRequest, plan: LaunchPlan, attempt: int,
+                chaos: Chaos | None = None, gpus: GpuPlan | None = None,
+                app: specs.AppDef | None = None) -> str:
     """Submit the training job once and follow it to its end: one of SUCCEEDED, FAILED,
     STALLED (the watchdog stopped it), LOST (a node died while the others waited for it, or,
     under per-step recovery, every node at once) or STOPPED (the step was stopped). Under
     per-step recovery on one machine a lost node is replaced alone (:class:`recovery.Replacer`)
     and the job goes on. A local ``etcd-v2`` job gets its etcd server for the attempt: started
-    before its nodes, stopped (its data removed) however the attempt ends."""
-    server = rendezvous_server(args, scheduler)
+    before its nodes, stopped (its data removed) however the attempt ends. ``gpus``: how a
+    local job's nodes share this host's GPUs (None: on the CPU); ``app``: the job, when built
+    already (the first attempt's), else built here."""
+    server = rendezvous_server(request, plan)
     if server is None:
-        return _run_attempt(runner, args, scheduler, attempt, chaos)
+        return _run_attempt(runner, request, plan, attempt, chaos, gpus, app)
     try:
         server.start()
     except etcd_server.EtcdError as error:
@@ -345,37 +353,39 @@ def run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attemp
         return FAILED
     try:
         endpoint = f"{etcd_server.NODE_ENDPOINT_HOST}:{server.port}"
-        return _run_attempt(runner, argparse.Namespace(**{**vars(args),
-                                                          "rendezvous_endpoint": endpoint}),
-                            scheduler, attempt, chaos)
+        # the job's nodes meet on this attempt's server: its endpoint is in their command line
+        return _run_attempt(runner, request, plan.for_attempt(endpoint), attempt, chaos, gpus)
     finally:
         server.stop()
 
 
-def rendezvous_server(args: argparse.Namespace, scheduler: str) -> etcd_server.EtcdServer | None:
+def rendezvous_server(request: TrainRequest, plan: LaunchPlan) -> etcd_server.EtcdServer | None:
     """The etcd server a local ``etcd-v2`` job needs (None: another backend, the user's server,
     a cluster, or a dry run). On ``local_netns`` it listens where the nodes reach the host
     (:mod:`.etcd_server`)."""
-    if args.dryrun or scheduler not in LOCAL_SCHEDULERS or per_step(args) \
-            or getattr(args, "rendezvous_endpoint", "") \
-            or declared.rendezvous_backend(vars(args)) != declared.ETCD_V2:
+    if request.dryrun or plan.scheduler not in LOCAL_SCHEDULERS or plan.per_step \
+            or request.rendezvous_endpoint \
+            or declared.rendezvous_backend(plan.resolved(request)) != declared.ETCD_V2:
         return None
-    return etcd_server.EtcdServer(args.run_dir / run_files.ETCD,
-                                  args.run_dir / run_files.LOGS / "etcd.log",
-                                  listen="0.0.0.0" if scheduler == "local_netns" else "127.0.0.1")
+    return etcd_server.EtcdServer(request.run_dir / run_files.ETCD,
+                                  request.run_dir / run_files.LOGS / "etcd.log",
+                                  listen="0.0.0.0" if plan.scheduler == "local_netns"
+                                  else "127.0.0.1")
 
 
-def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attempt: int,
-                 chaos: Chaos | None = None) -> str:
+def _run_attempt(runner: JobRunner, request: TrainRequest, plan: LaunchPlan, attempt: int,
+                 chaos: Chaos | None = None, gpus: GpuPlan | None = None,
+                 app: specs.AppDef | None = None) -> str:
     from torchx.specs import AppState
 
     attempt_started = time.time()
-    app = build_app(args, scheduler)
-    cfg: dict[str, object] = dict(scheduler_config(args, scheduler))
-    if scheduler in LOCAL_SCHEDULERS:
-        place_gpus(app, cfg, gpu_plan(args, app))  # main() refused a shortage, said a fallback
-    if args.dryrun:
-        print(runner.dryrun(app, scheduler, cfg=cfg))  # type: ignore[attr-defined]
+    scheduler, run_dir = plan.scheduler, request.run_dir
+    app = app if app is not None else build_app(request, plan)
+    cfg: dict[str, object] = dict(scheduler_config(request, scheduler))
+    if gpus is not None:
+        place_gpus(app, cfg, gpus)
+    if request.dryrun:
+        print(runner.dryrun(app, scheduler, cfg=cfg))
         return SUCCEEDED
     attempt_id = f"{os.getpid()}-{attempt}-{time.time():.3f}"
     for role in app.roles:  # the end of the launcher's own share of the start-up
@@ -392,42 +402,45 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
         return FAILED
     # The job followed was started with another attempt id: judge the heartbeats written from
     # now on, whatever attempt wrote them.
-    dog = make_watchdog(args, None if attached else attempt_id)
+    dog = make_watchdog(request, None if attached else attempt_id)
     # Caught from before the submission: a SIGTERM between the job's start and the wait below
     # must cancel the job too, not end this launcher and orphan the job's processes.
     stop = threading.Event()
     previous = _catch_stop_signals(stop)
-    status, stalled, lost, streams = None, None, [], []
+    status: AppStatus | None = None
+    stalled: watchdog.Stall | None = None
+    lost: list[str] = []
+    streams: list[threading.Thread] = []
     tolerated: list[str] = []  # nodes an elastic job lost and went on without
-    replacer, ended = None, None
+    replacer: recovery.Replacer | recovery.VolcanoWatch | None = None
+    ended: str | None = None
     try:
         if not attached:
-            handle = runner.run(app, scheduler, cfg=cfg)  # type: ignore[attr-defined]
+            handle = runner.run(app, scheduler, cfg=cfg)
             # TorchX's local scheduler, made by the runner on its first submission, installs
             # handlers that raise out of this loop: ours again, so a stop cancels the job.
             _catch_stop_signals(stop)
-            what = f"entrypoint {args.entrypoint}" if args.entrypoint \
-                else f"algorithm {args.algorithm}"
-            how = f", recovery per-step, up to {args.max_restarts} replacements per node" \
-                if per_step(args) else \
-                f", up to {args.max_restarts} relaunches" if args.max_restarts else ""
-            print(f"train: submitted {handle} ({args.nodes} nodes x {args.procs_per_node} "
+            what = f"entrypoint {request.entrypoint}" if request.entrypoint \
+                else f"algorithm {request.algorithm}"
+            how = f", recovery {PER_STEP}, up to {plan.max_restarts} replacements per node" \
+                if plan.per_step else \
+                f", up to {plan.max_restarts} relaunches" if plan.max_restarts else ""
+            print(f"train: submitted {handle} ({request.nodes} nodes x {request.procs_per_node} "
                   f"procs, {what}{how})", flush=True)
-        if per_step(args) and scheduler == "kubernetes":
+        if plan.per_step and scheduler == "kubernetes":
             # The Lighthouse runs beside the job as a Deployment (per_step.volcano_per_step),
             # with no pod of TorchX's naming to follow.
             app = dataclasses.replace(app, roles=[role for role in app.roles
                                                   if role.name == recovery.WORKER_ROLE])
-            replacer = recovery.VolcanoWatch(runner, handle, args.max_restarts,
-                                             run_dir=args.run_dir)
-        elif per_step(args) and scheduler in LOCAL_SCHEDULERS:
-            replacer = recovery.Replacer(runner, handle, args.max_restarts, run_dir=args.run_dir,
+            replacer = recovery.VolcanoWatch(runner, handle, plan.max_restarts, run_dir=run_dir)
+        elif plan.per_step and scheduler in LOCAL_SCHEDULERS:
+            replacer = recovery.Replacer(runner, handle, plan.max_restarts, run_dir=run_dir,
                                          stop=stop)
         streams = follow_logs(runner, handle, app, scheduler)
         poll = POLL_SECONDS.get(scheduler, 0.25)
         next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
         while not stop.is_set():
-            status = runner.status(handle)  # type: ignore[attr-defined]
+            status = runner.status(handle)
             # A Volcano job ends by itself, and its watch says how; a local one never does
             # (its Lighthouse serves until the launcher stops it).
             if status is None or (status.is_terminal()
@@ -442,14 +455,14 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
                 stop.wait(poll)
                 continue
             lost = lost_replicas(status)
-            if lost and enough_nodes(args, status):
+            if lost and enough_nodes(request, status):
                 tolerated += [node for node in lost if node not in tolerated]
                 lost = []  # elastic: the others go on without it
             if lost:
                 break  # a node died while the others wait for it (rendezvous or a collective)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + watchdog.CHECK_EVERY_SECONDS
-                stalled = dog.check() if _watched(args, dog) else None  # type: ignore[union-attr]
+                stalled = dog.check() if dog is not None and _watched(request, dog) else None
                 if stalled is not None:
                     break
             stop.wait(poll)  # a SIGTERM ends the wait at once
@@ -460,20 +473,20 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
             signal.signal(signum, handler)
     if stop.is_set():
         if handle:  # empty when stopped before the submission returned a handle
-            runner.cancel(handle)  # type: ignore[attr-defined]
+            runner.cancel(handle)
         print("train: stopped; cancelled the training job", file=sys.stderr)
         return STOPPED
     if replacer is not None and ended is not None:
-        return _per_step_end(runner, handle, args, replacer, ended, streams, attempt_started,
+        return _per_step_end(runner, handle, request, replacer, ended, streams, attempt_started,
                              chaos, attempt)
     if stalled is not None:
-        runner.cancel(handle)  # type: ignore[attr-defined]
+        runner.cancel(handle)
         if scheduler == "local_cwd":
-            end_hung_workers(args.run_dir, attempt_id)
+            end_hung_workers(run_dir, attempt_id)
         print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
         return STALLED
     if lost:
-        runner.cancel(handle)  # type: ignore[attr-defined]
+        runner.cancel(handle)
         print(f"train: error: lost {', '.join(lost)} while the job ran; stopped the others",
               file=sys.stderr, flush=True)
         return LOST
@@ -481,28 +494,29 @@ def _run_attempt(runner: object, args: argparse.Namespace, scheduler: str, attem
         stream.join(timeout=5)
     lost = lost_replicas(status, ended=True)
     if status is not None and status.state == AppState.FAILED and lost \
-            and enough_nodes(args, status):
-        print(f"train: finished on {int(args.nodes) - len(lost)} of {int(args.nodes)} nodes "
+            and enough_nodes(request, status):
+        nodes = int(request.nodes)
+        print(f"train: finished on {nodes - len(lost)} of {nodes} nodes "
               f"(elastic, lost {', '.join(lost)})", flush=True)
         return SUCCEEDED
-    gone = _lost_first(args, handle, scheduler, status, tolerated)
+    gone = _lost_first(run_dir, handle, scheduler, status, tolerated)
     if gone:
         print(f"train: error: lost {', '.join(gone)} while the job ran; the other nodes failed "
               "after it", file=sys.stderr, flush=True)
         return LOST
     if status is None or status.state != AppState.SUCCEEDED:
         state = status.state.name if status else "UNKNOWN"
-        runner.cancel(handle)  # type: ignore[attr-defined]  # stop the replicas still running
+        runner.cancel(handle)  # stop the replicas still running
         failed = [(role.role, replica.id) for role in (status.roles if status else [])
                   for replica in role.replicas if replica.state == AppState.FAILED]
-        fail(STEP, failures.explain(args.run_dir, handle, scheduler, state, failed), code=1)
+        fail(STEP, failures.explain(run_dir, handle, scheduler, state, failed), code=1)
         return FAILED
-    for note in failures.restarts(args.run_dir, handle, scheduler):
+    for note in failures.restarts(run_dir, handle, scheduler):
         print(f"train: {note}", file=sys.stderr, flush=True)
     return SUCCEEDED
 
 
-def _lost_first(args: argparse.Namespace, handle: str, scheduler: str, status: object,
+def _lost_first(run_dir: Path, handle: str, scheduler: str, status: AppStatus | None,
                 tolerated: list[str]) -> list[str]:
     """The nodes lost in a job that failed, when losing them is why it failed: the same outcome
     (LOST, relaunched) whether the launcher saw the loss before the survivors failed, or they
@@ -510,17 +524,17 @@ def _lost_first(args: argparse.Namespace, handle: str, scheduler: str, status: o
     or a failed node that reported nothing (killed whole: its peers' errors followed)."""
     from torchx.specs import AppState
 
-    if status is None or status.state != AppState.FAILED:  # type: ignore[attr-defined]
+    if status is None or status.state != AppState.FAILED:
         return []
     if tolerated:
         return tolerated
     failed = {replica.id: f"node{replica.id}" + (f" ({replica.hostname})" if replica.hostname
                                                    else "")
-              for role in status.roles if role.role == "worker"  # type: ignore[attr-defined]
+              for role in status.roles if role.role == "worker"
               for replica in role.replicas if replica.state == AppState.FAILED}
     if not failed or scheduler not in ("local_netns", "kubernetes"):
         return []  # local_cwd has no nodes to lose: its processes report
-    return [failed[node] for node in failures.silent(args.run_dir, handle, failed)]
+    return [failed[node] for node in failures.silent(run_dir, handle, failed)]
 
 
 def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:
@@ -530,7 +544,7 @@ def _catch_stop_signals(stop: threading.Event) -> dict[int, Any]:
             signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
 
 
-def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
+def _per_step_end(runner: JobRunner, handle: str, request: TrainRequest,
                   replacer: recovery.Replacer | recovery.VolcanoWatch, ended: str,
                   streams: list[threading.Thread], attempt_started: float,
                   chaos: Chaos | None, attempt: int = 0) -> str:
@@ -541,39 +555,39 @@ def _per_step_end(runner: object, handle: str, args: argparse.Namespace,
     # logs; on Kubernetes the pods' logs end with the pods, and the job's deletion would cut them.
     on_kubernetes = isinstance(replacer, recovery.VolcanoWatch)
     if not on_kubernetes:
-        runner.cancel(handle)  # type: ignore[attr-defined]
+        runner.cancel(handle)
     for stream in streams:
         stream.join(timeout=5)
     if on_kubernetes:
-        runner.cancel(handle)  # type: ignore[attr-defined]
+        runner.cancel(handle)
     if ended != "succeeded":
         print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
         return LOST if ended == "lost" else FAILED
-    section = recovery.summarize(args.run_dir, replacer.losses, attempt_started,
+    section = recovery.summarize(request.run_dir, replacer.losses, attempt_started,
                                  chaos.kills if chaos is not None else [], replacer.stopped,
-                                 unit="step" if args.algorithm == "sync" else "round",
+                                 unit="step" if request.algorithm == "sync" else "round",
                                  job_restarts=attempt)
-    recovery.merge_into_summary(args.run_dir, section)
+    recovery.merge_into_summary(request.run_dir, section)
     for line in recovery.describe(section):
         print(f"train: {line}", flush=True)
     return SUCCEEDED
 
 
-def start_chaos(args: argparse.Namespace, scheduler: str) -> Chaos | None:
+def start_chaos(request: TrainRequest, scheduler: str) -> Chaos | None:
     """The run's chaos (``chaos-mtbf``): kills drawn from ``chaos-seed``, on ``local_netns``."""
-    if args.dryrun or not getattr(args, "chaos_mtbf", 0) or scheduler != "local_netns":
+    if request.dryrun or not request.chaos_mtbf or scheduler != "local_netns":
         return None
-    print(f"train: chaos: a node killed every {args.chaos_mtbf:g}s on average (seed "
-          f"{args.chaos_seed}" + (f", at most {args.chaos_kills} kills" if args.chaos_kills
-                                  else "") + ")", flush=True)
+    print(f"train: chaos: a node killed every {request.chaos_mtbf:g}s on average (seed "
+          f"{request.chaos_seed}" + (f", at most {request.chaos_kills} kills"
+                                     if request.chaos_kills else "") + ")", flush=True)
     since = time.time()
 
     def training() -> bool:  # a rank reported a step: kills land in training, not start-up
         return any(beat.step > 0 for beat in
-                   watchdog.read_heartbeats(args.run_dir, since=since).values())
+                   watchdog.read_heartbeats(request.run_dir, since=since).values())
 
-    return Chaos(args.run_dir / run_files.LOGS, mtbf=args.chaos_mtbf, max_kills=args.chaos_kills,
-                 seed=args.chaos_seed, armed=training).start()
+    return Chaos(request.run_dir / run_files.LOGS, mtbf=request.chaos_mtbf,
+                 max_kills=request.chaos_kills, seed=request.chaos_seed, armed=training).start()
 
 
 def _startup_line(run_dir: Path) -> str | None:

@@ -229,13 +229,6 @@ def check_prerequisites(link: LinkConfig) -> None:
 # Run options and the request
 
 
-class NetnsOpts(LocalOpts, total=False):
-    link_rate: str | None
-    link_delay: str | None
-    link_loss: str | None
-    volume: str | None
-
-
 @dataclass
 class LinkConfig:
     rate: str | None = None
@@ -320,7 +313,7 @@ def assign_addresses(request: PopenRequest, subnet: ipaddress.IPv4Network) -> No
 # Subnets
 
 
-def _host_networks() -> list[ipaddress.IPv4Network]:
+def _host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """Every IPv4 network the host's namespace has an address or a route in."""
     networks = []
     for argv in (["ip", "-4", "-j", "addr"], ["ip", "-4", "-j", "route", "show", "table", "all"]):
@@ -353,7 +346,7 @@ def free_subnet() -> ipaddress.IPv4Network:
     links = _links()
     start = random.randrange(256)
     for step in range(256):
-        subnet = ipaddress.ip_network(f"{SUBNET_PREFIX}.{(start + step) % 256}.0/24")
+        subnet = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{(start + step) % 256}.0/24")
         if host_veth_name(subnet) not in links and not any(subnet.overlaps(n) for n in taken):
             return subnet
     raise NetnsError(f"{NAME}: every subnet {SUBNET_PREFIX}.0.0/16 is in use")
@@ -732,14 +725,14 @@ class NetnsScheduler(HostGpuLocalScheduler):
         base = super()._to_popen_request(app, cfg)
         request = NetnsRequest(**vars(base), link=link, binds=binds)
         # Addresses for the dry run's eyes; the submission picks a free subnet and reassigns.
-        assign_addresses(request, ipaddress.ip_network(f"{SUBNET_PREFIX}.0.0/24"))
+        assign_addresses(request, ipaddress.IPv4Network(f"{SUBNET_PREFIX}.0.0/24"))
         return request
 
     def _submit_dryrun(self, app: AppDef, cfg: LocalOpts) -> AppDryRunInfo[NetnsRequest]:
         request = self._to_popen_request(app, cfg)
         return AppDryRunInfo(request, lambda r: pprint.pformat(asdict(r), indent=2, width=80))
 
-    def schedule(self, dryrun_info: AppDryRunInfo[NetnsRequest]) -> str:  # type: ignore[override]
+    def schedule(self, dryrun_info: AppDryRunInfo[NetnsRequest]) -> str:
         request = dryrun_info.request
         check_prerequisites(request.link)
         if len(self._apps) == self._cache_size and not self._evict_lru():

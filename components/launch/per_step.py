@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from sublimate.components.base.replica_groups import (
     read_counters,
 )
 from sublimate.components.base.runtime import shown_path
+from sublimate.components.base.settings import PER_STEP
 from sublimate.components.launch.failures import app_id_of
 from sublimate.components.monitoring import metrics
 from sublimate.components.monitoring.run_report import failure_line
@@ -310,7 +311,7 @@ def _event(record: dict[str, Any], name: str) -> dict[str, Any] | None:
 
 
 def summarize(run_dir: Path, losses: list[Loss], since: float,
-              kills: Sequence[Any] = (), stopped: Sequence[int] = (),
+              kills: Sequence[Any] = (), stopped: Collection[int] = (),
               unit: str = "step", job_restarts: int = 0) -> dict[str, Any]:
     """The ``fault_tolerance`` section of ``train-summary.json`` for the attempt that started at
     ``since`` (epoch seconds): per lost node, and in total.
@@ -360,32 +361,32 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
             if _event(record, "end") is not None or _event(record, "no_peer") is not None \
                     or id(record) in stopped_last:
                 continue
-            loss = next((loss for loss in unused if loss.node == node
-                         and loss.detected >= (record["start"] or 0)), None)
-            if loss is not None:
-                unused.remove(loss)
+            matched = next((lost for lost in unused if lost.node == node
+                            and lost.detected >= (record["start"] or 0)), None)
+            if matched is not None:
+                unused.remove(matched)
             counters = record["counters"]
             last_event = record["events"][-1]["time"] if record["events"] else record["start"]
             # when it died: chaos's kill, else the fault injection's own record of its kill,
             # else when the launcher saw it (a cluster's loss: later than the death)
             injected = _event(record, "killed")
-            moment = (loss.killed if loss is not None and loss.killed else
+            moment = (matched.killed if matched is not None and matched.killed else
                       injected["time"] if injected is not None else
-                      loss.detected if loss is not None else last_event)
+                      matched.detected if matched is not None else last_event)
             entry: dict[str, Any] = {
                 "node": node, "time": round(moment or 0, 3), "step": counters.get("last_step"),
                 # the step in flight when it died: attempted, neither committed nor dropped
                 "steps_lost": counters.get("attempted", 0) - counters.get("committed", 0)
                 - counters.get("dropped", 0)}
-            if loss is not None:
-                entry["detected_after_seconds"] = round(loss.detected - moment, 3)
+            if matched is not None:
+                entry["detected_after_seconds"] = round(matched.detected - moment, 3)
             entry.update(_survivors(records, record, moment))
             replacement = incarnations[index + 1] if index + 1 < len(incarnations) else None
             first = _event(replacement, "first_commit") if replacement else None
             if replacement is not None and first is not None:
                 # from the replacement's process start (the launcher's clock), else from its
                 # own first record, after its imports
-                started = loss.replaced if loss is not None and loss.replaced else \
+                started = matched.replaced if matched is not None and matched.replaced else \
                     replacement["start"]
                 entry["replaced_at"] = round(started, 3)
                 entry["replacement_trained_after_seconds"] = round(first["time"] - started, 3)
@@ -404,7 +405,7 @@ def summarize(run_dir: Path, losses: list[Loss], since: float,
     per_commit = max((e.get("steps_per_commit", 1) for r in records for e in r["events"]
                       if e["event"] == "start"), default=1)
     return {
-        "recovery": "per-step",
+        "recovery": PER_STEP,
         "unit": unit,
         "job_restarts": job_restarts,
         "nodes_lost": len(failures),
@@ -453,8 +454,8 @@ def timeline(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         last = record["counters"].get("last_step")
         if first is not None and last:
             spans.append({"node": record["node"], "from_step": first["step"],
-                          "to_step": last, "replacement": _event(record, "start") is not None
-                          and bool(_event(record, "start").get("replacement"))})
+                          "to_step": last, "replacement": bool((_event(record, "start") or {})
+                                                               .get("replacement"))})
     return spans
 
 

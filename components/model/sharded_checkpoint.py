@@ -74,9 +74,9 @@ class WeightsOnlyReader(FileSystemReader):
                                   f"(it names {error})") from None
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise CheckpointError(f"{path}: not a checkpoint's metadata, so it is not loaded")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_metadata.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None) or dcp_metadata.StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
 
@@ -111,8 +111,9 @@ def load(state: dict[str, Any], folder: Path) -> None:
                  planner=WeightsOnlyLoadPlanner(folder),
                  no_dist=not torch.distributed.is_initialized())
     except CheckpointException as error:
-        refused = [failure for failure in error.failures.values()
-                   if isinstance(failure, CheckpointError)]
+        # each failure as torch wraps it: (the exception, its traceback)
+        refused = [failure[0] for failure in error.failures.values()
+                   if isinstance(failure[0], CheckpointError)]
         if refused:
             raise refused[0] from None
         raise

@@ -293,7 +293,7 @@ def _start_http_server(port: int, addr: str, registry: CollectorRegistry) -> Any
     class Server(ThreadingWSGIServer):
         address_family = family
 
-    server = make_server(sockaddr[0], port, make_wsgi_app(registry), Server,
+    server = make_server(str(sockaddr[0]), port, make_wsgi_app(registry), Server,
                          handler_class=QuietHandler)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SERVER_POLL_SECONDS},
                      name="sublimate-metrics", daemon=True).start()
@@ -397,7 +397,7 @@ def record_staging(path: Path, *, dataset: str, bytes_transferred: int, files_tr
     Prometheus Pushgateway (``host:port``), pushes them there under job ``sublimate-stage-data``.
     Returns the figures.
     """
-    figures = {"dataset": dataset, "bytes": int(bytes_transferred),
+    figures: dict[str, Any] = {"dataset": dataset, "bytes": int(bytes_transferred),
                "files": int(files_transferred), "files_skipped": int(files_skipped),
                "seconds": round(seconds, 3),
                "bytes_per_second": round(bytes_transferred / seconds, 1) if seconds > 0 else 0.0}
@@ -412,7 +412,7 @@ def record_staging(path: Path, *, dataset: str, bytes_transferred: int, files_tr
         for name, value in figures.items():
             if name != "dataset":
                 Gauge(f"sublimate_staging_{name}", f"stage-data: {name}", ["dataset"],
-                      registry=registry).labels(dataset=dataset).set(value)
+                      registry=registry).labels(dataset=dataset).set(float(value))
         with contextlib.suppress(OSError):  # an unreachable gateway must not fail staging
             push_to_gateway(gateway, job="sublimate-stage-data", registry=registry)
     return figures

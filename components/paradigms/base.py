@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sublimate.components.base.settings import ParadigmConfig, paradigm_config
+from sublimate.components.base.settings import checked_values
 from sublimate.components.monitoring.traffic import Traffic, tensor_bytes
 
 if TYPE_CHECKING:  # torch is imported by the workers, not by the code that renders pipelines
@@ -48,11 +49,26 @@ class Replicas(Protocol):
     def commit(self) -> bool: ...
 
 
+@dataclass(frozen=True)
+class ParadigmConfig:
+    """The settings a paradigm applies, typed: none for sync; each paradigm with settings of its
+    own declares a subclass with one field per setting (named as the setting's attribute, e.g.
+    ``BmufConfig.sync_period``) and names it as its ``Config``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeriodicConfig(ParadigmConfig):
+    """What every periodic paradigm applies: the steps between its rounds."""
+
+    sync_period: int
+
+
 class Paradigm:
     """Base class: a paradigm sees the model, the optimizer and the process group (or, under
     per-step recovery, the replica groups: ``replicas``)."""
 
     name: ClassVar[str]
+    Config: ClassVar[type[ParadigmConfig]] = ParadigmConfig
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: ParadigmConfig | Mapping[str, Any],
@@ -62,13 +78,24 @@ class Paradigm:
         self.replicas = replicas
         # Typed and checked against the settings' declaration: `config.sync_period` is an int
         # of at least 1, `config.nesterov` a bool, whatever the caller passed.
-        self.config = config if isinstance(config, ParadigmConfig) \
-            else paradigm_config(self.name, config)
+        if not isinstance(config, ParadigmConfig):
+            self.config = self.configure(config)
+        elif isinstance(config, self.Config):
+            self.config = config
+        else:
+            raise TypeError(f"{self.name} takes a {self.Config.__name__}, not a "
+                            f"{type(config).__name__}")
         # collective operations issued by this worker, for the benchmark's ops-per-epoch figure
         self.communication_ops = 0
         # the bytes they sent, counted where each is issued (here, DDP's comm hook for sync,
         # FaultTolerance.average under per-step recovery)
         self.traffic = Traffic()
+
+    @classmethod
+    def configure(cls, values: Mapping[str, Any]) -> ParadigmConfig:
+        """This paradigm's typed config from settings by attribute (others are ignored);
+        each is checked against its declaration, a missing one takes its default."""
+        return cls.Config(**checked_values([f.name for f in fields(cls.Config)], values))
 
     def training_model(self) -> nn.Module:
         """The module to run forward/backward on (e.g. a DDP wrapper around ``self.model``)."""
@@ -161,6 +188,9 @@ class PeriodicAveraging(Paradigm):
     the buffers of the last round. The steps after the last full period are synced by
     :meth:`finish`, so no worker's last local steps are lost.
     """
+
+    Config: ClassVar[type[ParadigmConfig]] = PeriodicConfig
+    config: PeriodicConfig
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: ParadigmConfig | Mapping[str, Any],
@@ -285,7 +315,8 @@ class PeriodicAveraging(Paradigm):
 
 def buffer_groups(module: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The module's buffers: (floating point ones, the others such as counters)."""
-    floating, counters = [], []
+    floating: list[torch.Tensor] = []
+    counters: list[torch.Tensor] = []
     for buffer in module.buffers():
         (floating if buffer.is_floating_point() else counters).append(buffer)
     return floating, counters

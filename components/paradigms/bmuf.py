@@ -16,7 +16,8 @@ periodic model averaging.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from torch import nn
 from .base import (
     ParadigmConfig,
     PeriodicAveraging,
+    PeriodicConfig,
     Replicas,
     auto_or,
     flat_parameters,
@@ -31,8 +33,17 @@ from .base import (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class BmufConfig(PeriodicConfig):
+    block_lr: float  # zeta
+    nesterov: bool
+    block_momentum: float | None  # eta; None: 1 - 1/N for N workers
+
+
 class BlockMomentumSGD(PeriodicAveraging):
     name = "bmuf"
+    Config: ClassVar[type[ParadigmConfig]] = BmufConfig
+    config: BmufConfig
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: ParadigmConfig | Mapping[str, Any],

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from .base import ParadigmConfig, PeriodicAveraging, Replicas
+from .base import ParadigmConfig, PeriodicAveraging, PeriodicConfig, Replicas
 
 OUTER_GRADIENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -92,8 +93,18 @@ def model_fragments(model: nn.Module, count: int) -> list[nn.Module]:
     return [nn.ModuleList(group) for group in groups]
 
 
+@dataclass(frozen=True, kw_only=True)
+class DilocoConfig(PeriodicConfig):
+    outer_lr: float
+    outer_momentum: float  # Nesterov
+    fragments: int  # Streaming DiLoCo's; 1: the whole model each round
+    outer_gradient_dtype: str  # the pseudo-gradients' type on the wire
+
+
 class DiLoCo(PeriodicAveraging):
     name = "diloco"
+    Config: ClassVar[type[ParadigmConfig]] = DilocoConfig
+    config: DilocoConfig
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: ParadigmConfig | Mapping[str, Any],
@@ -113,7 +124,7 @@ class DiLoCo(PeriodicAveraging):
         # torchft checks the schedule (sync-period a multiple of fragments, ...) and backs up
         # the global weights; settings.check refused a bad schedule before any worker started.
         self._diloco = TorchftDiLoCo(
-            _RoundChannel(self), fragments, optimizer, self.outer_optimizers,  # type: ignore[arg-type]
+            _RoundChannel(self), fragments, optimizer, self.outer_optimizers,
             sync_every=config.sync_period, backup_device=self.device, pin_memory=False,
             use_bucketization=True, bucket_cap_mb=1 << 16)  # one all-reduce per round
         self.period = config.sync_period // config.fragments  # steps between rounds

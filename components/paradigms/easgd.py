@@ -15,7 +15,8 @@ no parameter server is needed. The default ``alpha = 0.9 / N`` is the paper's ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from torch import nn
 from .base import (
     ParadigmConfig,
     PeriodicAveraging,
+    PeriodicConfig,
     Replicas,
     auto_or,
     flat_parameters,
@@ -30,8 +32,15 @@ from .base import (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class EasgdConfig(PeriodicConfig):
+    moving_rate: float | None  # alpha; None: 0.9 / N for N workers
+
+
 class ElasticAveragingSGD(PeriodicAveraging):
     name = "easgd"
+    Config: ClassVar[type[ParadigmConfig]] = EasgdConfig
+    config: EasgdConfig
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: ParadigmConfig | Mapping[str, Any],

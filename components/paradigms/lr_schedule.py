@@ -42,8 +42,8 @@ def block_filter_gain(settings: Mapping[str, Any], workers: int) -> float:
         return outer_lr / (1.0 - momentum) if outer_lr > 0 else 1.0
     if settings.get("algorithm") != "bmuf":
         return 1.0
-    momentum = settings.get("block_momentum")
-    eta = 1.0 - 1.0 / workers if momentum in (None, "auto", -1) else float(momentum)
+    block_momentum = settings.get("block_momentum")
+    eta = 1.0 - 1.0 / workers if block_momentum in (None, "auto", -1) else float(block_momentum)
     zeta = float(settings.get("block_lr", 1.0))
     # zeta = 0 never moves the model; no rate can compensate, so none is tried.
     return zeta / (1.0 - eta) if zeta > 0 and eta < 1 else 1.0

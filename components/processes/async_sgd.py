@@ -23,7 +23,6 @@ import time
 
 STARTED = time.time()  # this module's code began: the start-up report's end of "interpreter"
 
-import argparse
 import os
 import warnings
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re
     AsyncSGD,
     ParameterServer,
 )
+from sublimate.components.processes.request import ParameterServerRequest
 
 if TYPE_CHECKING:
     from sublimate.components.processes.learning import Evaluation
@@ -91,21 +91,22 @@ def _remote_finish(trainer: int) -> None:
     _SERVER.finish(trainer)
 
 
-def _setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, Any, Any, int]:
+def _setup(request: ParameterServerRequest,
+           ) -> tuple[nn.Module, torch.optim.Optimizer, Any, Any, int]:
     from sublimate.components.data.datasets import read_metadata, read_split
     from sublimate.components.model.models import build_model, model_spec
 
-    metadata = read_metadata(args.data_dir)
-    data = read_split(args.data_dir, "train")
-    torch.manual_seed(args.seed)
-    architecture, config = model_spec(args.model, int(data.x.reshape(len(data.y), -1).shape[1]),
-                                      metadata["num_classes"], args.hidden)
+    metadata = read_metadata(request.data_dir)
+    data = read_split(request.data_dir, "train")
+    torch.manual_seed(request.seed)
+    architecture, config = model_spec(request.model, int(data.x.reshape(len(data.y), -1).shape[1]),
+                                      metadata["num_classes"], request.hidden)
     model = build_model(architecture, config)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
-                                momentum=args.momentum, weight_decay=args.weight_decay)
-    steps_per_epoch = len(data.y) // args.global_batch_size
+    optimizer = torch.optim.SGD(model.parameters(), lr=request.learning_rate,
+                                momentum=request.momentum, weight_decay=request.weight_decay)
+    steps_per_epoch = len(data.y) // request.global_batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"global-batch-size {args.global_batch_size} exceeds the "
+        raise ValueError(f"global-batch-size {request.global_batch_size} exceeds the "
                          f"{len(data.y)} training examples")
     return model, optimizer, metadata, data, steps_per_epoch
 
@@ -144,7 +145,8 @@ def shutdown_rpc(rank: int, world_size: int, timeout: float) -> None:
     (``timeout`` at most: a role that died has nothing more to read)."""
     from torch.distributed import rpc
 
-    store = rpc.api._get_current_rpc_agent().store  # torch's own handle on the group's store
+    agent: Any = rpc.api._get_current_rpc_agent()
+    store = agent.store  # torch's own handle on the group's store (not in its type stubs)
     rpc.shutdown()
     left = store.add(LEFT_KEY, 1)
     deadline = time.monotonic() + timeout
@@ -153,16 +155,17 @@ def shutdown_rpc(rank: int, world_size: int, timeout: float) -> None:
         left = store.add(LEFT_KEY, 0)
 
 
-def _init_rpc(args: argparse.Namespace, name: str, rank: int) -> None:
-    init_rpc(args.rpc_endpoint, name, rank, args.num_trainers + 1, args.rpc_timeout)
+def _init_rpc(request: ParameterServerRequest, name: str, rank: int) -> None:
+    init_rpc(request.rpc_endpoint, name, rank, request.num_trainers + 1, request.rpc_timeout)
 
 
-def trainer_learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int) -> float:
+def trainer_learning_rate(request: ParameterServerRequest, step: int,
+                          steps_per_epoch: int) -> float:
     """A trainer's rate at its ``step``: each update carries one trainer's batch, so linear
     scaling uses that batch; warmup counts the trainer's own steps
     (:mod:`sublimate.components.paradigms.lr_schedule`)."""
-    return lr_schedule.learning_rate({**vars(args), "algorithm": "async"}, args.num_trainers,
-                                     step, steps_per_epoch)
+    return lr_schedule.learning_rate({**request.values(), "algorithm": "async"},
+                                     request.num_trainers, step, steps_per_epoch)
 
 
 def trainer_device() -> torch.device:
@@ -172,40 +175,40 @@ def trainer_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def run_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> dict[str, Any]:
+def run_server(request: ParameterServerRequest, startup: monitoring.StartupClock) -> dict[str, Any]:
     """The ``ps`` role: apply the trainers' pushes until every trainer has finished (resuming
     from the server's checkpoint), save the model and return the summary."""
-    run = start_server(args, startup)
+    run = start_server(request, startup)
     run.serve()
     return run.finish()
 
 
-def start_server(args: argparse.Namespace, startup: monitoring.StartupClock) -> ServerRun:
+def start_server(request: ParameterServerRequest, startup: monitoring.StartupClock) -> ServerRun:
     """Build the server or restore it from its checkpoint, start monitoring and wait for every
     trainer to join (start-up phases ``data``, ``setup`` and ``process_group``)."""
     global _SERVER
     from sublimate.components.model.models import build_model, model_spec
     from sublimate.components.processes.learning import Evaluation
 
-    model, optimizer, metadata, train_data, steps_per_epoch = _setup(args)
+    model, optimizer, metadata, train_data, steps_per_epoch = _setup(request)
     num_features = int(train_data.x[0].size)
     test_set, probe = None, None
-    if args.eval_every_epoch:  # read once, and one model to evaluate snapshots in
-        test_set = Evaluation.read(args.data_dir, torch.device("cpu"))
-        probe = build_model(*model_spec(args.model, num_features, metadata["num_classes"],
-                                        args.hidden))
+    if request.eval_every_epoch:  # read once, and one model to evaluate snapshots in
+        test_set = Evaluation.read(request.data_dir, torch.device("cpu"))
+        probe = build_model(*model_spec(request.model, num_features, metadata["num_classes"],
+                                        request.hidden))
     startup.mark("data")
-    server = ParameterServer(model, optimizer, args.num_trainers, args.staleness_bound)
-    saved = checkpoint.load(args.run_dir / SERVER_CHECKPOINT)
+    server = ParameterServer(model, optimizer, request.num_trainers, request.staleness_bound)
+    saved = checkpoint.load(request.run_dir / SERVER_CHECKPOINT)
     if saved is not None:
         server.load_state_dict(saved)
         print(f"resumed parameter server at update {server.version}", flush=True)
     _SERVER = server
-    metrics, epoch_log, staleness_gauge = _server_monitoring(args)
+    metrics, epoch_log, staleness_gauge = _server_monitoring(request)
     startup.mark("setup")
-    _init_rpc(args, PS_NAME, 0)  # returns once every trainer has joined
+    _init_rpc(request, PS_NAME, 0)  # returns once every trainer has joined
     startup.mark("process_group")
-    return ServerRun(args, startup, server, metadata, num_features, steps_per_epoch, test_set,
+    return ServerRun(request, startup, server, metadata, num_features, steps_per_epoch, test_set,
                      probe, metrics, epoch_log, staleness_gauge)
 
 
@@ -214,7 +217,7 @@ class ServerRun:
     """The parameter server's run: what it serves, where it reports, and its clocks, which
     count applied updates (``server.version``) from the run's start."""
 
-    args: argparse.Namespace
+    request: ParameterServerRequest
     startup: monitoring.StartupClock
     server: ParameterServer
     metadata: dict[str, Any]
@@ -227,16 +230,16 @@ class ServerRun:
     staleness_gauge: Any  # a prometheus Gauge (None with metrics off)
 
     def __post_init__(self) -> None:
-        args, version = self.args, self.server.version
-        self.local_batch = args.global_batch_size // args.num_trainers  # one update's rows
-        self.updates_per_epoch = self.steps_per_epoch * args.num_trainers
-        self.total_updates = self.steps_per_epoch * args.epochs * args.num_trainers
+        request, version = self.request, self.server.version
+        self.local_batch = request.global_batch_size // request.num_trainers  # one update's rows
+        self.updates_per_epoch = self.steps_per_epoch * request.num_trainers
+        self.total_updates = self.steps_per_epoch * request.epochs * request.num_trainers
         self.first_version = self.observed_version = self.epoch_version = version
         self.epoch_started = time.perf_counter()
         # Training time starts here; every evaluation moves it on by its own duration.
         self.started = time.perf_counter()
         self.next_report = version + self.updates_per_epoch
-        self.next_checkpoint = version + args.checkpoint_every if args.checkpoint_every \
+        self.next_checkpoint = version + request.checkpoint_every if request.checkpoint_every \
             else None
         self.curve: list[list[float]] = []  # [train seconds, update, test accuracy] per epoch
         self.evaluation_seconds = 0.0
@@ -247,18 +250,19 @@ class ServerRun:
     def serve(self) -> None:
         """Until every trainer has finished, wake at the next epoch's end, checkpoint or second
         (whichever is first) and publish, checkpoint and report what has come due."""
-        server, num_trainers = self.server, self.args.num_trainers
+        server, num_trainers = self.server, self.request.num_trainers
         while True:
             wake_at = min(self.next_report, self.next_checkpoint or self.next_report)
             with server.condition:
-                server.condition.wait_for(
-                    lambda wake_at=wake_at: len(server.finished) == num_trainers
-                    or server.version >= wake_at, timeout=1.0)
+                def due(wake_at: float = wake_at) -> bool:
+                    return len(server.finished) == num_trainers or server.version >= wake_at
+
+                server.condition.wait_for(due, timeout=1.0)
                 done = len(server.finished) == num_trainers
             self.observe()
             if self.next_checkpoint is not None and server.version >= self.next_checkpoint:
                 self.save_checkpoint()
-                self.next_checkpoint = server.version + self.args.checkpoint_every
+                self.next_checkpoint = server.version + self.request.checkpoint_every
             if server.version >= self.next_report:
                 self.report_epoch()
             if done:
@@ -281,7 +285,7 @@ class ServerRun:
             return
         if now - self.quiet_since[1] < QUIET_SECONDS:
             return
-        for trainer in range(self.args.num_trainers):
+        for trainer in range(self.request.num_trainers):
             if trainer in server.finished:
                 continue
             try:
@@ -316,14 +320,14 @@ class ServerRun:
     def report_epoch(self) -> None:
         """An epoch's updates are in: its log line (with the trainers' mean loss and time
         split), the evaluation and the epoch's record."""
-        server, args = self.server, self.args
+        server, request = self.server, self.request
         epoch = round(server.version / self.updates_per_epoch)
         now = time.perf_counter()
         samples_per_second = (server.version - self.epoch_version) * self.local_batch \
             / max(now - self.epoch_started, 1e-9)
         self.epoch_started, self.epoch_version = now, server.version
         trainers = server.trainer_means()
-        message = f"epoch {epoch}/{args.epochs} updates {server.version}/{self.total_updates}"
+        message = f"epoch {epoch}/{request.epochs} updates {server.version}/{self.total_updates}"
         if "loss" in trainers:
             message += f" loss {trainers['loss']:.4f}"
         message += f" samples/s {samples_per_second:.0f} staleness mean " \
@@ -356,43 +360,43 @@ class ServerRun:
 
     def save_checkpoint(self) -> None:
         """The server's whole state, which a re-submitted run resumes from."""
-        checkpoint.save(self.server.state_dict(), self.args.run_dir / SERVER_CHECKPOINT)
+        checkpoint.save(self.server.state_dict(), self.request.run_dir / SERVER_CHECKPOINT)
 
     def finish(self) -> dict[str, Any]:
         """Shut the RPC group down, stop monitoring, save the last checkpoint, the model and
         the summary; return the summary."""
         from sublimate.components.model.models import model_spec
 
-        args, server = self.args, self.server
+        request, server = self.request, self.server
         seconds = time.perf_counter() - self.started
-        shutdown_rpc(0, args.num_trainers + 1, args.rpc_timeout)
+        shutdown_rpc(0, request.num_trainers + 1, request.rpc_timeout)
         self.epoch_log.close()
         if self.metrics is not None:
             self.metrics.close()
         self.save_checkpoint()
         summary = self.summary(seconds)
-        architecture, config = model_spec(args.model, self.num_features,
-                                          self.metadata["num_classes"], args.hidden)
+        architecture, config = model_spec(request.model, self.num_features,
+                                          self.metadata["num_classes"], request.hidden)
         checkpoint.save({"architecture": architecture, "config": config,
             "state_dict": server.snapshot(), "algorithm": "async",
             "steps": summary["steps"], "dataset": self.metadata["name"]},
-            args.run_dir / run_files.MODEL)
-        write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+            request.run_dir / run_files.MODEL)
+        write_json(summary, request.run_dir / run_files.SUMMARY, sort_keys=False)
         return summary
 
     def summary(self, seconds: float) -> dict[str, Any]:
         """What this launch did (train-summary.json), ``seconds`` being its training time."""
-        args, server = self.args, self.server
+        request, server = self.request, self.server
         return {
-            "algorithm": "async", "world_size": args.num_trainers, "epochs": args.epochs,
-            "global_batch_size": args.global_batch_size, "train_seconds": round(seconds, 3),
+            "algorithm": "async", "world_size": request.num_trainers, "epochs": request.epochs,
+            "global_batch_size": request.global_batch_size, "train_seconds": round(seconds, 3),
             "samples_per_second": round((server.version - self.first_version) * self.local_batch
                                         / max(seconds, 1e-9), 1),
             "push_pull_ops_per_epoch": self.updates_per_epoch,
             "communication_ops_per_epoch": self.updates_per_epoch,
             "resumed_from_update": self.first_version, "accuracy_curve": self.curve,
             "evaluation_seconds": round(self.evaluation_seconds, 4),
-            "steps": server.version // args.num_trainers,
+            "steps": server.version // request.num_trainers,
             # The first update applied is async SGD's first step (None: this launch applied none).
             "launch_to_first_step_seconds": self.launch_to_first_step,
             "startup": self.startup.phases() if self.launch_to_first_step is not None else {},
@@ -400,29 +404,29 @@ class ServerRun:
         }
 
 
-def run_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) -> None:
+def run_trainer(request: ParameterServerRequest, startup: monitoring.StartupClock) -> None:
     """The ``trainer`` role: push gradients and pull parameters until the last step."""
-    trainer = start_trainer(args, startup)
+    trainer = start_trainer(request, startup)
     trainer.run()
     trainer.finish()
 
 
-def start_trainer(args: argparse.Namespace, startup: monitoring.StartupClock) -> TrainerRun:
+def start_trainer(request: ParameterServerRequest, startup: monitoring.StartupClock) -> TrainerRun:
     """Read the data, join the RPC group and pull the server's parameters and this trainer's
     position (start-up phases ``data`` and ``process_group``); start monitoring."""
     from torch.distributed import rpc
 
-    model, _, _, data, steps_per_epoch = _setup(args)
+    model, _, _, data, steps_per_epoch = _setup(request)
     device = trainer_device()
     model = model.to(device)
     features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(device)
     labels = torch.from_numpy(data.y).to(device)
     startup.mark("data")
-    _init_rpc(args, f"trainer{args.trainer_id}", args.trainer_id + 1)
-    parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(args.trainer_id,))
+    _init_rpc(request, f"trainer{request.trainer_id}", request.trainer_id + 1)
+    parameters, version, step = rpc.rpc_sync(PS_NAME, _remote_start, args=(request.trainer_id,))
     startup.mark("process_group")
-    metrics, epoch_log = _trainer_monitoring(args)
-    return TrainerRun(args, startup, model, features, labels, steps_per_epoch, metrics,
+    metrics, epoch_log = _trainer_monitoring(request)
+    return TrainerRun(request, startup, model, features, labels, steps_per_epoch, metrics,
                       epoch_log, parameters, version, step)
 
 
@@ -431,7 +435,7 @@ class TrainerRun:
     """One async trainer: its model replica and data, monitoring, and where it stands (the
     parameters it last pulled, their version, the steps it has taken)."""
 
-    args: argparse.Namespace
+    request: ParameterServerRequest
     startup: monitoring.StartupClock
     model: nn.Module
     features: torch.Tensor
@@ -444,10 +448,11 @@ class TrainerRun:
     step: int
 
     def __post_init__(self) -> None:
-        args = self.args
-        self.local_batch = args.global_batch_size // args.num_trainers  # main() checked it divides
-        self.lr = trainer_learning_rate(args, self.step, self.steps_per_epoch)
-        self.total_steps = self.steps_per_epoch * args.epochs
+        request = self.request
+        # main() checked that it divides
+        self.local_batch = request.global_batch_size // request.num_trainers
+        self.lr = trainer_learning_rate(request, self.step, self.steps_per_epoch)
+        self.total_steps = self.steps_per_epoch * request.epochs
         self.times = monitoring.StepTimes()
 
     def run(self) -> None:
@@ -459,13 +464,13 @@ class TrainerRun:
         """
         from torch.distributed import rpc
 
-        args, model, features, labels = self.args, self.model, self.features, self.labels
+        request, model, features, labels = self.request, self.model, self.features, self.labels
         metrics, times, local_batch = self.metrics, self.times, self.local_batch
         device, on_gpu = labels.device, labels.is_cuda
         buffers = list(model.buffers())  # BatchNorm statistics: sent with every push
-        schedule = {**vars(args), "algorithm": "async"}  # what trainer_learning_rate reads
+        schedule = {**request.values(), "algorithm": "async"}  # what trainer_learning_rate reads
         steps_per_epoch, total_steps = self.steps_per_epoch, self.total_steps
-        trainer_id, global_batch = args.trainer_id, args.global_batch_size
+        trainer_id, global_batch = request.trainer_id, request.global_batch_size
         parameters, version, step = self.parameters, self.version, self.step
         loss_fn, perf_counter = nn.CrossEntropyLoss(), time.perf_counter
         pending_startup = self.startup if step < total_steps else None
@@ -473,15 +478,15 @@ class TrainerRun:
 
         fail_at = fault_injection_step(trainer_id)  # resilience tests: SIGKILL at that step
         epoch_loss, epoch_steps, epoch_started = torch.zeros((), device=device), 0, perf_counter()
-        order, order_epoch = None, -1
+        order, order_epoch = torch.empty(0, dtype=torch.long), -1  # drawn at the first step
         while step < total_steps:
             started = perf_counter()
             epoch, batch_index = divmod(step, steps_per_epoch)
             if epoch != order_epoch:  # one permutation per epoch (it was redrawn every step)
-                generator = torch.Generator().manual_seed(args.seed * 100_003 + epoch)
+                generator = torch.Generator().manual_seed(request.seed * 100_003 + epoch)
                 order, order_epoch = torch.randperm(len(labels), generator=generator), epoch
                 order = order.to(device)
-            lr = lr_schedule.learning_rate(schedule, args.num_trainers, step, steps_per_epoch)
+            lr = lr_schedule.learning_rate(schedule, request.num_trainers, step, steps_per_epoch)
             start = batch_index * global_batch + trainer_id * local_batch
             rows = order[start:start + local_batch]
             x, y = features[rows], labels[rows]
@@ -493,7 +498,9 @@ class TrainerRun:
             loss = loss_fn(model(x), y)
             loss.backward()
             epoch_loss += loss.detach()
-            gradients = [parameter.grad for parameter in model.parameters()]
+            # a parameter the loss does not reach has no gradient: it moves by none
+            gradients = [torch.zeros_like(parameter) if parameter.grad is None else parameter.grad
+                         for parameter in model.parameters()]
             pushed = [buffer.detach().clone() for buffer in buffers]
             if on_gpu:  # RPC carries CPU tensors (no device maps to configure)
                 gradients = [gradient.cpu() for gradient in gradients]
@@ -533,7 +540,7 @@ class TrainerRun:
         figures = {"loss": epoch_loss.item() / epoch_steps,
                    **{f"{phase}_seconds": value for phase, value
                       in zip(monitoring.PHASES, self.times.take_epoch(), strict=True)}}
-        rpc.rpc_sync(PS_NAME, _remote_report, args=(self.args.trainer_id, figures))
+        rpc.rpc_sync(PS_NAME, _remote_report, args=(self.request.trainer_id, figures))
         _record_trainer_epoch(self.epoch_log, self.metrics, -(-step // self.steps_per_epoch),
                               step, self.lr, figures,
                               epoch_steps * self.local_batch / max(seconds, 1e-9), seconds)
@@ -542,39 +549,42 @@ class TrainerRun:
         """Tell the server this trainer is done, leave the RPC group and stop monitoring."""
         from torch.distributed import rpc
 
-        rpc.rpc_sync(PS_NAME, _remote_finish, args=(self.args.trainer_id,))
-        shutdown_rpc(self.args.trainer_id + 1, self.args.num_trainers + 1, self.args.rpc_timeout)
+        rpc.rpc_sync(PS_NAME, _remote_finish, args=(self.request.trainer_id,))
+        request = self.request
+        shutdown_rpc(request.trainer_id + 1, request.num_trainers + 1, request.rpc_timeout)
         self.epoch_log.close()
         if self.metrics is not None:
             self.metrics.close()
 
 
-def _server_monitoring(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _server_monitoring(request: ParameterServerRequest) -> tuple[Any, Any, Any]:
     from prometheus_client import Gauge
 
     from sublimate.components.monitoring.tensorboard_log import EpochLog
 
-    metrics = monitoring.serve_worker(args.run_dir, "0", "ps0", role="ps", addr=args.metrics_addr,
-                                      port=args.metrics_port, key="ps")
+    metrics = monitoring.serve_worker(request.run_dir, "0", "ps0", role="ps",
+                                      addr=request.metrics_addr, port=request.metrics_port,
+                                      key="ps")
     staleness = None
     if metrics is not None:
         staleness = Gauge("sublimate_async_staleness_mean", "mean staleness of applied updates",
                           list(metrics.labels), registry=metrics.registry).labels(**metrics.labels)
         print(f"metrics: http://{metrics.address}/metrics (every process: "
-              f"{args.run_dir / monitoring.ENDPOINTS_FILE})", flush=True)
-    return metrics, EpochLog(args.run_dir, "ps", aggregate=True), staleness
+              f"{request.run_dir / monitoring.ENDPOINTS_FILE})", flush=True)
+    return metrics, EpochLog(request.run_dir, "ps", aggregate=True), staleness
 
 
-def _trainer_monitoring(args: argparse.Namespace) -> tuple[Any, Any]:
+def _trainer_monitoring(request: ParameterServerRequest) -> tuple[Any, Any]:
     from sublimate.components.monitoring.tensorboard_log import EpochLog
 
     # Trainers are separate TorchX replicas; on one host they share the base port, so each
     # offsets it by its id (in a cluster each is its own pod and the offset is harmless).
     metrics = monitoring.serve_worker(
-        args.run_dir, str(args.trainer_id + 1), f"trainer{args.trainer_id}", role="trainer",
-        local_rank=1 + args.trainer_id, addr=args.metrics_addr, port=args.metrics_port,
-        key=f"trainer-{args.trainer_id}")
-    return metrics, EpochLog(args.run_dir, f"trainer-{args.trainer_id}")
+        request.run_dir, str(request.trainer_id + 1), f"trainer{request.trainer_id}",
+        role="trainer", local_rank=1 + request.trainer_id, addr=request.metrics_addr,
+        port=request.metrics_port,
+        key=f"trainer-{request.trainer_id}")
+    return metrics, EpochLog(request.run_dir, f"trainer-{request.trainer_id}")
 
 
 def _record_server_epoch(epoch_log: Any, metrics: Any, epoch: int, server: ParameterServer,
@@ -621,7 +631,7 @@ def _record_trainer_epoch(epoch_log: Any, metrics: Any, epoch: int, step: int, l
         metrics.observe_epoch(epoch, figures["loss"], lr)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> ParameterServerRequest:
     from sublimate.components.base.settings import add_training_arguments
     from sublimate.components.base.termination import OneLineParser
     from sublimate.components.processes.worker import add_metrics_arguments
@@ -636,46 +646,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rpc-timeout", type=float, default=300.0)
     add_metrics_arguments(parser)
     add_training_arguments(parser, ("async",))
-    return parser.parse_args(argv)
+    return ParameterServerRequest.from_values(vars(parser.parse_args(argv)))
 
 
-def refusal(args: argparse.Namespace) -> str | None:
+def refusal(request: ParameterServerRequest) -> str | None:
     """Why these arguments cannot train, in one line (None if they can); the launcher refuses
     the same before it starts any process, with the same words."""
     try:  # one trainer per node, in the launcher's terms
-        check({**vars(args), "algorithm": "async", "nodes": args.num_trainers,
+        check({**request.values(), "algorithm": "async", "nodes": request.num_trainers,
                "procs_per_node": 1})
     except SettingError as error:
         return str(error)
     from sublimate.components.data.datasets import data_problem  # as _setup: deferred
 
     # Only the server evaluates, so only it needs the test split.
-    return data_problem(args.data_dir, args.global_batch_size,
-                        args.eval_every_epoch and args.role == "ps")
+    return data_problem(request.data_dir, request.global_batch_size,
+                        request.eval_every_epoch and request.role == "ps")
 
 
 def main(argv: list[str] | None = None) -> int:
     # TorchX starts these processes itself (no torchrun agent): "scheduler" is that phase.
     startup = monitoring.StartupClock(STARTED, spawned_by="scheduler")
     startup.mark("imports")
-    args = parse_args(argv)
-    problem = refusal(args)
+    request = parse_args(argv)
+    problem = refusal(request)
     if problem is not None:
         return fail("train", problem)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # torch's RPC init warns about its own internal use of a deprecated API: noise in the live view
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-    if args.role == "ps":
+    if request.role == "ps":
         try:
-            summary = run_server(args, startup)
+            summary = run_server(request, startup)
         except (checkpoint.CheckpointError, TrainerLost) as error:  # one line says it all
             return fail("train", str(error), code=1)
         print(f"training finished: {summary['updates_applied']} updates in "
               f"{summary['train_seconds']:.1f}s, {summary['samples_per_second']:.0f} samples/s, "
               f"staleness mean {summary['staleness_mean']}, model at "
-              f"{args.run_dir / 'model.pt'}", flush=True)
+              f"{request.run_dir / 'model.pt'}", flush=True)
     else:
-        run_trainer(args, startup)
+        run_trainer(request, startup)
     return 0
 
 

@@ -4,7 +4,6 @@ restart mode's :mod:`.worker` and the per-step mode's :mod:`.per_step_run`)."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,15 +18,16 @@ from sublimate.components.data.datasets import read_metadata, read_split, stream
 from sublimate.components.model.models import build_model, model_spec
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.paradigms import Paradigm, lr_schedule
+from sublimate.components.processes.request import WorkerRequest
 from sublimate.components.training import ProcessGroup
 
 
-def learning_rate(args: argparse.Namespace, step: int, steps_per_epoch: int,
+def learning_rate(request: WorkerRequest, step: int, steps_per_epoch: int,
                   workers: int) -> float:
     """The rate at ``step``: lr-scaling for the paradigm, reached by gradual warmup (the rules,
     and why they differ between paradigms, are
     :mod:`sublimate.components.paradigms.lr_schedule`'s)."""
-    return lr_schedule.learning_rate(vars(args), workers, step, steps_per_epoch)
+    return lr_schedule.learning_rate(request.values(), workers, step, steps_per_epoch)
 
 
 
@@ -89,35 +89,36 @@ class TrainingData:
     total_steps: int
 
 
-def load_data(args: argparse.Namespace, group: ProcessGroup, startup: monitoring.StartupClock,
+def load_data(request: WorkerRequest, group: ProcessGroup, startup: monitoring.StartupClock,
               ) -> TrainingData:
     """Read the staged dataset onto the device (start-up phase ``data``)."""
     # Every process of the job (a lost node's included, under per-step recovery) has its slot.
-    micro_batch = args.global_batch_size // (group.slots * args.accumulation_steps)
-    local_batch = micro_batch * args.accumulation_steps
-    metadata = read_metadata(args.data_dir)
+    micro_batch = request.global_batch_size // (group.slots * request.accumulation_steps)
+    local_batch = micro_batch * request.accumulation_steps
+    metadata = read_metadata(request.data_dir)
     num_features = math.prod(int(size) for size in metadata["feature_shape"])
     features = labels = reader = None
-    if streams(args.data_loading, metadata):
+    if streams(request.data_loading, metadata):
         from sublimate.components.data.streaming import ShardReader
 
         # Each rank reads its own share of the shards, one shuffle window at a time.
-        reader = ShardReader(args.data_dir, "train", local_batch=local_batch, rank=group.slot,
-                             world=group.slots, seed=args.seed, buffer_size=args.shuffle_buffer)
+        reader = ShardReader(request.data_dir, "train", local_batch=local_batch, rank=group.slot,
+                             world=group.slots, seed=request.seed,
+                             buffer_size=request.shuffle_buffer)
         steps_per_epoch = reader.steps
     else:
-        data = read_split(args.data_dir, "train")
+        data = read_split(request.data_dir, "train")
         features = torch.from_numpy(data.x).reshape(len(data.y), -1).to(group.device)
         labels = torch.from_numpy(data.y).to(group.device)
-        steps_per_epoch = len(labels) // args.global_batch_size  # main() made sure it is >= 1
+        steps_per_epoch = len(labels) // request.global_batch_size  # main() made sure it is >= 1
     # Only rank 0 evaluates; it reads the test split once, here, not after every epoch (or
     # streams it, when the training split streams).
     test_set = (Evaluation.stream if reader is not None else Evaluation.read)(
-        args.data_dir, group.device) \
-        if args.eval_every_epoch and group.rank == 0 else None
+        request.data_dir, group.device) \
+        if request.eval_every_epoch and group.rank == 0 else None
     startup.mark("data")
     return TrainingData(metadata, features, labels, reader, num_features, test_set,
-                        micro_batch, local_batch, steps_per_epoch, steps_per_epoch * args.epochs)
+                        micro_batch, local_batch, steps_per_epoch, steps_per_epoch * request.epochs)
 
 
 @dataclass(slots=True)
@@ -132,17 +133,17 @@ class Learner:
     checkpointer: training.Checkpointer
 
 
-def build_learner(args: argparse.Namespace, group: ProcessGroup, data: TrainingData) -> Learner:
+def build_learner(request: WorkerRequest, group: ProcessGroup, data: TrainingData) -> Learner:
     """The seeded model, its optimizer and the paradigm, as at step 0 (not restored yet)."""
-    torch.manual_seed(args.seed)
-    architecture, config = model_spec(args.model, data.num_features,
-                                      data.metadata["num_classes"], args.hidden)
+    torch.manual_seed(request.seed)
+    architecture, config = model_spec(request.model, data.num_features,
+                                      data.metadata["num_classes"], request.hidden)
     model = build_model(architecture, config).to(group.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate,
-                                momentum=args.momentum, weight_decay=args.weight_decay)
-    paradigm = training.make_paradigm(args.algorithm, model, optimizer, vars(args))
+    optimizer = torch.optim.SGD(model.parameters(), lr=request.learning_rate,
+                                momentum=request.momentum, weight_decay=request.weight_decay)
+    paradigm = training.make_paradigm(request.algorithm, model, optimizer, request.values())
     return Learner(architecture, config, model, optimizer, paradigm,
-                   training.checkpointer(args.checkpoint_format, args.run_dir, group.rank,
-                                         group.world, args.algorithm))
+                   training.checkpointer(request.checkpoint_format, request.run_dir, group.rank,
+                                         group.world, request.algorithm))
 
 

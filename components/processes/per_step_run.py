@@ -19,7 +19,6 @@ a job relaunched after losing every node does, as the restart mode does.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -40,7 +39,7 @@ from sublimate.components.base.replica_groups import (
     attempt_started,
     steps_committed_since,
 )
-from sublimate.components.base.settings import steps_per_commit
+from sublimate.components.base.settings import PER_STEP, steps_per_commit
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.monitoring.watchdog import ATTEMPT_ENV
 from sublimate.components.processes.fault_injection import (
@@ -55,6 +54,7 @@ from sublimate.components.processes.learning import (
     learning_rate,
     load_data,
 )
+from sublimate.components.processes.request import WorkerRequest
 from sublimate.components.processes.run import Run, first_step_done
 from sublimate.components.training import ProcessGroup, log
 from sublimate.components.training.fault_tolerance import (
@@ -68,7 +68,7 @@ from sublimate.components.training.fault_tolerance import (
 START_POLL_SECONDS = 0.02
 
 
-def train(args: argparse.Namespace, startup: monitoring.StartupClock,
+def train(request: WorkerRequest, startup: monitoring.StartupClock,
           group: ProcessGroup) -> dict[str, Any]:
     """Train to the end under per-step recovery and return the summary (``group``: this node's
     process group)."""
@@ -76,13 +76,13 @@ def train(args: argparse.Namespace, startup: monitoring.StartupClock,
     if groups is None:
         raise RuntimeError("recovery per-step: started without the launcher's replica groups")
     group.replica_group, group.replica_groups = groups.group, groups.groups
-    if _ready_file(args.run_dir, groups.group, group.rank).exists():
+    if _ready_file(request.run_dir, groups.group, group.rank).exists():
         # This group's node already started in this launch: it is restarted in place (by the
         # launcher on one machine, by Volcano's RestartPod on Kubernetes), a replacement.
         groups = dataclasses.replace(groups, replacement=True)
-    data = load_data(args, group, startup)
-    learner = build_learner(args, group, data)
-    run = PerStepRun(args, startup, group, data, learner, groups)
+    data = load_data(request, group, startup)
+    learner = build_learner(request, group, data)
+    run = PerStepRun(request, startup, group, data, learner, groups)
     try:
         run.loop()
     except JobAlreadyDone as error:
@@ -122,7 +122,7 @@ class _Epoch:
 class PerStepRun(Run):
     """One process's way through the job's committed steps (see the module's docstring)."""
 
-    def __init__(self, args: argparse.Namespace, startup: monitoring.StartupClock,
+    def __init__(self, request: WorkerRequest, startup: monitoring.StartupClock,
                  group: ProcessGroup, data: TrainingData, learner: Learner,
                  groups: ReplicaGroups) -> None:
         step, extra = (0, {}) if groups.replacement else learner.checkpointer.restore(
@@ -130,16 +130,16 @@ class PerStepRun(Run):
         if step:
             log(group.slot, f"resumed from checkpoint at step {step}/{data.total_steps}")
         self.groups = groups
-        self.periodic = args.algorithm != "sync"
+        self.periodic = request.algorithm != "sync"
         # sync: the steps one transaction commits together (the rounds are the transactions
         # of the periodic paradigms)
-        self.steps_per_commit = 1 if self.periodic else steps_per_commit(vars(args))
+        self.steps_per_commit = 1 if self.periodic else steps_per_commit(request.values())
         self._epoch: _Epoch | None = None
         self._first_epoch_closed = False
-        folder = Path(args.run_dir) / run_files.FAULT_TOLERANCE
+        folder = Path(request.run_dir) / run_files.FAULT_TOLERANCE
         since = attempt_started(os.environ.get(ATTEMPT_ENV, "")) or 0.0
-        self.ft = FaultTolerance(groups, group.rank, group.world, group.device, args.run_dir,
-                                 args.collective_timeout, state=self.state,
+        self.ft = FaultTolerance(groups, group.rank, group.world, group.device, request.run_dir,
+                                 request.collective_seconds, state=self.state,
                                  load_state=self.load_state,
                                  # a quorum formed while a lone step computes; before a
                                  # transaction of several, whose steps need the healed state
@@ -157,11 +157,11 @@ class PerStepRun(Run):
         learner.paradigm.replicas = self.ft
         self.ft.traffic = learner.paradigm.traffic  # one count, checkpointed with the paradigm
         training_model = learner.paradigm.training_model()
-        reporter = training.Reporter(args.run_dir, group, data.total_steps,
-                                     data.local_batch, training_model, args.metrics_addr,
-                                     args.metrics_port, args.progress_every, first_step=step)
+        reporter = training.Reporter(request.run_dir, group, data.total_steps,
+                                     data.local_batch, training_model, request.metrics_addr,
+                                     request.metrics_port, request.progress_every, first_step=step)
         learner.checkpointer.progress = reporter.progress
-        super().__init__(args, startup, group, data, learner, training_model, reporter, step,
+        super().__init__(request, startup, group, data, learner, training_model, reporter, step,
                          extra.get("train_seconds", 0.0))
         slot = group.slot  # fault injection names the process by its slot in the job
 
@@ -224,7 +224,7 @@ class PerStepRun(Run):
             index = step // self.data.steps_per_epoch
             epoch = self._epoch = _Epoch(index, self._order(index), self.group.device,
                                          started if began is None else began)
-        lr = learning_rate(self.args, step, self.data.steps_per_epoch, self.group.slots)
+        lr = learning_rate(self.request, step, self.data.steps_per_epoch, self.group.slots)
         if lr != self.lr:
             self.lr = lr
             for param_group in self.learner.optimizer.param_groups:
@@ -232,12 +232,15 @@ class PerStepRun(Run):
         x, y = self._batch(step, epoch.order)
         if not self.periodic and step + 1 == self.fail_in_allreduce:
             # before the backward pass, which sends this group's share of the all-reduce
+            from sublimate.components.paradigms.sync_sgd import SyncSGD
             from sublimate.components.processes.fault_injection import kill_in_allreduce
 
-            kill_in_allreduce(self.ft.manager, self.learner.paradigm.averaged_parameters(),
+            paradigm = self.learner.paradigm
+            assert isinstance(paradigm, SyncSGD)  # a non-periodic paradigm under per-step
+            kill_in_allreduce(self.ft.manager, paradigm.averaged_parameters(),
                               self.group.slot, step + 1, record=self.ft.record)
         loaded = time.perf_counter()
-        loss = self._forward_backward(self.training_model, x, y, self.args.accumulation_steps)
+        loss = self._forward_backward(self.training_model, x, y, self.request.accumulation_steps)
         return loss, started, loaded, time.perf_counter()
 
     def _local_step(self) -> None:
@@ -332,7 +335,7 @@ class PerStepRun(Run):
         """Where a transaction that starts at committed step ``first`` ends: after
         ``commit-every`` steps, at its epoch's end, at a checkpoint or at the job's end,
         whichever comes first (every group computes the same)."""
-        data, every = self.data, self.args.checkpoint_every
+        data, every = self.data, self.request.checkpoint_every
         end = min(first + self.steps_per_commit, data.total_steps,
                   (first // data.steps_per_epoch + 1) * data.steps_per_epoch)
         return min(end, (first // every + 1) * every) if every else end
@@ -365,7 +368,7 @@ class PerStepRun(Run):
     def _committed(self) -> None:
         """What follows a commit at ``self.step``: the replacement's first step's line, metrics,
         progress, fault injection, the checkpoint and the epoch's end."""
-        args, data, reporter, ft = self.args, self.data, self.reporter, self.ft
+        request, data, reporter, ft = self.request, self.data, self.reporter, self.ft
         if self.pending_startup is not None:
             self.launch_to_first_step = first_step_done(self.pending_startup, reporter.metrics)
             if self.groups.replacement:
@@ -388,7 +391,7 @@ class PerStepRun(Run):
             freeze_self(self.group.slot, self.step)
         epoch = self._epoch
         assert epoch is not None
-        every = args.checkpoint_every
+        every = request.checkpoint_every
         if every and self.step % every == 0 and self.step < data.total_steps and self.leads():
             self.save_checkpoint(self.step, self.train_seconds + now - epoch.started)
         if self.step % data.steps_per_epoch == 0:  # the epoch's last step
@@ -397,18 +400,20 @@ class PerStepRun(Run):
             self._epoch = None
 
     def _batch(self, step: int, order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        data, args = self.data, self.args
-        start = (step % data.steps_per_epoch) * args.global_batch_size \
+        data, request = self.data, self.request
+        start = (step % data.steps_per_epoch) * request.global_batch_size \
             + self.group.slot * data.local_batch
         rows = order[start:start + data.local_batch]
-        return data.features[rows], data.labels[rows]  # type: ignore[index]
+        assert data.features is not None and data.labels is not None  # _order refused a stream
+        return data.features[rows], data.labels[rows]
 
     def _order(self, epoch: int) -> torch.Tensor:
         if self.data.reader is not None:
             raise NotImplementedError("recovery per-step reads the training split into memory "
                                       "(data-loading memory or auto below 1 GiB)")
+        assert self.data.labels is not None
         return torch.randperm(len(self.data.labels), generator=torch.Generator().manual_seed(
-            self.args.seed * 100_003 + epoch)).to(self.group.device)
+            self.request.seed * 100_003 + epoch)).to(self.group.device)
 
     def _forward_backward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                           accumulation: int) -> torch.Tensor:
@@ -448,14 +453,14 @@ class PerStepRun(Run):
         """Start together: a group that took its first step alone would have the others copy
         its state instead of computing the same first steps, and a failure-free per-step run
         would no longer be exactly the restart mode's."""
-        mine = _ready_file(self.args.run_dir, self.groups.group, self.group.rank)
+        mine = _ready_file(self.request.run_dir, self.groups.group, self.group.rank)
         mine.parent.mkdir(parents=True, exist_ok=True)
         mine.touch()
         if self.groups.replacement:  # the others are training: it joins them at once
             return
         deadline = time.monotonic() + QUORUM_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
-            ready = sum(_ready_file(self.args.run_dir, g).exists()
+            ready = sum(_ready_file(self.request.run_dir, g).exists()
                         for g in range(self.groups.groups))
             if ready >= self.groups.groups:
                 return
@@ -483,12 +488,12 @@ class PerStepRun(Run):
         self._first_epoch_closed = True
         self.reporter.end_epoch(
             epoch, self.step, epoch_loss / max(epoch_steps, 1), epoch_seconds, epoch_steps,
-            total_epochs=self.args.epochs, accuracy=accuracy, learning_rate=self.lr,
+            total_epochs=self.request.epochs, accuracy=accuracy, learning_rate=self.lr,
             extra=extra, leader=leader and self.group.rank == 0, between=self.ft.gather)
 
     def summary(self) -> dict[str, Any]:
         summary = super().summary()
-        summary.update(recovery="per-step", replica_groups=self.groups.groups,
+        summary.update(recovery=PER_STEP, replica_groups=self.groups.groups,
                        steps_taken_here=self.ft.summary())
         return summary
 

@@ -4,7 +4,6 @@ per-step recovery."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import time
 from typing import Any
@@ -29,39 +28,43 @@ from sublimate.components.processes.learning import (
     build_learner,
     learning_rate,
 )
+from sublimate.components.processes.request import WorkerRequest
 from sublimate.components.training import ProcessGroup, log
 
 METRICS_FLUSH_STEPS = training.METRICS_FLUSH_STEPS
 
 
-def start_run(args: argparse.Namespace, startup: monitoring.StartupClock, group: ProcessGroup,
+def start_run(request: WorkerRequest, startup: monitoring.StartupClock, group: ProcessGroup,
               data: TrainingData) -> Run:
     """Build the model or restore it from the last checkpoint, and start monitoring (start-up
     phase ``setup``)."""
-    learner = build_learner(args, group, data)
+    learner = build_learner(request, group, data)
     step, extra = learner.checkpointer.restore(learner.model, learner.optimizer,
                                                learner.paradigm)
     if step:
         log(group.rank, f"resumed from checkpoint at step {step}/{data.total_steps}")
     training_model = learner.paradigm.training_model()
-    reporter = training.Reporter(args.run_dir, group, data.total_steps,
-                                 args.global_batch_size // group.world, training_model,
-                                 args.metrics_addr, args.metrics_port, args.progress_every,
+    reporter = training.Reporter(request.run_dir, group, data.total_steps,
+                                 request.global_batch_size // group.world, training_model,
+                                 request.metrics_addr, request.metrics_port, request.progress_every,
                                  first_step=step, traffic=learner.paradigm.traffic)
     learner.checkpointer.progress = reporter.progress
     startup.mark("setup")
-    return Run(args, startup, group, data, learner, training_model, reporter, step,
+    return Run(request, startup, group, data, learner, training_model, reporter, step,
                extra.get("train_seconds", 0.0))
 
 
 class Run:
     """One worker's way through the training steps: its parts, and how far it has got."""
 
-    def __init__(self, args: argparse.Namespace, startup: monitoring.StartupClock,
+    lr: float | None
+    pending_startup: monitoring.StartupClock | None
+
+    def __init__(self, request: WorkerRequest, startup: monitoring.StartupClock,
                  group: ProcessGroup, data: TrainingData, learner: Learner,
                  training_model: nn.Module, reporter: training.Reporter, step: int,
                  train_seconds: float) -> None:
-        self.args, self.startup, self.group, self.data = args, startup, group, data
+        self.request, self.startup, self.group, self.data = request, startup, group, data
         self.learner, self.training_model, self.reporter = learner, training_model, reporter
         self.loss_fn = nn.CrossEntropyLoss()
         self.fail_at = fault_injection_step(group.rank)
@@ -84,9 +87,11 @@ class Run:
         script, so it is written like one: everything a step touches is a local bound here,
         and a step makes no call, look-up or allocation that such a script would not.
         """
-        args, data, learner, reporter = self.args, self.data, self.learner, self.reporter
-        features, labels, micro_batch, local_batch = (data.features, data.labels,
-                                                      data.micro_batch, data.local_batch)
+        request, data, learner, reporter = self.request, self.data, self.learner, self.reporter
+        micro_batch, local_batch = data.micro_batch, data.local_batch
+        # the split in memory (data-loading memory), or empty when it streams
+        features = data.features if data.features is not None else torch.empty(0)
+        labels = data.labels if data.labels is not None else torch.empty(0)
         steps_per_epoch, total_steps = data.steps_per_epoch, data.total_steps
         optimizer, paradigm, training_model = learner.optimizer, learner.paradigm, \
             self.training_model
@@ -94,8 +99,8 @@ class Run:
         loss_fn, metrics, times, progress = self.loss_fn, reporter.metrics, reporter.times, \
             reporter.progress
         rank, fail_at, lr = self.group.rank, self.fail_at, self.lr
-        global_batch, accumulation_steps = args.global_batch_size, args.accumulation_steps
-        accumulate, checkpoint_every = accumulation_steps > 1, args.checkpoint_every
+        global_batch, accumulation_steps = request.global_batch_size, request.accumulation_steps
+        accumulate, checkpoint_every = accumulation_steps > 1, request.checkpoint_every
         step, pending_startup = self.step, self.pending_startup
         perf_counter = time.perf_counter
         epoch, position = divmod(step, steps_per_epoch)
@@ -104,16 +109,16 @@ class Run:
         if streamed:  # batches from the volume; DataLoader workers read ahead
             # Without loader workers a thread reads ahead (streaming.ThreadPrefetch).
             stream = iter(data.reader.batches(
-                epoch, position, num_workers=args.loader_workers, prefetch_factor=4,
+                epoch, position, num_workers=request.loader_workers, prefetch_factor=4,
                 pin_memory=device.type == "cuda"))
         else:
             order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(
-                args.seed * 100_003 + epoch)).to(device)
+                request.seed * 100_003 + epoch)).to(device)
         epoch_loss = torch.zeros((), device=device)
         epoch_started = perf_counter()
         for batch_index in range(position, steps_per_epoch):
             started = perf_counter()
-            step_lr = learning_rate(args, step, steps_per_epoch, world)
+            step_lr = learning_rate(request, step, steps_per_epoch, world)
             if step_lr != lr:
                 lr = step_lr
                 for param_group in optimizer.param_groups:
@@ -178,7 +183,7 @@ class Run:
         first = epoch == self.first_step // data.steps_per_epoch
         self.reporter.end_epoch(
             epoch, self.step, epoch_loss / epoch_steps, epoch_seconds, epoch_steps,
-            total_epochs=self.args.epochs, accuracy=accuracy, learning_rate=self.lr,
+            total_epochs=self.request.epochs, accuracy=accuracy, learning_rate=self.lr,
             extra={"launch_to_first_step_seconds": self.launch_to_first_step}
             if first and self.launch_to_first_step is not None else None)
 
@@ -200,7 +205,7 @@ class Run:
         """Checkpoint every rank's state at ``step`` and commit it (a collective)."""
         learner = self.learner
         if step == self.fail_in_checkpoint:
-            die_writing_checkpoint(self.args.run_dir, step, self.group.rank,
+            die_writing_checkpoint(self.request.run_dir, step, self.group.rank,
                                     {"model": learner.model.state_dict()})
         learner.checkpointer.save(step, learner.model, learner.optimizer, learner.paradigm,
                                   train_seconds=train_seconds)
@@ -208,7 +213,7 @@ class Run:
     def finish(self) -> dict[str, Any]:
         """Save the last checkpoint and, on rank 0, the model and the summary; leave the
         process group and stop monitoring. Returns the summary."""
-        args, learner = self.args, self.learner
+        request, learner = self.request, self.learner
         learner.paradigm.finish(self.step)  # bmuf/easgd: the steps since the last round
         leads = self.leads()
         if leads:  # every node's ranks checkpoint together (per-step: the leading node's)
@@ -216,11 +221,11 @@ class Run:
             learner.checkpointer.wait()  # a background save is committed before the job ends
         summary = self.summary()
         if self.group.rank == 0 and leads:
-            training.save_model(args.run_dir, learner.paradigm.result_model(),
+            training.save_model(request.run_dir, learner.paradigm.result_model(),
                                 architecture=learner.architecture, config=learner.config,
-                                algorithm=args.algorithm, steps=self.step,
+                                algorithm=request.algorithm, steps=self.step,
                                 dataset=self.data.metadata["name"])
-            write_json(summary, args.run_dir / run_files.SUMMARY, sort_keys=False)
+            write_json(summary, request.run_dir / run_files.SUMMARY, sort_keys=False)
         dist.barrier()
         dist.destroy_process_group()
         self.reporter.close(self.step)
@@ -234,7 +239,8 @@ class Run:
 
     def summary(self) -> dict[str, Any]:
         """What this launch did (train-summary.json). A collective: every rank calls it."""
-        args, world, step, first_step = self.args, self.group.slots, self.step, self.first_step
+        request, world = self.request, self.group.slots
+        step, first_step = self.step, self.first_step
         traffic = self.learner.paradigm.traffic
         ops = torch.tensor([self.learner.paradigm.communication_ops, traffic.payload_bytes,
                             traffic.wire_bytes], dtype=torch.float64)
@@ -242,15 +248,15 @@ class Run:
         ops *= world / self.group.world  # per-step: the node's, as if every node's alike
         ops, payload, wire = ops.tolist()
         return {
-            "algorithm": args.algorithm, "backend": self.group.backend, "world_size": world,
-            "steps": step, "epochs": args.epochs, "global_batch_size": args.global_batch_size,
-            "final_learning_rate": learning_rate(args, step, self.data.steps_per_epoch, world),
+            "algorithm": request.algorithm, "backend": self.group.backend, "world_size": world,
+            "steps": step, "epochs": request.epochs, "global_batch_size": request.global_batch_size,
+            "final_learning_rate": learning_rate(request, step, self.data.steps_per_epoch, world),
             "train_seconds": round(self.train_seconds, 3),
-            "samples_per_second": round((step - first_step) * args.global_batch_size
+            "samples_per_second": round((step - first_step) * request.global_batch_size
                                         / max(self.train_seconds, 1e-9), 1)
             if step > first_step else 0.0,
             "communication_ops_per_worker": int(ops) // world,
-            "communication_ops_per_epoch": round(ops / world / args.epochs, 2),
+            "communication_ops_per_epoch": round(ops / world / request.epochs, 2),
             # counted where each collective is issued (monitoring/traffic.py): the tensors
             # sent, and what the collective's algorithm puts on the wire for them
             "sent_payload_bytes_per_worker": round(payload / world),

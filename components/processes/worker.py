@@ -40,7 +40,6 @@ from sublimate.components.base.settings import (
     SettingError,
     add_training_arguments,
     check,
-    collective_timeout,
 )
 from sublimate.components.base.termination import OneLineParser, exit_now, fail
 from sublimate.components.data.datasets import data_problem
@@ -49,6 +48,7 @@ from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.processes.learning import (
     load_data,
 )
+from sublimate.components.processes.request import WorkerRequest
 from sublimate.components.processes.run import start_run
 from sublimate.components.training import ProcessGroup, log
 
@@ -88,7 +88,7 @@ AGENT_IMPORTS = (
 )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> WorkerRequest:
     # Refusals read like the launcher's (same step name, same words): see OneLineParser.
     parser = OneLineParser(prog=STEP, description=__doc__.splitlines()[0])
     parser.add_argument("--algorithm", choices=COLLECTIVE_PARADIGMS, default="sync")
@@ -96,9 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, required=True)
     add_metrics_arguments(parser)
     add_training_arguments(parser, COLLECTIVE_PARADIGMS)
-    args = parser.parse_args(argv)
-    args.collective_timeout = collective_timeout(vars(args))  # auto: the recovery mode's
-    return args
+    return WorkerRequest.from_values(vars(parser.parse_args(argv)))
 
 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,38 +109,38 @@ def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{monitoring.DEFAULT_PORT}; 0: always OS-chosen)")
 
 
-def train(args: argparse.Namespace, startup: monitoring.StartupClock | None = None,
+def train(request: WorkerRequest, startup: monitoring.StartupClock | None = None,
           ) -> dict[str, Any]:
     """Train to the end (resuming from the run's last checkpoint) and return the summary.
 
     ``startup`` is marked as each start-up phase ends (the first step is the last phase).
     """
     startup = startup or monitoring.StartupClock(time.time())
-    group = join_process_group(args, startup)
-    if args.recovery == PER_STEP:  # every node its own process group: see per_step_run
+    group = join_process_group(request, startup)
+    if request.recovery == PER_STEP:  # every node its own process group: see per_step_run
         from sublimate.components.processes import per_step_run
 
-        return per_step_run.train(args, startup, group)
-    run = start_run(args, startup, group, load_data(args, group, startup))
+        return per_step_run.train(request, startup, group)
+    run = start_run(request, startup, group, load_data(request, group, startup))
     while run.step < run.data.total_steps:
         run.close_epoch(*run.run_epoch())
     return run.finish()
 
 
-def join_process_group(args: argparse.Namespace, startup: monitoring.StartupClock,
+def join_process_group(request: WorkerRequest, startup: monitoring.StartupClock,
                        ) -> ProcessGroup:
     """Join the job's process group (start-up phase ``process_group``)."""
     # DDP's import of torch._dynamo (over a second) loads while this process waits for its
     # peers; the main thread imports nothing meanwhile. A forked worker has it already.
     preloading = _preload()
-    group = training.join(args.backend, args.collective_timeout)
+    group = training.join(request.backend, request.collective_seconds)
     if preloading is not None:
         preloading.join()
     startup.mark("process_group")
     return group
 
 
-def refusal(args: argparse.Namespace) -> str | None:
+def refusal(request: WorkerRequest) -> str | None:
     """Why these arguments cannot train, in one line (None if they can).
 
     The launcher asks the same before it starts any worker (:func:`datasets.data_problem`
@@ -154,10 +152,10 @@ def refusal(args: argparse.Namespace) -> str | None:
     layout = {"nodes": max(int(os.environ.get("WORLD_SIZE", "1")) // procs, 1),
               "procs_per_node": procs}
     try:
-        check({**vars(args), **layout})
+        check({**request.values(), **layout})
     except SettingError as error:
         return str(error)
-    return data_problem(args.data_dir, args.global_batch_size, args.eval_every_epoch)
+    return data_problem(request.data_dir, request.global_batch_size, request.eval_every_epoch)
 
 
 def preload_modules() -> tuple[str, ...]:
@@ -192,18 +190,18 @@ def _preload() -> threading.Thread | None:
 def main(argv: list[str] | None = None) -> int:
     startup = monitoring.StartupClock(STARTED)
     startup.mark("imports")
-    args = parse_args(argv)
-    problem = refusal(args)
+    request = parse_args(argv)
+    problem = refusal(request)
     if problem is not None:
         return fail(STEP, problem)
     try:
-        summary = train(args, startup)
+        summary = train(request, startup)
     except checkpoint.CheckpointError as error:  # names the file and what to do
         return fail(STEP, str(error))
     log(int(os.environ.get("RANK", "0")),
          f"training finished: {summary['steps']} steps in {summary['train_seconds']:.1f}s, "
          f"{summary['samples_per_second']:.0f} samples/s, "
-         f"model at {shown_path(args.run_dir / MODEL_NAME)}")
+         f"model at {shown_path(request.run_dir / MODEL_NAME)}")
     return 0
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import functools
 import hashlib
 import importlib
 import json
@@ -290,7 +291,7 @@ class _Transfer:
     def jobs(self) -> list[Callable[[], None]]:
         if len(self.ranges) == 1:
             return [self._whole]
-        return [lambda index=index: self._ranged(index) for index in range(len(self.ranges))]
+        return [functools.partial(self._ranged, index) for index in range(len(self.ranges))]
 
     # -- network
     def _get(self, byte_range: str | None) -> Any:
@@ -568,7 +569,7 @@ def _remove_stale_stagings(target: Path) -> list[Path]:
     """Remove the staging folders of ``target`` whose owner is gone (a staging killed by SIGKILL
     or the OOM killer leaves one, possibly with most of a dataset in it), except the one that
     ``target`` links to. Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(target.parent.iterdir())
     except OSError:

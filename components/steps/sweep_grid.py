@@ -220,10 +220,11 @@ def parse_args(argv: list[str] | None) -> Any:
 
 
 def write_outputs(args: Any, points: list[Point], sweep_dir: Path) -> None:
-    compact = {"separators": (",", ":")}
-    for path, value in ((args.runs_output, json.dumps([p.run() for p in points], **compact)),
+    compact = (",", ":")
+    for path, value in ((args.runs_output, json.dumps([p.run() for p in points],
+                                                      separators=compact)),
                         (args.points_output,
-                         json.dumps([p.summary() for p in points], **compact)),
+                         json.dumps([p.summary() for p in points], separators=compact)),
                         (args.size_output, str(len(points))),
                         (args.sweep_dir_output, str(sweep_dir))):
         if path:

@@ -21,31 +21,31 @@ from sublimate.components.base import settings as declared
 from sublimate.components.base.settings import (
     ETCD_V2,
     PER_STEP,
+    RESTART,
     SettingError,
     add_arguments,
     check,
-    max_restarts,
-    recovery_mode,
     rendezvous_backend,
 )
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.data.datasets import read_metadata, streams
 from sublimate.components.launch import etcd_server
 from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
-from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan
-from sublimate.components.launch.launcher import (
-    STEP,
-    build_app,
+from sublimate.components.launch.launcher import STEP, entrypoint_problem, launch
+from sublimate.components.launch.request import (
+    LaunchPlan,
+    TrainRequest,
     choose_scheduler,
-    entrypoint_problem,
-    launch,
+    plan_launch,
 )
 from sublimate.components.monitoring import metrics
 
 RUN_ID = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> TrainRequest:
+    """The step's command line as its request, checked by the settings' rules (refusals in one
+    line, as ``sublimate run`` words them)."""
     parser = OneLineParser(prog=STEP, description=__doc__.splitlines()[0])
     # Every setting of the step, typed and bounded by its one declaration; the ones the workers
     # read are passed on to them (training_flags).
@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="GPUs of this host that simulated nodes (local schedulers) share "
                              "(default: as many as nvidia-smi lists)")
     args = parser.parse_args(argv)
+    return _request(parser, args)
+
+
+def _request(parser: argparse.ArgumentParser, args: argparse.Namespace) -> TrainRequest:
     if args.host_gpus is not None and args.host_gpus < 0:
         parser.error(f"--host-gpus {args.host_gpus}: give 0 or more GPUs")
     if args.run_dir is None:
@@ -82,20 +86,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         check({**vars(args), "scheduler": choose_scheduler(args.scheduler)})
     except SettingError as error:
         parser.error(str(error))
-    args.max_restarts = max_restarts(vars(args))  # auto: what the mode needs
-    # auto: per-step where the job can run it; diloco: always per-step (torchft's Manager)
-    args.recovery = recovery_mode(vars(args), streamed=_streamed(args))
-    return args
+    return TrainRequest.from_values({**vars(args), "mounts": tuple(args.mount)})
 
 
-def _streamed(args: argparse.Namespace) -> bool:
+def plan(request: TrainRequest, launch_time: float | None = None) -> LaunchPlan:
+    """The launcher's decisions for this step: the scheduler, and the recovery mode
+    (auto: per-step where the job can run it; diloco: always per-step, on torchft's Manager)
+    with the restarts it gets."""
+    return plan_launch(request, streamed=_streamed(request), launch_time=launch_time)
+
+
+def _streamed(request: TrainRequest) -> bool:
     """Whether data-loading auto streams this job's training split (per-step holds it in
     memory, so recovery auto is restart then). A dataset that cannot be read yet counts as
     held in memory: the workers say what is wrong with it."""
-    if args.data_loading != "auto" or args.data_dir is None:
+    if request.data_loading != "auto":
         return False
     try:
-        return streams("auto", read_metadata(Path(args.data_dir)))
+        return streams("auto", read_metadata(Path(request.data_dir)))
     except (OSError, ValueError, KeyError):
         return False
 
@@ -147,45 +155,36 @@ def template(name: str = "train", **step_options: object):
 def main(argv: list[str] | None = None) -> int:
     # The launcher's process start (interpreter included): where the step's start-up begins.
     launch_time = metrics.process_start_time()
-    args = parse_args(argv)
-    args.launch_time = launch_time
+    request = parse_args(argv)
+    decided = plan(request, launch_time)
     # Refused here, in one line, before any worker starts: otherwise every worker fails with
     # its own traceback and torchrun's failure report around it.
     from sublimate.components.data.datasets import data_problem  # numpy: not for template()
 
-    problem = data_problem(args.data_dir, args.global_batch_size,
-                           args.eval_every_epoch and not args.entrypoint)
+    problem = data_problem(request.data_dir, request.global_batch_size,
+                           request.eval_every_epoch and not request.entrypoint)
     if problem is not None:
         return fail(STEP, problem)
-    if args.entrypoint:
-        problem = entrypoint_problem(args.entrypoint,
-                                     choose_scheduler(args.scheduler) != "kubernetes")
+    if request.entrypoint:
+        problem = entrypoint_problem(request.entrypoint, decided.scheduler != "kubernetes")
         if problem is not None:
             return fail(STEP, problem)
-    elif args.model != "mlp":  # the built-in needs no check (nor the torch import resolve costs)
+    elif request.model != "mlp":  # the built-in needs no check (nor the torch import it costs)
         from sublimate.components.model.models import resolve
 
         try:
-            resolve(args.model)  # a typo in the entry point fails here, not in every worker
+            resolve(request.model)  # a typo in the entry point fails here, not in every worker
         except ValueError as error:
             return fail(STEP, str(error))  # it names the model: "model 'x:y': ..."
-    if args.recovery == PER_STEP and importlib.util.find_spec("torchft") is None:
-        return fail(STEP, "recovery per-step needs torchft in the image (pip install "
-                          "'torchft>=0.2'); or use recovery restart")
-    scheduler = choose_scheduler(args.scheduler)
+    if decided.per_step and importlib.util.find_spec("torchft") is None:
+        return fail(STEP, f"recovery {PER_STEP} needs torchft in the image (pip install "
+                          f"'torchft>=0.2'); or use recovery {RESTART}")
     problem = etcd_server.missing_prerequisite(
-        serve=scheduler in LOCAL_SCHEDULERS and not args.rendezvous_endpoint) \
-        if rendezvous_backend(vars(args)) == ETCD_V2 else None
+        serve=decided.scheduler in LOCAL_SCHEDULERS and not request.rendezvous_endpoint) \
+        if rendezvous_backend(decided.resolved(request)) == ETCD_V2 else None
     if problem is not None:
         return fail(STEP, problem)
-    if scheduler in LOCAL_SCHEDULERS:  # simulated nodes share this host's GPUs
-        try:
-            plan = gpu_plan(args, build_app(args, scheduler))
-        except GpuShortage as error:
-            return fail(STEP, str(error))
-        if plan.note:
-            print(f"train: {plan.note}", file=sys.stderr, flush=True)
-    return launch(args)
+    return launch(request, decided)
 
 
 if __name__ == "__main__":

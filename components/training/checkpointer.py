@@ -122,6 +122,8 @@ class ShardedCheckpointer(Checkpointer):
         written = dcp.async_save({"model": model_state, "optimizer": optimizer_state},
                                  checkpoint_id=checkpoint.step_path(self.run_dir, step, 0).parent,
                                  process_group=self._group, async_stager=self._stager)
+        if not isinstance(written, Future):  # torch's AsyncSaveResponse: a stager that overlaps
+            raise TypeError(f"dcp.async_save returned {type(written).__name__}, not a Future")
         self._pending = self._committing(step, written) if self.rank == 0 else written
         self.blocked_seconds.append(time.perf_counter() - started)
 
@@ -156,7 +158,7 @@ class ShardedCheckpointer(Checkpointer):
         # The optimizer's state as it will be after a step (get_state_dict creates it), so that
         # every tensor to load has its place.
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        loaded = {"model": model_state, "optimizer": optimizer_state}
+        loaded: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
         sharded_checkpoint.load(loaded, checkpoint.step_path(self.run_dir, state["step"],
                                                              0).parent)
         set_state_dict(model, optimizer, model_state_dict=loaded["model"],

@@ -46,6 +46,8 @@ class FailFastGloo(ProcessGroupGloo):
     """torchft's reconfigurable gloo group, built within ``connect_seconds`` and closed as soon
     as one of its collectives fails (see the module's docstring)."""
 
+    _timeout: timedelta  # torchft's: what it builds the store client and the group with
+
     def __init__(self, timeout: timedelta, connect_seconds: float = CONNECT_SECONDS) -> None:
         if connect_seconds <= 0:
             raise ValueError(f"connect_seconds must be above 0, not {connect_seconds}")
@@ -66,7 +68,7 @@ class FailFastGloo(ProcessGroupGloo):
         # torchft builds the store client and the group with self._timeout: the connection
         # phase gets the short bound (the full timeout for the first group: see the module's
         # docstring), the collectives the full timeout afterwards.
-        collective_timeout = self._timeout
+        collective_timeout: timedelta = self._timeout
         if self.built:
             self._timeout = min(collective_timeout, timedelta(seconds=self.connect_seconds))
         try:

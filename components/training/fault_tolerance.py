@@ -284,7 +284,7 @@ class FaultTolerance:
             tensor.zero_()
         self.traffic.all_reduce(tensor_bytes(tensor), participants)
         options = AllreduceOptions()
-        options.reduceOp = ReduceOp.SUM
+        options.reduceOp = ReduceOp(ReduceOp.SUM)
         try:
             return _Average(self.process_group.allreduce([tensor], options), tensor,
                             participants)

@@ -14,7 +14,7 @@ from torch import nn
 from sublimate.components.base import run_files
 from sublimate.components.base.contract import Contract
 from sublimate.components.base.durable_files import write_json
-from sublimate.components.base.settings import collective_timeout, paradigm_config
+from sublimate.components.base.settings import collective_timeout
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
 from sublimate.components.paradigms import Paradigm, Replicas, paradigm_class
@@ -33,8 +33,7 @@ def make_paradigm(name: str, model: nn.Module, optimizer: torch.optim.Optimizer,
     take defaults. ``replicas``: the replica groups of per-step recovery
     (:class:`~sublimate.components.training.fault_tolerance.FaultTolerance`).
     """
-    return paradigm_class(name)(model, optimizer, paradigm_config(name, dict(settings or {})),
-                                replicas)
+    return paradigm_class(name)(model, optimizer, dict(settings or {}), replicas)
 
 
 def save_model(run_dir: Path, model: nn.Module, **info: Any) -> Path:

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from sublimate.components.base import settings as S
+from sublimate.components.launch.request import plan_launch
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [
@@ -95,18 +96,67 @@ def test_flags_round_trip_through_argparse() -> None:
 
 
 def test_a_paradigm_sees_only_the_settings_that_apply_to_it() -> None:
-    config = S.paradigm_config("bmuf", S.parse_values({"sync-period": "4"}))
-    assert config.algorithm == "bmuf" and config.sync_period == 4 and config.nesterov is True
-    with pytest.raises(AttributeError, match="sync has no setting 'sync_period'"):
-        _ = S.paradigm_config("sync", S.parse_values({})).sync_period
+    from sublimate.components.paradigms import paradigm_class
+
+    config = paradigm_class("bmuf").configure(S.parse_values({"sync-period": "4"}))
+    assert config.sync_period == 4 and config.nesterov is True
+    with pytest.raises(AttributeError, match="sync_period"):
+        _ = paradigm_class("sync").configure(S.parse_values({})).sync_period
+    with pytest.raises(S.SettingError, match="sync-period"):  # checked by its declaration
+        paradigm_class("easgd").configure({"sync_period": 0})
+
+
+@pytest.mark.parametrize("algorithm", S.PARADIGM_NAMES)
+def test_each_paradigm_config_field_is_a_setting_declared_for_that_paradigm(
+        algorithm: str) -> None:
+    import dataclasses
+
+    from sublimate.components.paradigms import paradigm_class
+
+    kinds = {"integer": int, "number": float, "boolean": bool, "string": str}
+    config = paradigm_class(algorithm).Config
+    assert dataclasses.is_dataclass(config) and config.__dataclass_params__.frozen
+    declared = {s.attribute: s for s in S.settings(paradigm=algorithm)}
+    hints = __import__("typing").get_type_hints(config)
+    for field in dataclasses.fields(config):
+        assert field.name in declared, f"{algorithm}: {field.name} is no setting of it"
+        setting = declared[field.name]
+        expected = kinds[setting.kind] | None if setting.auto else kinds[setting.kind]
+        assert hints[field.name] == expected, (field.name, hints[field.name])
+
+
+def test_the_typed_settings_are_the_declared_ones_field_for_field() -> None:
+    import dataclasses
+    import typing
+
+    from sublimate.components.base.train_settings import TrainSettings
+
+    kinds = {"integer": int, "number": float, "boolean": bool, "string": str}
+    fields = dataclasses.fields(TrainSettings)
+    declared = S.settings(step="train")
+    # the same settings in the same order: a setting added to one list and not the other fails
+    assert [f.name for f in fields] == [s.attribute for s in declared]
+    hints = typing.get_type_hints(TrainSettings)
+    for field, setting in zip(fields, declared, strict=True):
+        kind = S.NodeRange if setting.elastic else kinds[setting.kind]
+        assert hints[field.name] == (kind | None if setting.auto else kind), field.name
+        default = field.default_factory() if field.default is dataclasses.MISSING \
+            else field.default
+        assert default == setting.default_value, field.name
+    assert TrainSettings().nodes.minimum == 2 and not TrainSettings().nodes.ranged
 
 
 def test_a_new_setting_appears_everywhere_from_its_one_declaration(
         monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """Add a setting in one place: the pipeline's parameter (UI form, types annotation), the
-    train template's input, the launcher's flag, and the worker's argument all follow."""
+    """Add a setting's declaration and its typed field: the pipeline's parameter (UI form, types
+    annotation), the train template's input, the launcher's flag, and the worker's argument
+    all follow."""
+    import dataclasses
+
     from sublimate.components.launch import launcher
+    from sublimate.components.launch.request import TrainRequest
     from sublimate.components.processes import worker
+    from sublimate.components.processes.request import WorkerRequest
     from sublimate.components.steps import train
     from sublimate.pipelines.sublimate_train import train_pipeline
 
@@ -114,6 +164,11 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
                         kind="number", minimum=0, maximum=1)
     monkeypatch.setattr(S, "SETTINGS", (*S.SETTINGS, dropout))
     monkeypatch.setattr(S, "BY_NAME", {**S.BY_NAME, "dropout": dropout})
+    # its typed field (in TrainSettings, which both requests extend)
+    for module, request in ((train, TrainRequest), (worker, WorkerRequest)):
+        typed = dataclasses.make_dataclass(request.__name__, [("dropout", float, 0.1)],
+                                           bases=(request,), frozen=True, kw_only=True)
+        monkeypatch.setattr(module, request.__name__, typed)
 
     manifest = train_pipeline().to_dict()
     parameters = {p["name"]: p for p in manifest["spec"]["arguments"]["parameters"]}
@@ -132,13 +187,13 @@ def test_a_new_setting_appears_everywhere_from_its_one_declaration(
     args = train.parse_args(["--data-dir", str(tmp_path), "--run-dir", str(tmp_path),
                                 "--dropout", "0.3"])
     assert args.dropout == 0.3
-    flags = launcher.training_flags(args)
+    flags = launcher.training_flags(args, plan_launch(args))
     assert flags[flags.index("--dropout") + 1] == "0.3"  # passed on to every worker
     parsed = worker.parse_args(["--data-dir", "d", "--run-dir", "r", *flags])
     assert parsed.dropout == 0.3
     with pytest.raises(SystemExit):  # bounded by the declaration, in the worker too
         worker.parse_args(["--data-dir", "d", "--run-dir", "r", "--dropout", "2"])
-    assert S.paradigm_config("sync", vars(parsed)).dropout == 0.3
+    assert parsed.values()["dropout"] == 0.3
 
 
 def test_every_step_cli_prints_its_help_with_a_literal_percent_in_a_description(

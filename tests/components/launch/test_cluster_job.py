@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
-from torchx.specs import AppState, AppStatus
+from torchx.specs import AppDef, AppState, AppStatus
 
 from sublimate.components.launch import cluster_job
 from sublimate.components.launch.cluster_job import (
@@ -29,6 +29,7 @@ from sublimate.components.launch.launcher import (
     run_attempt,
     scheduler_config,
 )
+from sublimate.components.launch.request import TrainRequest, plan_launch
 from sublimate.components.steps.train import parse_args
 
 RUNS = Path("/mnt/sublimate/runs")
@@ -36,6 +37,10 @@ RUNS = Path("/mnt/sublimate/runs")
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--runs-root", str(RUNS),
         "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate", "--stall-seconds", "0",
         "--recovery", "restart"]
+
+
+def _kubernetes_app(request: TrainRequest) -> AppDef:
+    return build_app(request, plan_launch(request, scheduler="kubernetes"))
 
 
 def test_the_job_name_follows_the_workflow_and_the_run_folder() -> None:
@@ -54,7 +59,7 @@ def _kubernetes_job(argv: list[str]) -> dict:
 
     args = parse_args([*ARGS, *argv])
     with make_runner("kubernetes") as runner:
-        info = runner.dryrun(build_app(args, "kubernetes"), "kubernetes",
+        info = runner.dryrun(_kubernetes_app(args), "kubernetes",
                              cfg=scheduler_config(args, "kubernetes"))
     return ApiClient().sanitize_for_serialization(info.request.resource)
 
@@ -77,7 +82,7 @@ def test_the_kubernetes_dryrun_renders_the_deterministic_name() -> None:
 
     args = parse_args([*ARGS, *argv])
     with get_runner() as runner:
-        names = {runner.dryrun(build_app(args, "kubernetes"), "kubernetes",
+        names = {runner.dryrun(_kubernetes_app(args), "kubernetes",
                                cfg={"queue": "default"}).request.resource["metadata"]["name"]
                  for _ in range(2)}
     assert len(names) == 2
@@ -182,7 +187,7 @@ def test_a_job_that_will_not_go_is_one_clear_error() -> None:
 
 def _retried_step(tmp_path: Path, runner: FakeRunner) -> str:
     args = parse_args([*ARGS, "--run-dir", str(tmp_path / "r1"), "--workflow-name", "wf-1"])
-    return run_attempt(runner, args, "kubernetes", attempt=0)
+    return run_attempt(runner, args, plan_launch(args, scheduler="kubernetes"), attempt=0)
 
 
 def test_a_retried_step_follows_the_running_job_to_its_end(tmp_path: Path) -> None:
@@ -205,7 +210,8 @@ def test_a_retried_step_replaces_a_failed_job_and_starts_an_absent_one(tmp_path:
 def test_a_relaunch_replaces_its_own_stopped_job(tmp_path: Path) -> None:
     args = parse_args([*ARGS, "--run-dir", str(tmp_path / "r1"), "--workflow-name", "wf-1"])
     runner = FakeRunner([AppState.RUNNING])  # still being torn down after the cancel
-    assert run_attempt(runner, args, "kubernetes", attempt=1) == SUCCEEDED
+    plan = plan_launch(args, scheduler="kubernetes")
+    assert run_attempt(runner, args, plan, attempt=1) == SUCCEEDED
     assert runner.verbs() == ["delete", "run"]
 
 

@@ -6,23 +6,30 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from torchx.specs import AppDef
 
 from sublimate.components.data.datasets import build_builtin
+from sublimate.components.launch import netns_scheduler
 from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan, place_gpus
 from sublimate.components.launch.launcher import build_app, scheduler_config
 from sublimate.components.launch.netns_scheduler import host_gpu_count
+from sublimate.components.launch.request import TrainRequest, plan_launch
 from sublimate.components.steps.train import main, parse_args
 
 ARGS = ["--data-dir", "/srv/datasets/digits", "--run-dir", "/srv/runs/r1"]
 
 
+def _app(request: TrainRequest, scheduler: str) -> AppDef:
+    return build_app(request, plan_launch(request, scheduler=scheduler))
+
+
 def _replica_envs(argv: list[str], scheduler: str) -> dict[str, list[dict[str, str]]]:
     """Each replica's environment, role by role, in the scheduler's dry run."""
     args = parse_args([*ARGS, *argv])
-    app = build_app(args, scheduler)
+    app = _app(args, scheduler)
     cfg = dict(scheduler_config(args, scheduler))
-    place_gpus(app, cfg, gpu_plan(args, app))
+    place_gpus(app, cfg, gpu_plan(app, args.backend, args.host_gpus))
     with make_runner(scheduler, args.host_gpus) as runner:
         request = runner.dryrun(app, scheduler, cfg=cfg).request
     return {role: [replica.env for replica in replicas]
@@ -46,19 +53,24 @@ def test_a_parameter_server_sees_no_gpu_and_each_trainer_its_own() -> None:
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs["trainer"]] == ["0", "1"]
 
 
-def test_cpu_nodes_see_no_gpu_and_the_host_is_not_asked() -> None:
+def test_cpu_nodes_see_no_gpu_and_the_host_is_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parse_args([*ARGS, "--nodes", "2"])
     envs = _replica_envs(["--nodes", "2"], "local_cwd")
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs["worker"]] == ["", ""]
-    assert gpu_plan(args, build_app(args, "local_cwd")).assign is False
-    assert args.host_gpus is None  # nvidia-smi is run only for jobs that ask for GPUs
+    asked: list[bool] = []  # nvidia-smi is run only for jobs that ask for GPUs
+    monkeypatch.setattr(netns_scheduler, "host_gpu_count", lambda: asked.append(True) or 0)
+    assert gpu_plan(_app(args, "local_cwd"), args.backend, args.host_gpus).assign is False
+    assert not asked
+    assert gpu_plan(_app(parse_args([*ARGS, "--gpus-per-node", "1"]), "local_cwd"), "auto",
+                    None).assign is False
+    assert asked == [True]
 
 
 def test_too_few_gpus_fall_back_to_the_cpu_and_say_so_once(
         capsys: pytest.CaptureFixture) -> None:
     argv = ["--nodes", "2", "--gpus-per-node", "1", "--host-gpus", "1"]
     args = parse_args([*ARGS, *argv])
-    plan = gpu_plan(args, build_app(args, "local_cwd"))
+    plan = gpu_plan(_app(args, "local_cwd"), args.backend, args.host_gpus)
     assert plan.note == ("this host has 1 GPU and the simulated nodes need 2 (2 worker x 1 GPU; "
                          "NCCL refuses two ranks on one GPU); they train on the CPU with gloo "
                          "(backend nccl refuses instead)")
@@ -89,7 +101,7 @@ def test_too_few_gpus_for_nccl_are_refused_in_one_line(
     assert not run_dir.exists(), "nothing was started"
     args = parse_args([*ARGS, "--gpus-per-node", "1", "--backend", "nccl", "--host-gpus", "1"])
     with pytest.raises(GpuShortage):
-        gpu_plan(args, build_app(args, "local_netns"))
+        gpu_plan(_app(args, "local_netns"), args.backend, args.host_gpus)
 
 
 def test_without_nvidia_tools_the_host_has_no_gpu(monkeypatch: pytest.MonkeyPatch,

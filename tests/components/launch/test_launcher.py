@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchx.specs import AppDef
 
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch.apps import trainer
@@ -16,16 +17,20 @@ from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.launcher import (
     _watched,
     build_app,
-    choose_scheduler,
     make_watchdog,
 )
 from sublimate.components.launch.logs import follow_logs, whole_lines
+from sublimate.components.launch.request import TrainRequest, choose_scheduler, plan_launch
 from sublimate.components.monitoring.watchdog import ProgressReporter
 from sublimate.components.steps.train import parse_args
 
 # the restart mode's app (per-step recovery's layout: test_per_step_launcher.py)
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/mnt/sublimate/runs/r1",
         "--recovery", "restart"]
+
+
+def _kubernetes_app(request: TrainRequest) -> AppDef:
+    return build_app(request, plan_launch(request, scheduler="kubernetes"))
 
 
 def test_an_elastic_trainer_starts_the_most_nodes_and_needs_the_fewest() -> None:
@@ -101,7 +106,8 @@ def test_scheduler_auto_detects_the_cluster(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_local_app_uses_this_interpreter_and_a_private_port() -> None:
     args = parse_args([*ARGS, "--nodes", "2"])
-    first, second = build_app(args, "local_cwd"), build_app(args, "local_cwd")
+    plan = plan_launch(args, scheduler="local_cwd")
+    first, second = build_app(args, plan), build_app(args, plan)
     assert first.roles[0].args[1].startswith(sys.executable)
     assert first.roles[0].port_map["c10d"] != 29500 or second.roles[0].port_map["c10d"] != 29500
     assert first.roles[0].mounts == []
@@ -113,7 +119,7 @@ def test_kubernetes_dryrun_is_a_volcano_job_with_the_claim() -> None:
     args = parse_args([*ARGS, "--nodes", "2", "--gpus-per-node", "1", "--memory-mb-per-node",
                        "16384", "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate"])
     with get_runner() as runner:
-        info = runner.dryrun(build_app(args, "kubernetes"), "kubernetes",
+        info = runner.dryrun(_kubernetes_app(args), "kubernetes",
                              cfg={"queue": "default"})
     job = info.request.resource
     assert job["kind"] == "Job" and job["apiVersion"].startswith("batch.volcano.sh/")
@@ -165,7 +171,7 @@ def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
                        "--global-batch-size", "96",
                        "--mount", "type=volume,src=sublimate-data,dst=/mnt/sublimate"])
     with get_runner() as runner:
-        info = runner.dryrun(build_app(args, "kubernetes"), "kubernetes",
+        info = runner.dryrun(_kubernetes_app(args), "kubernetes",
                              cfg={"queue": "research", "namespace": "ml"})
     job = info.request.resource
     tasks = [task["name"] for task in job["spec"]["tasks"]]
@@ -296,8 +302,8 @@ def test_the_template_passes_per_epoch_evaluation_on_by_default() -> None:
     args = parse_args([*ARGS, "--eval-every-epoch", "false"])
     assert args.eval_every_epoch is False and parse_args(ARGS).eval_every_epoch is True
     for algorithm in ("sync", "async"):
-        script = build_app(parse_args([*ARGS, "--algorithm", algorithm, "--eval-every-epoch",
-                                       "false"]), "kubernetes").roles[-1].args[1]
+        request = parse_args([*ARGS, "--algorithm", algorithm, "--eval-every-epoch", "false"])
+        script = build_app(request, plan_launch(request, scheduler="kubernetes")).roles[-1].args[1]
         assert "--eval-every-epoch false" in script
 
 
@@ -399,11 +405,9 @@ def test_a_lost_node_ends_the_attempt_the_same_whether_seen_before_the_others_fa
     a node whose processes reported an error of their own is a failure, not a loss."""
     from sublimate.components.launch.launcher import _lost_first
 
-    args = parse_args([*ARGS[:2], "--run-dir", str(tmp_path), "--nodes", "2:3",
-                       "--global-batch-size", "60"])
     ended = _status(["FAILED", "FAILED", "FAILED"])
     handle = "local_netns://sublimate/job-1"
-    assert _lost_first(args, handle, "local_netns", ended, ["node0 (10.0.0.2)"]) == \
+    assert _lost_first(tmp_path, handle, "local_netns", ended, ["node0 (10.0.0.2)"]) == \
         ["node0 (10.0.0.2)"]
     # Unseen: the nodes that reported an error were the survivors; node 0 said nothing.
     for node in (1, 2):
@@ -412,8 +416,8 @@ def test_a_lost_node_ends_the_attempt_the_same_whether_seen_before_the_others_fa
         error.parent.mkdir(parents=True)
         error.write_text('{"message": {"message": "RendezvousConnectionError: store gone", '
                          '"extraInfo": {"timestamp": "1"}}}')
-    assert _lost_first(args, handle, "local_netns", ended, []) == ["node0 (10.0.0.2)"]
+    assert _lost_first(tmp_path, handle, "local_netns", ended, []) == ["node0 (10.0.0.2)"]
     # local_cwd has no nodes to lose, and a job still running has not failed
-    assert _lost_first(args, handle, "local_cwd", ended, []) == []
-    assert _lost_first(args, handle, "local_netns", _status(["FAILED", "RUNNING", "RUNNING"]),
+    assert _lost_first(tmp_path, handle, "local_cwd", ended, []) == []
+    assert _lost_first(tmp_path, handle, "local_netns", _status(["FAILED", "RUNNING", "RUNNING"]),
                        []) == []

@@ -27,6 +27,7 @@ from sublimate.components.base.settings import (
 from sublimate.components.launch import launcher, per_step, volcano_job
 from sublimate.components.launch.chaos import Chaos
 from sublimate.components.launch.launcher import build_app
+from sublimate.components.launch.request import plan_launch
 from sublimate.components.steps.train import parse_args
 
 ARGS = ["--data-dir", "/mnt/sublimate/datasets/digits", "--run-dir", "/tmp/run",
@@ -101,7 +102,7 @@ def test_auto_settings_follow_the_recovery_mode() -> None:
 def test_a_per_step_app_is_a_torchrun_per_node_and_a_lighthouse_after_them() -> None:
     args = parse_args([*ARGS, "--nodes", "3", "--recovery", "per-step",
                        "--global-batch-size", "60"])
-    app = build_app(args, "local_cwd")
+    app = build_app(args, plan_launch(args, scheduler="local_cwd"))
     worker, lighthouse = app.roles
     assert (worker.name, worker.num_replicas, lighthouse.name, lighthouse.num_replicas) == \
         ("worker", 3, "lighthouse", 1)
@@ -115,8 +116,8 @@ def test_a_per_step_app_is_a_torchrun_per_node_and_a_lighthouse_after_them() -> 
     port = worker.env[replica_groups.LIGHTHOUSE_PORT_ENV]
     assert f"--port {port} --min-groups 1 --bind ${{SUBLIMATE_NODE_ADDR:-127.0.0.1}}" in \
         lighthouse.args[1]
-    elastic = build_app(parse_args([*ARGS, "--nodes", "2:4", "--recovery", "per-step"]),
-                        "local_cwd")
+    request = parse_args([*ARGS, "--nodes", "2:4", "--recovery", "per-step"])
+    elastic = build_app(request, plan_launch(request, scheduler="local_cwd"))
     assert elastic.roles[0].env[replica_groups.MIN_GROUPS_ENV] == "2"
 
 
@@ -126,7 +127,7 @@ def _kubernetes_per_step(nodes: str = "2:4", max_restarts: int = 5) -> Any:
     args = parse_args([*ARGS, "--nodes", nodes, "--recovery", "per-step", "--scheduler",
                        "kubernetes", "--max-restarts", str(max_restarts), "--mount",
                        "type=volume,src=sublimate-data,dst=/mnt/sublimate"])
-    app = build_app(args, "kubernetes")
+    app = build_app(args, plan_launch(args, scheduler="kubernetes"))
     return make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
                                             cfg={"queue": "default", "job_name": "job-x"})
 
@@ -510,7 +511,7 @@ def _kubernetes_attempt(tmp_path: Path, runner: FakeVolcano,
     args = parse_args([*ARGS[:2], "--run-dir", str(tmp_path), *ARGS[4:], "--nodes", "3",
                        "--recovery", "per-step", "--scheduler", "kubernetes",
                        "--max-restarts", "2", "--global-batch-size", "60"])
-    return launcher._run_attempt(runner, args, "kubernetes", 0)
+    return launcher._run_attempt(runner, args, plan_launch(args, scheduler="kubernetes"), 0)
 
 
 def test_the_kubernetes_watch_goes_on_through_lost_pods_and_summarizes_them(

@@ -12,6 +12,7 @@ from torchx.specs import AppState
 from sublimate.components.launch import volcano_job
 from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.launcher import build_app
+from sublimate.components.launch.request import plan_launch
 from sublimate.components.steps.train import parse_args
 
 # the restart mode's job (per-step recovery's layout: test_per_step_launcher.py)
@@ -26,7 +27,7 @@ def _render(nodes: int, *extra: str) -> dict[str, Any]:
     # The launcher accepts up to 512 nodes; larger jobs are rendered by growing the role.
     args = parse_args([*ARGS, "--nodes", str(min(nodes, 512)),
                        "--global-batch-size", str(512 * 8), *extra])
-    app = build_app(args, "kubernetes")
+    app = build_app(args, plan_launch(args, scheduler="kubernetes"))
     app.roles[0].num_replicas = nodes
     info = make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
                                             cfg={"queue": "default", "job_name": "job-x"})

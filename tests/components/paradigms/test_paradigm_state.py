@@ -240,12 +240,13 @@ def test_linear_scaling_follows_the_batch_one_update_averages(
 
 
 def test_async_trainers_warm_up_over_their_own_steps() -> None:
-    from argparse import Namespace
-
     from sublimate.components.processes.async_sgd import trainer_learning_rate
+    from sublimate.components.processes.request import ParameterServerRequest
 
-    args = Namespace(**{**SETTINGS, "global_batch_size": 512, "warmup_epochs": 2,
-                        "num_trainers": 2})
+    request = ParameterServerRequest.from_values({
+        **SETTINGS, "global_batch_size": 512, "warmup_epochs": 2, "num_trainers": 2,
+        "role": "trainer", "rpc_endpoint": "127.0.0.1:1", "data_dir": "d", "run_dir": "r"})
     # target: 0.1 x 256 / 64 = 0.4, reached after 2 epochs of 10 steps
-    rates = [trainer_learning_rate(args, step, steps_per_epoch=10) for step in (0, 10, 20, 30)]
+    rates = [trainer_learning_rate(request, step, steps_per_epoch=10)
+             for step in (0, 10, 20, 30)]
     assert rates == pytest.approx([0.1, 0.25, 0.4, 0.4])

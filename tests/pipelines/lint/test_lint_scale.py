@@ -14,6 +14,7 @@ from typing import Any
 from sublimate.components.launch import volcano_job
 from sublimate.components.launch.cluster_job import make_runner
 from sublimate.components.launch.launcher import build_app
+from sublimate.components.launch.request import plan_launch
 from sublimate.components.steps.train import parse_args
 from sublimate.pipelines.lint import lint_files
 from tests.conftest import REPO
@@ -25,7 +26,7 @@ def _volcano_job(nodes: int, torchx_form: bool) -> dict[str, Any]:
     args = parse_args(["--data-dir", "/d", "--run-dir", "/tmp/run", "--workflow-name", "w",
                        "--scheduler", "kubernetes", "--gpus-per-node", "8", "--procs-per-node",
                        "8", "--nodes", "512", "--global-batch-size", "4096"])
-    app = build_app(args, "kubernetes")
+    app = build_app(args, plan_launch(args, scheduler="kubernetes"))
     app.roles[0].num_replicas = nodes
     job = make_runner("kubernetes").dryrun(app, "kubernetes",  # type: ignore[attr-defined]
                                            cfg={"queue": "default", "job_name": "job-x"})

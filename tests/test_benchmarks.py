@@ -1,0 +1,224 @@
+"""Every benchmark and experiment runs here in its smoke mode, so a change that breaks one fails a
+test instead of rotting it unseen (benchmarks/paradigms.py died after its table for months, and
+never measured the costs it exists for).
+
+``python SCRIPT --smoke`` goes through every code path the script has (each table and ratio it
+prints, each paradigm, each mode) at the tiniest sizes, in seconds, writing only into a
+temporary folder; its figures mean nothing, and nothing here reads them. What is asserted is
+that it ends well and prints what it exists to print: each table's header and rows, each ratio.
+A new script must get a smoke run here (:func:`test_every_script_has_a_smoke_test`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sublimate.components.base.settings import PARADIGM_NAMES
+from tests.components.launch.test_netns_scheduler import assert_no_leaks, netns, snapshot
+from tests.conftest import REPO, require_module
+
+__all__ = ["netns"]  # the fixture: root and the tools for network namespaces
+
+SMOKE_LINE = "smoke mode: sizes too small for the figures to mean anything"
+# The files of benchmarks/ and experiments/ that are not scripts of their own, and what runs them.
+HELPERS = {
+    "benchmarks/ddp_baseline.py": "paradigms.py's baseline, run under torchrun by its smoke run",
+    "experiments/__init__.py": "the package of the studies",
+    "experiments/sweep_study.py": "the studies' common code: every study's smoke run goes "
+                                  "through it",
+}
+
+
+@dataclass(frozen=True)
+class Smoke:
+    script: str  # relative to the repository
+    says: tuple[str, ...]  # patterns (re.M) its output must match: headers, rows, ratios
+    root: bool = False  # makes network namespaces (local_netns)
+    module: str = ""  # an optional module it needs, and how to install it
+    install: str = ""
+    files: tuple[str, ...] = ()  # a study's: what it writes into --output
+    timeout: float = 300  # a cap for a failure's wait, never how long it takes
+
+    def __str__(self) -> str:
+        return Path(self.script).stem if self.script.startswith("benchmarks/") else \
+            f"experiments-{Path(self.script).stem}"
+
+
+SMOKES = [
+    Smoke("benchmarks/before_after.py", (
+        r"^paradigm +samples/s before +after +ratio +step wall before +after +ratio$",
+        r"^sync +\d+\.\d \(.*\) +\d+\.\d \(.*\) +\d\.\d{3} .* \d\.\d{3}$")),
+    Smoke("benchmarks/checkpoints.py", (
+        r"^\| format \| step \(baseline\) \| first: cost",
+        r"^\| files \| \d+\.\d\d s \|", r"^\| dcp \| \d+\.\d\d s \|",
+        r"^files / dcp cost per checkpoint: \d")),
+    Smoke("benchmarks/engine_sizes.py", (
+        r"^\| nodes \(x 8 GPUs\) \| sublimate: tasks",
+        r"^\| 2 \| 1 \| [\d,]+ B \| 2 \| [\d,]+ B \|",
+        r"^\| 4 \| 1 \| [\d,]+ B \| 4 \| ~[\d,]+ B \(extrapolated\)",
+        r"^\| WorkflowTemplate \| JSON", r"^\| sublimate-train\.yaml \| [\d,]+ B \|",
+        r"^local runner, 4 trivial steps", r"^  runner peak RSS \d+ MiB")),
+    Smoke("benchmarks/fault_tolerance.py", (
+        r"^  pair 1: restart \d+ samples/s, per-step \d+ samples/s, ratio \d",
+        r"^failure-free throughput, per-step / restart: \d",
+        r"^failure-free per-step: accuracy 0\.\d+",
+        r"^under chaos, restart: chaos killed 1 node\(s\)",
+        r"^under chaos, per-step: chaos killed 1 node\(s\)",
+        r"^  per-step: node\d lost ", r"^  per-step: \d+ of \d+ group-steps committed"),
+        root=True),
+    Smoke("benchmarks/forked_agents.py", (
+        r"^  2 nodes, afresh  CPU +\d", r"^  2 nodes, forked  CPU +\d",
+        r"^  2 nodes, forked / afresh: CPU \d+\.\d\d, wall \d+\.\d\d",
+        r"^  per-step, 3 nodes, node 0 killed at step 5, afresh: its replacement trained again",
+        r"^  per-step, 3 nodes, node 0 killed at step 5, forked: its replacement trained again")),
+    Smoke("benchmarks/link_rates.py", (
+        r"^ link rate +samples/s +comm share", r"^ +none +\d+ +\d+\.\d%",
+        r"^ +1gbit +\d+ +\d+\.\d%"), root=True),
+    Smoke("benchmarks/paradigms.py", (
+        r"^contender +samples/s +vs baseline +comm ops/epoch +time to 0\.95$",
+        r"^ddp baseline \(torchrun\) +\d+ +1\.000",
+        # a row for every paradigm, a new one included (a missing row was this test's issue)
+        *(rf"^{name} +\d+ +\d+\.\d{{3}} +\d+ (all-reduce|push/pull) " for name in PARADIGM_NAMES),
+        r"^sync, metrics off +\d+ +\d+\.\d{3}$",
+        r"^sync component / hand-written DDP: \d+\.\d{3} ",
+        r"^sync metrics on / metrics off: \d+\.\d{3} ",
+        r"^  evaluation itself +\d", r"^  eval on / off: training loop \d+\.\d{3} x, train step")),
+    Smoke("benchmarks/render_cache.py", (
+        r"^dry run: CPU-s +cached +\d", r"^dry run: wall s +cached +\d",
+        r"^default run: CPU-s +cached +\d.* ratio \d", r"^default run: wall s +cached +\d")),
+    Smoke("benchmarks/report_plots.py", (
+        r"^before: each panel drawn on its own +process CPU \d",
+        r"^now: panels cut from the overview +process CPU \d",
+        r"^ratio now/before \(process CPU, medians\): \d",
+        r"^ratio now/before \(plotting CPU, medians\): \d")),
+    Smoke("benchmarks/runner_overhead.py", (
+        r"^three trivial steps, 1 interleaved rounds",
+        r"^  sublimate run, echo steps +\d", r"^  sublimate run, python steps +\d",
+        r"^  baseline, echo steps +\d", r"^  by hand, echo +\d", r"^  by hand, python +\d",
+        r"^  sublimate run / baseline, echo steps +\d")),
+    Smoke("benchmarks/scale_nodes.py", (
+        r"^\| N \| rendezvous \| recovery \| load \| imports",
+        # the N table's run, then the runs of the recovery table (killed, and recovered)
+        r"^\| 2 \| static \| restart \| \S+ \| \d+\.\d s \|",
+        r"^\| 2 \| c10d \| restart \| \S+ \| \d+\.\d s \|",
+        r"^\| 2 \| static \| per-step \| \S+ \| \d+\.\d s \|",
+        r"^growth \(a x N\^b over the runs that succeeded\):",
+        r"^\| N \| recovery \| load \| killed at step",
+        r"^\| 2 \| restart \| \S+ \| \d+ \| \d+\.\d s \|", r"^\| 2 \| per-step \| ",
+        r"^plot: \S+scale-nodes\.png \([\d,]+ bytes\)"), root=True),
+    Smoke("benchmarks/staging.py", (
+        *(rf"^{name}: \d+ files x " for name in ("small", "tiny", "large")),
+        r"^  sublimate stage +\d+\.\d{3} s", r"^  boto3 download_file loop +\d+\.\d{3} s",
+        r"^  ceiling: aiobotocore->RAM +\d+\.\d{3} s"),
+        module="boto3", install="pip install -e '.[bench]' -c constraints.txt"),
+    Smoke("benchmarks/stall.py", (
+        r"^N= 2 run 1: stalled ", r"^N +stalled s \(median, min-max\)", r"^2 +\S"), root=True),
+    Smoke("benchmarks/startup.py", (
+        r"^  bare torchrun \+ DDP, launch to first step +\d",
+        r"^  train step, +launch to first step +\d",
+        r"^  ratio train step / bare: first step \d+\.\d\d x, wall \d",
+        r"^  train step's phases \(median\): launcher \d")),
+    Smoke("benchmarks/streaming_memory.py", (
+        r"^cap 512 MB per training child", r"^streaming, whole split +\d+ +\d+",
+        r"^in-memory, prefix +\d+ +\d+", r"^paired blocks \(2 pairs of 3 steps",
+        r"^streaming / in-memory samples/s: median \d")),
+    Smoke("benchmarks/torchft_step_cost.py", (
+        r"^  5 steps: wall \d+\.\d{3} ms, CPU", r"^per step: wall \d+\.\d{3} ms .* commit \d")),
+    Smoke("experiments/diloco.py", (
+        r"^\| point \| link \| epochs \| final accuracy \| training s",
+        r"^\| sync \| 100mbit \| 1 \| 0\.\d{4} \|", r"^\| streaming H=32 F=2 \| 100mbit \| 1 \|",
+        r"^\| diloco H=128 \| 100mbit \| 3 \|", r"^budget \(the fastest point's training",
+        r'"100mbit_compute_share"'),
+        root=True, files=("frontier.json", "frontier.png", "accuracy-over-time.png",
+                          "paradigms/report.md", "streaming/study.json",
+                          "longer-slowest/report.json")),
+    Smoke("experiments/large_batch.py", (
+        r"^\| global batch \| scaled lr \| accuracy, no warmup \| accuracy, 1-epoch warmup \|",
+        r"^\| 64 \| 0\.1 \| 0\.\d{4} \| 0\.\d{4} \|$"),
+        files=("accuracy-by-batch.png", "report.md", "points.csv", "study.json")),
+    Smoke("experiments/paradigms.py", (
+        r"^\| id \| algorithm \| link \| seed \| accuracy",
+        *(rf"^\| p\d+ \| {name} \| 1gbit \| 0 \| 0\.\d{{4}} \|" for name in PARADIGM_NAMES)),
+        root=True, files=("accuracy-curves.png", "report.md", "study.json")),
+    Smoke("experiments/scaling.py", (
+        r"^\| nodes \| algorithm \| samples/s \| comm share \| time to",
+        r"^\| 2 \| sync \| \d+ \| \d+% \|"),
+        root=True, files=("scaling.png", "report.md", "study.json")),
+]
+
+
+def test_every_script_has_a_smoke_test() -> None:
+    scripts = {path.relative_to(REPO).as_posix()
+               for folder in ("benchmarks", "experiments") for path in (REPO / folder).glob("*.py")}
+    tested = [smoke.script for smoke in SMOKES]
+    assert len(tested) == len(set(tested)), "a script listed twice"
+    missing = scripts - set(HELPERS) - set(tested)
+    assert missing == set(), f"give these scripts a --smoke mode and a Smoke here: {missing}"
+    stale = (set(tested) | set(HELPERS)) - scripts
+    assert stale == set(), f"listed here, gone from the repository: {stale}"
+
+
+def run_smoke(smoke: Smoke, tmp_path: Path) -> str:
+    """``python SCRIPT --smoke`` (a study: into a folder of this test), its output checked; the
+    whole process group stopped if it outlives its timeout or the test."""
+    output_dir = tmp_path / "output"
+    command = [sys.executable, smoke.script, "--smoke"]
+    if smoke.files:
+        command += ["--output", str(output_dir)]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "SUBLIMATE_HOME": str(tmp_path / "home")}, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=smoke.timeout)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        output, _ = process.communicate()
+        pytest.fail(f"{smoke.script} --smoke ran past {smoke.timeout:g}s:\n{output[-4000:]}")
+    finally:
+        if process.poll() is None:
+            _stop(process)
+    assert process.returncode == 0, f"{smoke.script} --smoke failed:\n{output[-6000:]}"
+    assert SMOKE_LINE in output, output[-3000:]
+    missing = [pattern for pattern in smoke.says if not re.search(pattern, output, re.M)]
+    assert missing == [], f"{smoke.script} --smoke did not print {missing}:\n{output[-6000:]}"
+    absent = [name for name in smoke.files if not (output_dir / name).is_file()]
+    assert absent == [], f"{smoke.script} --smoke did not write {absent}"
+    return output
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """As Ctrl-C would, to the whole group (the script and what it started), then SIGKILL."""
+    for signal_number, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, signal_number)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.mark.parametrize("smoke", [s for s in SMOKES if not s.root], ids=str)
+def test_smoke(smoke: Smoke, tmp_path: Path) -> None:
+    if smoke.module:
+        require_module(smoke.module, smoke.install)
+    run_smoke(smoke, tmp_path)
+
+
+@pytest.mark.parametrize("smoke", [s for s in SMOKES if s.root], ids=str)
+def test_smoke_on_a_cluster_on_one_machine(smoke: Smoke, tmp_path: Path, netns: None) -> None:
+    """The scripts that make network namespaces (root): on the netns tests' one worker, as their
+    leak checks look at the whole machine; nothing of the clusters is left behind."""
+    before = snapshot()
+    run_smoke(smoke, tmp_path)
+    assert_no_leaks(before)
