@@ -48,7 +48,7 @@ def volcano_sizes(node_counts: list[int], torchx_up_to: int) -> None:
     from torchx.schedulers.kubernetes_scheduler import KubernetesScheduler
 
     from sublimate.components.launch import volcano_job
-    from sublimate.components.launch.cluster_job import make_runner
+    from sublimate.components.launch.job_runner import make_runner
     from sublimate.components.launch.launcher import build_app
     from sublimate.components.launch.request import plan_launch
     from sublimate.components.steps.train import parse_args

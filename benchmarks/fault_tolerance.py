@@ -12,8 +12,9 @@ On a cluster on one machine (``local_netns``, 4 nodes, mnist1d, fixed seeds):
    per failure, seconds until each replacement trained again, group-steps committed against the
    bound). Also a failure-free per-step run with the same seed, for the accuracy it should keep.
 
-``--smoke`` (tests/test_benchmarks.py): both parts on 2 nodes and digits, one pair, one kill, in
-a temporary folder removed afterwards: seconds, figures that mean nothing.
+``--smoke`` (tests/test_benchmarks.py): both parts on 2 nodes and digits, one pair (whose
+per-step run gives the failure-free accuracy too: the same run), one kill, in a temporary folder
+removed afterwards: seconds, figures that mean nothing.
 
 Needs root (network namespaces). Usage:
     python benchmarks/fault_tolerance.py [--nodes 4] [--epochs 8] [--mtbf 6] [--kills 5]
@@ -133,6 +134,7 @@ def measure(args: argparse.Namespace, folder: Path) -> None:
           f"{args.algorithm}, batch {args.batch}, {args.epochs} epochs, per-step commit-every "
           f"{args.commit_every or 'default'}", flush=True)
 
+    calm: dict[str, Any] | None = None  # smoke: the pair's per-step run, the same settings
     if not args.skip_throughput:
         ratios, rates = [], {"restart": [], "per-step": []}
         for attempt in range(args.repeat):
@@ -141,6 +143,8 @@ def measure(args: argparse.Namespace, folder: Path) -> None:
                 result = train(data_dir, folder / f"calm-{recovery}-{attempt}", args, recovery,
                                chaos=False)
                 pair[recovery] = result["summary"]["samples_per_second"]
+                if args.smoke and recovery == "per-step":
+                    calm = result
                 rates[recovery].append(pair[recovery])
             ratios.append(pair["per-step"] / pair["restart"])
             print(f"  pair {attempt + 1}: restart {pair['restart']:.0f} samples/s, per-step "
@@ -153,7 +157,8 @@ def measure(args: argparse.Namespace, folder: Path) -> None:
     if args.skip_chaos:
         print(f"load after: {os.getloadavg()[0]:.2f}; runs in {folder}{kept}")
         return
-    calm = train(data_dir, folder / "calm-per-step-accuracy", args, "per-step", chaos=False)
+    calm = calm or train(data_dir, folder / "calm-per-step-accuracy", args, "per-step",
+                         chaos=False)
     print(f"failure-free per-step: accuracy {calm['accuracy']}, {args.target} after "
           f"{calm['to_target']:.1f}s" if calm["to_target"] else
           f"failure-free per-step: accuracy {calm['accuracy']} (target not reached)")

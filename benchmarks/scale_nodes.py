@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sublimate.components.launch import faults
+from sublimate.components.launch import faults, netns_cluster
 
 COLUMNS = ("imports", "rendezvous_s", "first_step", "all_reduce_ms", "pss_node_mib", "wall")
 # What the plot draws against N: (column, axis label).
@@ -122,7 +122,7 @@ def _killer(home: Path, node: int, epoch: int, process: subprocess.Popen[str],
             records = [json.loads(line) for line in path.read_text().splitlines()
                        if line.endswith("}")]
             if any(record.get("epoch", 0) >= epoch for record in records):
-                faults.kill_node(faults.load_running(path.parent.parent), node)
+                faults.kill_node(netns_cluster.load_running(path.parent.parent), node)
                 kill.update(time=time.time(),
                             step=max(record.get("step", 0) for record in records))
                 return

@@ -11,8 +11,7 @@ milliseconds).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sublimate.components.base.public_face import lazy_exports
 
 # public name -> "module" (the module itself) or "module:attribute", under this package
 _EXPORTS: dict[str, str] = {
@@ -42,18 +41,4 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    try:
-        target = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(f"{__name__}.{module_name}")
-    value = getattr(module, attribute) if attribute else module
-    globals()[name] = value  # from now on a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

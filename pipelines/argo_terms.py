@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import Any
 
 
 class NodePhase(StrEnum):
@@ -113,28 +114,36 @@ def tokenize_depends(expr: str) -> list[str]:
     return tokens
 
 
-class _DependsParser:
-    """Recursive descent over ``||`` (lowest), ``&&``, ``!`` and parentheses."""
+class TokenCursor:
+    """The place in a list of tokens of a recursive-descent parser (``depends`` here, ``when``
+    in the runner), and its one-line errors naming the expression."""
 
-    def __init__(self, tokens: list[str], source: str) -> None:
+    def __init__(self, tokens: list[Any], source: str) -> None:
         self.tokens = tokens
         self.pos = 0
         self.source = source
 
-    def peek(self) -> str | None:
+    def peek(self) -> Any:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
 
-    def take(self) -> str:
+    def take(self) -> Any:
         token = self.peek()
         if token is None:
             raise ExpressionError(f"unexpected end of expression {self.source!r}")
         self.pos += 1
         return token
 
-    def parse(self) -> Ast:
-        ast = self.parse_or()
+    def expect_end(self) -> None:
         if self.pos != len(self.tokens):
             raise ExpressionError(f"unexpected {self.peek()!r} in expression {self.source!r}")
+
+
+class _DependsParser(TokenCursor):
+    """Recursive descent over ``||`` (lowest), ``&&``, ``!`` and parentheses."""
+
+    def parse(self) -> Ast:
+        ast = self.parse_or()
+        self.expect_end()
         return ast
 
     def parse_or(self) -> Ast:

@@ -23,6 +23,7 @@ from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.components.steps import gate, notify, register_model
 from sublimate.pipelines.sublimate_train import (
     STEPS,
+    global_outputs,
     pipeline_parameters,
     training_outputs,
     training_tasks,
@@ -43,8 +44,7 @@ def retrain_pipeline(
     claim_name: str = DEFAULT_CLAIM,
 ) -> WorkflowTemplate:
     """Build the ``sublimate-retrain`` WorkflowTemplate."""
-    from hera.workflows import DAG, Parameter, WorkflowTemplate
-    from hera.workflows.models import ValueFrom
+    from hera.workflows import DAG, WorkflowTemplate
 
     parameters = pipeline_parameters(RETRAIN_STEPS)
     parameter = {p.name: p.reference() for p in parameters}
@@ -67,14 +67,9 @@ def retrain_pipeline(
         notify.template(**step_options, retries=1)
         with DAG(name="retrain-pipeline", outputs=[
             *training_outputs(),
-            Parameter(name="promoted", global_name="promoted", value_from=ValueFrom(
-                parameter="{{tasks.gate.outputs.parameters.promote}}")),
-            Parameter(name="reason", global_name="reason", value_from=ValueFrom(
-                parameter="{{tasks.gate.outputs.parameters.reason}}")),
-            Parameter(name="version", global_name="version", value_from=ValueFrom(
-                parameter="{{tasks.register-model.outputs.parameters.version}}")),
-            Parameter(name="champion", global_name="champion", value_from=ValueFrom(
-                parameter="{{tasks.register-model.outputs.parameters.champion}}")),
+            *global_outputs({"promoted": ("gate", "promote"), "reason": ("gate", "reason"),
+                             "version": ("register-model", "version"),
+                             "champion": ("register-model", "champion")}),
         ]):
             staged, trained, evaluated = training_tasks(parameter, *steps)
             decided = gate_step(arguments={

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING
 from sublimate.components.base import settings as declared
 from sublimate.components.base.runtime import DEFAULT_CLAIM, DEFAULT_IMAGE
 from sublimate.components.steps import sweep_grid
-from sublimate.pipelines.sublimate_train import DATASET_LABEL, pipeline_parameters, workflow_options
+from sublimate.pipelines.sublimate_train import (
+    DATASET_LABEL,
+    global_outputs,
+    pipeline_parameters,
+    workflow_options,
+)
 from sublimate.pipelines.typed_parameters import PipelineParameter
 
 if TYPE_CHECKING:
@@ -79,7 +84,7 @@ def sweep_pipeline(
 ) -> WorkflowTemplate:
     """Build the ``sublimate-sweep`` WorkflowTemplate, calling ``train_template``'s steps."""
     from hera.workflows import DAG, Parameter, Task, WorkflowTemplate
-    from hera.workflows.models import ContinueOn, TemplateRef, ValueFrom, WorkflowMetadata
+    from hera.workflows.models import ContinueOn, TemplateRef, WorkflowMetadata
 
     from sublimate.components.steps import compare
 
@@ -125,12 +130,8 @@ def sweep_pipeline(
             trained >> evaluated
 
         # Template-level parallelism counts the DAG's running children: each point is one.
-        with DAG(name="sweep-pipeline", parallelism=parallelism, outputs=[
-            Parameter(name="best-point", global_name="best-point", value_from=ValueFrom(
-                parameter="{{tasks.compare.outputs.parameters.best-point}}")),
-            Parameter(name="report", global_name="report", value_from=ValueFrom(
-                parameter="{{tasks.compare.outputs.parameters.report}}")),
-        ]):
+        with DAG(name="sweep-pipeline", parallelism=parallelism, outputs=global_outputs(
+                {"best-point": ("compare", "best-point"), "report": ("compare", "report")})):
             staged = Task(name="stage-data", template_ref=step("stage-data"),
                           arguments={"dataset": parameter["dataset"]})
             expanded = grid_step(arguments={

@@ -91,20 +91,22 @@ def training_tasks(parameter: dict[str, str], stage_step: Any, train_step: Any,
     return staged, trained, evaluated
 
 
-def training_outputs() -> list[Any]:
-    """The workflow outputs of training: ``accuracy``, ``metric`` and ``results``."""
+def global_outputs(outputs: dict[str, tuple[str, str]]) -> list[Any]:
+    """A DAG's outputs that are also the workflow's (``global_name``): output name -> (task,
+    the task's output parameter)."""
     from hera.workflows import Parameter
     from hera.workflows.models import ValueFrom
 
-    return [
-        Parameter(name="accuracy", global_name="accuracy", value_from=ValueFrom(
-            parameter="{{tasks.evaluate.outputs.parameters.accuracy}}")),
-        # The metric chosen by the `metric` parameter (accuracy, loss, mAP, ...).
-        Parameter(name="metric", global_name="metric", value_from=ValueFrom(
-            parameter="{{tasks.evaluate.outputs.parameters.metric}}")),
-        Parameter(name="results", global_name="results", value_from=ValueFrom(
-            parameter="{{tasks.train.outputs.parameters.run-dir}}")),
-    ]
+    return [Parameter(name=name, global_name=name, value_from=ValueFrom(
+                parameter=f"{{{{tasks.{task}.outputs.parameters.{output}}}}}"))
+            for name, (task, output) in outputs.items()]
+
+
+def training_outputs() -> list[Any]:
+    """The workflow outputs of training: ``accuracy``, ``metric`` (the one the ``metric``
+    parameter chose: accuracy, loss, mAP, ...) and ``results``."""
+    return global_outputs({"accuracy": ("evaluate", "accuracy"), "metric": ("evaluate", "metric"),
+                           "results": ("train", "run-dir")})
 
 
 def workflow_options(parameters: list[PipelineParameter], pipeline: str,

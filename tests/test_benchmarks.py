@@ -1,12 +1,13 @@
 """Every benchmark and experiment runs here in its smoke mode, so a change that breaks one fails a
-test instead of rotting it unseen (benchmarks/paradigms.py died after its table for months, and
-never measured the costs it exists for).
+test instead of rotting unseen (benchmarks/paradigms.py died after its table from the day DiLoCo
+landed, and so never measured the monitoring and evaluation costs it exists for).
 
 ``python SCRIPT --smoke`` goes through every code path the script has (each table and ratio it
-prints, each paradigm, each mode) at the tiniest sizes, in seconds, writing only into a
-temporary folder; its figures mean nothing, and nothing here reads them. What is asserted is
-that it ends well and prints what it exists to print: each table's header and rows, each ratio.
-A new script must get a smoke run here (:func:`test_every_script_has_a_smoke_test`).
+prints, each mode) at the tiniest sizes, in seconds, writing only into a temporary folder; its
+figures mean nothing, and nothing here reads them. What is asserted is that it ends well and
+prints what it exists to print: each table's header and rows, each ratio, and for
+benchmarks/paradigms.py a row for every paradigm of ``settings.PARADIGMS``. A new script must
+get a smoke run here (:func:`test_every_script_has_a_smoke_test`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ HELPERS = {
 @dataclass(frozen=True)
 class Smoke:
     script: str  # relative to the repository
+    seconds: float  # about how long it takes on 2 idle cores: the long ones go first
     says: tuple[str, ...]  # patterns (re.M) its output must match: headers, rows, ratios
     root: bool = False  # makes network namespaces (local_netns)
     module: str = ""  # an optional module it needs, and how to install it
@@ -53,20 +55,20 @@ class Smoke:
 
 
 SMOKES = [
-    Smoke("benchmarks/before_after.py", (
+    Smoke("benchmarks/before_after.py", 6, (
         r"^paradigm +samples/s before +after +ratio +step wall before +after +ratio$",
-        r"^sync +\d+\.\d \(.*\) +\d+\.\d \(.*\) +\d\.\d{3} .* \d\.\d{3}$")),
-    Smoke("benchmarks/checkpoints.py", (
+        r"^sync +\d+\.\d \(.*\) +\d+\.\d \(.*\) +\d+\.\d{3} .* \d+\.\d{3}$")),
+    Smoke("benchmarks/checkpoints.py", 5, (
         r"^\| format \| step \(baseline\) \| first: cost",
         r"^\| files \| \d+\.\d\d s \|", r"^\| dcp \| \d+\.\d\d s \|",
         r"^files / dcp cost per checkpoint: \d")),
-    Smoke("benchmarks/engine_sizes.py", (
+    Smoke("benchmarks/engine_sizes.py", 1, (
         r"^\| nodes \(x 8 GPUs\) \| sublimate: tasks",
         r"^\| 2 \| 1 \| [\d,]+ B \| 2 \| [\d,]+ B \|",
         r"^\| 4 \| 1 \| [\d,]+ B \| 4 \| ~[\d,]+ B \(extrapolated\)",
         r"^\| WorkflowTemplate \| JSON", r"^\| sublimate-train\.yaml \| [\d,]+ B \|",
         r"^local runner, 4 trivial steps", r"^  runner peak RSS \d+ MiB")),
-    Smoke("benchmarks/fault_tolerance.py", (
+    Smoke("benchmarks/fault_tolerance.py", 20, (
         r"^  pair 1: restart \d+ samples/s, per-step \d+ samples/s, ratio \d",
         r"^failure-free throughput, per-step / restart: \d",
         r"^failure-free per-step: accuracy 0\.\d+",
@@ -74,37 +76,36 @@ SMOKES = [
         r"^under chaos, per-step: chaos killed 1 node\(s\)",
         r"^  per-step: node\d lost ", r"^  per-step: \d+ of \d+ group-steps committed"),
         root=True),
-    Smoke("benchmarks/forked_agents.py", (
+    Smoke("benchmarks/forked_agents.py", 14, (
         r"^  2 nodes, afresh  CPU +\d", r"^  2 nodes, forked  CPU +\d",
         r"^  2 nodes, forked / afresh: CPU \d+\.\d\d, wall \d+\.\d\d",
-        r"^  per-step, 3 nodes, node 0 killed at step 5, afresh: its replacement trained again",
         r"^  per-step, 3 nodes, node 0 killed at step 5, forked: its replacement trained again")),
-    Smoke("benchmarks/link_rates.py", (
-        r"^ link rate +samples/s +comm share", r"^ +none +\d+ +\d+\.\d%",
-        r"^ +1gbit +\d+ +\d+\.\d%"), root=True),
-    Smoke("benchmarks/paradigms.py", (
+    Smoke("benchmarks/link_rates.py", 4, (
+        r"^ link rate +samples/s +comm share", r"^ +1gbit +\d+ +\d+\.\d%"), root=True),
+    Smoke("benchmarks/paradigms.py", 35, (
         r"^contender +samples/s +vs baseline +comm ops/epoch +time to 0\.95$",
         r"^ddp baseline \(torchrun\) +\d+ +1\.000",
         # a row for every paradigm, a new one included (a missing row was this test's issue)
-        *(rf"^{name} +\d+ +\d+\.\d{{3}} +\d+ (all-reduce|push/pull) " for name in PARADIGM_NAMES),
+        *(rf"^{name} +\d+ +\d+\.\d{{3}} +[\d.]+ (all-reduce|push/pull) "
+          for name in PARADIGM_NAMES),
         r"^sync, metrics off +\d+ +\d+\.\d{3}$",
         r"^sync component / hand-written DDP: \d+\.\d{3} ",
         r"^sync metrics on / metrics off: \d+\.\d{3} ",
         r"^  evaluation itself +\d", r"^  eval on / off: training loop \d+\.\d{3} x, train step")),
-    Smoke("benchmarks/render_cache.py", (
+    Smoke("benchmarks/render_cache.py", 14, (
         r"^dry run: CPU-s +cached +\d", r"^dry run: wall s +cached +\d",
         r"^default run: CPU-s +cached +\d.* ratio \d", r"^default run: wall s +cached +\d")),
-    Smoke("benchmarks/report_plots.py", (
+    Smoke("benchmarks/report_plots.py", 2, (
         r"^before: each panel drawn on its own +process CPU \d",
         r"^now: panels cut from the overview +process CPU \d",
         r"^ratio now/before \(process CPU, medians\): \d",
         r"^ratio now/before \(plotting CPU, medians\): \d")),
-    Smoke("benchmarks/runner_overhead.py", (
+    Smoke("benchmarks/runner_overhead.py", 1, (
         r"^three trivial steps, 1 interleaved rounds",
         r"^  sublimate run, echo steps +\d", r"^  sublimate run, python steps +\d",
         r"^  baseline, echo steps +\d", r"^  by hand, echo +\d", r"^  by hand, python +\d",
         r"^  sublimate run / baseline, echo steps +\d")),
-    Smoke("benchmarks/scale_nodes.py", (
+    Smoke("benchmarks/scale_nodes.py", 29, (
         r"^\| N \| rendezvous \| recovery \| load \| imports",
         # the N table's run, then the runs of the recovery table (killed, and recovered)
         r"^\| 2 \| static \| restart \| \S+ \| \d+\.\d s \|",
@@ -114,25 +115,25 @@ SMOKES = [
         r"^\| N \| recovery \| load \| killed at step",
         r"^\| 2 \| restart \| \S+ \| \d+ \| \d+\.\d s \|", r"^\| 2 \| per-step \| ",
         r"^plot: \S+scale-nodes\.png \([\d,]+ bytes\)"), root=True),
-    Smoke("benchmarks/staging.py", (
+    Smoke("benchmarks/staging.py", 6, (
         *(rf"^{name}: \d+ files x " for name in ("small", "tiny", "large")),
         r"^  sublimate stage +\d+\.\d{3} s", r"^  boto3 download_file loop +\d+\.\d{3} s",
         r"^  ceiling: aiobotocore->RAM +\d+\.\d{3} s"),
         module="boto3", install="pip install -e '.[bench]' -c constraints.txt"),
-    Smoke("benchmarks/stall.py", (
+    Smoke("benchmarks/stall.py", 7, (
         r"^N= 2 run 1: stalled ", r"^N +stalled s \(median, min-max\)", r"^2 +\S"), root=True),
-    Smoke("benchmarks/startup.py", (
+    Smoke("benchmarks/startup.py", 9, (
         r"^  bare torchrun \+ DDP, launch to first step +\d",
         r"^  train step, +launch to first step +\d",
         r"^  ratio train step / bare: first step \d+\.\d\d x, wall \d",
         r"^  train step's phases \(median\): launcher \d")),
-    Smoke("benchmarks/streaming_memory.py", (
+    Smoke("benchmarks/streaming_memory.py", 9, (
         r"^cap 512 MB per training child", r"^streaming, whole split +\d+ +\d+",
         r"^in-memory, prefix +\d+ +\d+", r"^paired blocks \(2 pairs of 3 steps",
         r"^streaming / in-memory samples/s: median \d")),
-    Smoke("benchmarks/torchft_step_cost.py", (
+    Smoke("benchmarks/torchft_step_cost.py", 3, (
         r"^  5 steps: wall \d+\.\d{3} ms, CPU", r"^per step: wall \d+\.\d{3} ms .* commit \d")),
-    Smoke("experiments/diloco.py", (
+    Smoke("experiments/diloco.py", 23, (
         r"^\| point \| link \| epochs \| final accuracy \| training s",
         r"^\| sync \| 100mbit \| 1 \| 0\.\d{4} \|", r"^\| streaming H=32 F=2 \| 100mbit \| 1 \|",
         r"^\| diloco H=128 \| 100mbit \| 3 \|", r"^budget \(the fastest point's training",
@@ -140,15 +141,15 @@ SMOKES = [
         root=True, files=("frontier.json", "frontier.png", "accuracy-over-time.png",
                           "paradigms/report.md", "streaming/study.json",
                           "longer-slowest/report.json")),
-    Smoke("experiments/large_batch.py", (
+    Smoke("experiments/large_batch.py", 13, (
         r"^\| global batch \| scaled lr \| accuracy, no warmup \| accuracy, 1-epoch warmup \|",
         r"^\| 64 \| 0\.1 \| 0\.\d{4} \| 0\.\d{4} \|$"),
         files=("accuracy-by-batch.png", "report.md", "points.csv", "study.json")),
-    Smoke("experiments/paradigms.py", (
+    Smoke("experiments/paradigms.py", 15, (
         r"^\| id \| algorithm \| link \| seed \| accuracy",
-        *(rf"^\| p\d+ \| {name} \| 1gbit \| 0 \| 0\.\d{{4}} \|" for name in PARADIGM_NAMES)),
+        *(rf"^\| p\d+ \| {name} \| 1gbit \| 0 \| 0\.\d{{4}} \|" for name in ("sync", "async"))),
         root=True, files=("accuracy-curves.png", "report.md", "study.json")),
-    Smoke("experiments/scaling.py", (
+    Smoke("experiments/scaling.py", 8, (
         r"^\| nodes \| algorithm \| samples/s \| comm share \| time to",
         r"^\| 2 \| sync \| \d+ \| \d+% \|"),
         root=True, files=("scaling.png", "report.md", "study.json")),
@@ -208,14 +209,21 @@ def _stop(process: subprocess.Popen[str]) -> None:
             continue
 
 
-@pytest.mark.parametrize("smoke", [s for s in SMOKES if not s.root], ids=str)
+def longest_first(root: bool) -> list[Smoke]:
+    """xdist hands tests out in order: the long ones first, so that the short ones fill each
+    worker's end (as tests/conftest.py orders the suite)."""
+    return sorted((smoke for smoke in SMOKES if smoke.root == root),
+                  key=lambda smoke: -smoke.seconds)
+
+
+@pytest.mark.parametrize("smoke", longest_first(root=False), ids=str)
 def test_smoke(smoke: Smoke, tmp_path: Path) -> None:
     if smoke.module:
         require_module(smoke.module, smoke.install)
     run_smoke(smoke, tmp_path)
 
 
-@pytest.mark.parametrize("smoke", [s for s in SMOKES if s.root], ids=str)
+@pytest.mark.parametrize("smoke", longest_first(root=True), ids=str)
 def test_smoke_on_a_cluster_on_one_machine(smoke: Smoke, tmp_path: Path, netns: None) -> None:
     """The scripts that make network namespaces (root): on the netns tests' one worker, as their
     leak checks look at the whole machine; nothing of the clusters is left behind."""

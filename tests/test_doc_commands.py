@@ -196,8 +196,9 @@ RULES = [
     Rule(r"^sublimate report ", "parse",
          "names of runs of your own (tests/components/monitoring/test_run_report.py runs each "
          "form)"),
-    # the studies of docs/results.md: minutes each, root
-    Rule(r"^python experiments/", "skip", "a study of minutes (experiments/)"),
+    # the studies of docs/results.md: minutes each, root; each one's --smoke runs in seconds
+    Rule(r"^python experiments/", "skip",
+         "a study of minutes (experiments/; tests/test_benchmarks.py runs each with --smoke)"),
 ]
 
 

@@ -84,7 +84,7 @@ class ReplicaGroups:
     lighthouse: str  # the Lighthouse's address, http://host:port
     # Started in place of a lost node: heal from a live peer, never from a checkpoint. Not an
     # environment variable: Volcano restarts a pod with the environment it had, so a node
-    # knows it by its own start record in this launch (per_step_run), wherever it runs.
+    # knows it by its own start record in this launch (per_step_loop), wherever it runs.
     replacement: bool = False
 
     @classmethod

@@ -35,7 +35,7 @@ Kind = Literal["string", "integer", "number", "boolean"]
 # from it; a new paradigm is one entry here and its module there.
 PARADIGMS: dict[str, str] = {
     "sync": "sync_sgd:SyncSGD",
-    "async": "parameter_server:AsyncSGD",
+    "async": "async_sgd:AsyncSGD",
     "bmuf": "bmuf:BlockMomentumSGD",
     "easgd": "easgd:ElasticAveragingSGD",
     "diloco": "diloco:DiLoCo",

@@ -6,7 +6,7 @@ end. Never imports torch (everything before the job is submitted is the user's w
 - :mod:`.launcher`: ``launch`` (the run lock, the relaunch loop, one attempt watched by the
   watchdog), and the step's arguments turned into an ``AppDef`` (``build_app``);
 - :mod:`.logs`: the replicas' logs followed into the step's log;
-- :mod:`.cluster_job`: the TorchX runner and the job's name on a cluster;
+- :mod:`.job_runner`: the TorchX runner and the job's name on a cluster;
 - :mod:`.gpu_plan`: how simulated nodes share this host's GPUs;
 - :mod:`.run_lock`: one launcher per run folder;
 - :mod:`.job_reaper`: a ``local_cwd`` job's processes end with its launcher, however it ends;

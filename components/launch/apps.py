@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from torchx import specs
 
 WORKER_MODULE = "sublimate.components.processes.worker"
-WORKER_AGENT = "agent"  # worker.py's first argument that makes it a torchrun agent (worker.AGENT)
+# worker.py's first argument that makes it a torchrun agent (processes.forking_agent.AGENT)
+WORKER_AGENT = "agent"
 ASYNC_MODULE = "sublimate.components.processes.async_sgd"
 # runs a user's code (entrypoint.MODULE)
 ENTRYPOINT_MODULE = "sublimate.components.processes.entrypoint"

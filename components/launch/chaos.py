@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sublimate.components.launch import faults
+from sublimate.components.launch import faults, netns_cluster
 
 # How often a waiting kill looks again for its node (down, or its job between attempts).
 POLL_SECONDS = 0.1
@@ -103,16 +103,16 @@ class Chaos:
     def _training_nodes(self) -> list[int] | None:
         """The indices of the running job's nodes of ``role`` (None: no job running)."""
         try:
-            cluster = faults.load_running(self.run)
-        except faults.FaultError:
+            cluster = netns_cluster.load_running(self.run)
+        except netns_cluster.FaultError:
             return None
         return [node.index for node in cluster.nodes if node.role == self.role] or None
 
     def _kill(self, index: int) -> bool:
         try:
-            cluster = faults.load_running(self.run)
+            cluster = netns_cluster.load_running(self.run)
             faults.kill_node(cluster, index)
-        except faults.FaultError:  # between attempts, or the node is down: try again later
+        except netns_cluster.FaultError:  # between attempts, or the node is down: try again later
             return False
         kill = Kill(index, time.time())
         self.kills.append(kill)

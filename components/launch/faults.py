@@ -1,4 +1,4 @@
-"""A running ``local_netns`` cluster from outside: its state file, its teardown, and its faults.
+"""Faults injected into a running ``local_netns`` cluster (:mod:`.netns_cluster` holds its state).
 
 The ``local_netns`` TorchX scheduler (:mod:`sublimate.components.launch.netns_scheduler`) runs every
 node of a job in its own network, mount and PID namespaces on one machine, and describes the cluster
@@ -17,9 +17,7 @@ from its run folder. This module reads that file and acts on the cluster it desc
   :mod:`.cpu_cgroups`) on every process of the node, present and future, or extra delay on its
   link where the kernel has ``netem``; :func:`restore_node` undoes both, and the job's end
   always does;
-* :func:`list_nodes` -- each node's address, liveness and active faults;
-* :func:`teardown` -- remove everything a job created (the scheduler calls it when the job ends,
-  and a small supervisor process calls it when the launcher was killed).
+* :func:`list_nodes` -- each node's address, liveness and active faults.
 
 Everything here needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN). Processes are addressed by pid
 *and* start time (:mod:`sublimate.components.base.process_identity`), so a recycled pid is never
@@ -29,184 +27,37 @@ signalled. This module imports only the standard library besides that and :mod:`
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.launch import cpu_cgroups
+from sublimate.components.launch.netns_cluster import (
+    ENDED,
+    RUNNING,
+    Cluster,
+    FaultError,
+    Node,
+    find_cluster,
+    load_running,
+    signal_process,
+    updating,
+)
 
-CLUSTER_FILE = "cluster.json"
-FORMAT_VERSION = 1
-# Cluster states: "starting" while the scheduler builds it, "running", then "ended" for good.
-STARTING, RUNNING, ENDED = "starting", "running", "ended"
-# How long teardown waits for the kernel to reap killed processes before removing their cgroups.
-REAP_SECONDS = 10.0
-
-
-class FaultError(Exception):
-    """Bad input or an impossible fault: one line saying what to fix."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The state file
-
-
-@dataclass
-class Node:
-    """One node (a TorchX replica) of a ``local_netns`` cluster, as ``cluster.json`` stores it."""
-
-    index: int  # position in the job: roles in order, replicas in order (node 0 is rendezvous host)
-    role: str
-    replica: int
-    addr: str
-    holder_pid: int  # the `unshare` process TorchX waits on (host PID namespace)
-    holder_start: int
-    init_pid: int  # PID 1 of the node's PID namespace, seen from the host
-    init_start: int
-    veth: str = "eth0"  # the node's end of its link, inside the node
-    bridge_veth: str = ""  # the other end, on the bridge (in the bridge's namespace)
-    cgroup: str | None = None  # cpu group (cgroup v1 or v2) holding every process of the node
-    state: str = RUNNING  # running | killed | ended
-    faults: dict[str, Any] = field(default_factory=dict)  # cut: bool, cpu: float, delay: str
-
-    def alive(self) -> bool:
-        return start_ticks(self.init_pid) == self.init_start
-
-
-@dataclass
-class Cluster:
-    """The whole ``cluster.json``; :meth:`load` / :meth:`save` keep it on disk."""
-
-    path: Path
-    app_id: str
-    state: str = STARTING
-    started: float = 0.0
-    ended: float | None = None
-    subnet: str = ""
-    host_addr: str = ""
-    host_veth: str = ""
-    bridge_pid: int = 0
-    bridge_start: int = 0
-    link: dict[str, str | None] = field(default_factory=dict)  # rate, delay, loss (tc syntax)
-    volume: str | None = None
-    supervisor_pid: int = 0
-    nodes: list[Node] = field(default_factory=list)
-    version: int = FORMAT_VERSION
-
-    @classmethod
-    def load(cls, path: Path | str) -> Cluster:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError as error:
-            raise FaultError(f"{path}: no such cluster file") from error
-        except (OSError, ValueError) as error:
-            raise FaultError(f"{path}: unreadable cluster file: {error}") from error
-        nodes = [Node(**node) for node in data.pop("nodes", [])]
-        data.pop("path", None)
-        return cls(path=path, nodes=nodes, **data)
-
-    def save(self) -> None:
-        data = asdict(self)
-        data["path"] = str(self.path)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, self.path)  # readers never see half a file
-
-    def node(self, index: int) -> Node:
-        if not 0 <= index < len(self.nodes):
-            raise FaultError(f"--node {index}: the job {self.app_id} has nodes "
-                             f"0..{len(self.nodes) - 1}")
-        return self.nodes[index]
-
-    def bridge_alive(self) -> bool:
-        return start_ticks(self.bridge_pid) == self.bridge_start
-
-
-@contextlib.contextmanager
-def updating(path: Path | str) -> Iterator[Cluster]:
-    """Read-modify-write ``cluster.json`` under an exclusive lock on its folder.
-
-    The launcher, its supervisor and ``sublimate fault`` may all write the file; the lock is on
-    the directory (flock works on directory descriptors), so no lock file is left behind.
-    """
-    path = Path(path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        cluster = Cluster.load(path)
-        yield cluster
-        cluster.save()
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def find_cluster(run: Path | str, app_id: str | None = None) -> Path:
-    """The ``cluster.json`` of the job in ``run``.
-
-    ``run`` may be the file itself, a job's log folder (``<log_dir>/<session>/<app_id>``), a
-    TorchX ``log_dir``, or a run folder whose ``logs/`` is the log_dir. Among several jobs the
-    one still running is chosen (``app_id`` picks one by name); none running: the newest.
-    """
-    path = Path(run).expanduser()
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FaultError(f"{path}: no such run folder")
-    candidates = [
-        found
-        for pattern in (CLUSTER_FILE, f"*/{CLUSTER_FILE}", f"*/*/{CLUSTER_FILE}",
-                        f"logs/*/*/{CLUSTER_FILE}")
-        for found in path.glob(pattern)
-    ]
-    if app_id:
-        candidates = [c for c in candidates if c.parent.name == app_id]
-    if not candidates:
-        which = f"job {app_id}" if app_id else "local_netns job"
-        raise FaultError(f"{path}: no {which} here (looked for {CLUSTER_FILE} in it, in its "
-                         "logs/<session>/<app_id>/ and below; was the job run with "
-                         "-s local_netns and a log_dir?)")
-    running = [c for c in candidates if Cluster.load(c).state != ENDED]
-    if len(running) > 1:
-        names = ", ".join(sorted(c.parent.name for c in running))
-        raise FaultError(f"{path}: {len(running)} jobs running ({names}); pick one with --app")
-    if running:
-        return running[0]
-    return max(candidates, key=lambda c: c.stat().st_mtime)
-
-
-def load_running(run: Path | str, app_id: str | None = None) -> Cluster:
-    """The cluster of ``run`` (see :func:`find_cluster`), refusing one that has ended."""
-    cluster = Cluster.load(find_cluster(run, app_id))
-    if cluster.state != RUNNING:
-        raise FaultError(f"job {cluster.app_id} is {cluster.state}: no faults to inject")
-    return cluster
-
+# The faults, and the cluster's lookup a caller starts from (docs/local-cluster.md: "Faults").
+__all__ = ["Cluster", "FaultError", "NodeStatus", "check_link_options", "cut_link",
+           "find_cluster", "in_netns", "kernel_has_netem", "kill_node", "link_down", "link_up",
+           "list_nodes", "load_running", "netem_missing", "qdisc_script", "rate_bits",
+           "restore_node", "run", "slow_node"]
 
 # ---------------------------------------------------------------------------------------------
 # Processes and commands
-
-
-def signal_process(pid: int, start: int, signum: int = signal.SIGKILL) -> bool:
-    """Send ``signum`` to ``pid`` if it is still the process that started at ``start``."""
-    if not pid or start_ticks(pid) != start:
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
-        return True
-    return False
 
 
 def run(argv: list[str], what: str) -> str:
@@ -443,91 +294,3 @@ def list_nodes(cluster: Cluster) -> list[NodeStatus]:
         faults = {k: v for k, v in node.faults.items() if v} if state == RUNNING else {}
         statuses.append(NodeStatus(node.index, node.role, node.replica, node.addr, state, faults))
     return statuses
-
-
-# ---------------------------------------------------------------------------------------------
-# Teardown
-
-
-def _wait_gone(pids: list[tuple[int, int]], seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while any(start_ticks(pid) == start for pid, start in pids) and time.monotonic() < end:
-        time.sleep(0.02)
-
-
-def _remove_cgroup(path: str, seconds: float) -> None:
-    """rmdir a cgroup once its processes are gone (EBUSY until then)."""
-    end = time.monotonic() + seconds
-    while Path(path).is_dir():
-        try:
-            os.rmdir(path)
-            return
-        except OSError:
-            if time.monotonic() > end:
-                raise
-            # a process of the node may have forked after the kill: kill what is left
-            with contextlib.suppress(OSError):
-                for pid in Path(path, "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
-            time.sleep(0.02)
-
-
-def teardown(path: Path | str) -> None:
-    """Remove everything the job of ``path`` (its ``cluster.json``) created; safe to repeat.
-
-    Kills each node's init (its PID namespace takes every process of the node along) and its
-    holder, and the bridge's holder (the bridge's namespace, and with it every veth pair,
-    including the host's, disappears); deletes the host's veth first so it is gone before this
-    returns; removes the nodes' cgroups once empty; marks the file ``ended``.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return
-    with updating(path) as cluster:
-        if cluster.state == ENDED:
-            return
-        pids = [(cluster.bridge_pid, cluster.bridge_start)]
-        for node in cluster.nodes:
-            pids += [(node.init_pid, node.init_start), (node.holder_pid, node.holder_start)]
-        for pid, start in pids:
-            signal_process(pid, start, signal.SIGKILL)
-        if cluster.host_veth and shutil.which("ip"):
-            subprocess.run(["ip", "link", "del", cluster.host_veth], capture_output=True,
-                           check=False)
-        _wait_gone(pids, REAP_SECONDS)
-        errors = []
-        for node in cluster.nodes:
-            if node.cgroup:
-                try:
-                    _remove_cgroup(node.cgroup, REAP_SECONDS)
-                except OSError as error:
-                    errors.append(f"{node.cgroup}: {error.strerror}")
-            if node.state == RUNNING:
-                node.state = ENDED
-        cluster.state = ENDED
-        cluster.ended = time.time()
-    if errors:
-        raise FaultError(f"job {cluster.app_id}: could not remove {', '.join(errors)}")
-
-
-def supervise(path: Path | str) -> None:
-    """The supervisor's life: wait for the launcher to go, then :func:`teardown`.
-
-    The launcher holds the write end of this process's stdin and never writes; stdin reaches
-    EOF when the launcher closes it (the job ended) or dies, however it dies (SIGKILL
-    included). The supervisor runs in its own session and ignores SIGINT/SIGHUP, so the Ctrl-C
-    or hang-up that stops a launcher still leaves it to clean up.
-    """
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    while sys.stdin.buffer.read(4096):
-        pass
-    teardown(path)
-
-
-# the supervisor: python -m sublimate.components.launch.faults supervise FILE
-if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "supervise":
-        sys.exit("usage: python -m sublimate.components.launch.faults supervise CLUSTER_JSON")
-    supervise(sys.argv[2])

@@ -70,7 +70,7 @@ def host_gpus(given: int | None) -> int:
     """The GPUs of this host: ``--host-gpus`` when given, else what nvidia-smi lists."""
     if given is not None:
         return given
-    from sublimate.components.launch.netns_scheduler import host_gpu_count
+    from sublimate.components.launch.local_cwd_scheduler import host_gpu_count
 
     return host_gpu_count()
 

@@ -39,7 +39,8 @@ from sublimate.components.launch import etcd_server, failures
 from sublimate.components.launch import per_step as recovery
 from sublimate.components.launch.apps import parameter_server, trainer
 from sublimate.components.launch.chaos import Chaos
-from sublimate.components.launch.cluster_job import (
+from sublimate.components.launch.gpu_plan import GpuPlan, GpuShortage, gpu_plan, place_gpus
+from sublimate.components.launch.job_runner import (
     LOCAL_SCHEDULERS,
     JobRunner,
     claim_job,
@@ -47,7 +48,6 @@ from sublimate.components.launch.cluster_job import (
     job_name,
     make_runner,
 )
-from sublimate.components.launch.gpu_plan import GpuPlan, GpuShortage, gpu_plan, place_gpus
 from sublimate.components.launch.logs import follow_logs
 from sublimate.components.launch.request import LaunchPlan, TrainRequest
 from sublimate.components.launch.run_lock import RunLock, RunLockBusy, lock_owner

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
 from sublimate.components.launch.failures import app_id_of, quiet
+from sublimate.components.launch.job_runner import LOCAL_SCHEDULERS
 
 if TYPE_CHECKING:
     from torchx import specs

@@ -501,7 +501,7 @@ def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) ->
     * **A lost node's pod is replaced alone**: ``RestartPod`` on ``PodFailed`` and
       ``PodEvicted`` deletes that one pod, and the controller creates it again under the same
       name (TorchX's ``RestartJob`` would restart every node). The replacement runs with the
-      same environment and knows it is one by its own start record (per_step_run).
+      same environment and knows it is one by its own start record (per_step_loop).
     * **The budget is the job's**: every ``RestartPod`` adds one to the job's ``retryCount``,
       and the job fails once that count reaches its ``maxRetry``. An unset or zero ``maxRetry``
       becomes 3 at admission, which failed the job on the third pod lost, whatever
@@ -513,7 +513,7 @@ def volcano_per_step(job: dict[str, Any], min_groups: int, replacements: int) ->
       replicas at admission; both it and the job's are ``min_groups``.
     * **Done when every node succeeded**: ``TaskCompleted`` (all of the task's pods succeeded)
       completes the job. A replacement that starts after the job's last step stops with
-      success (per_step_run).
+      success (per_step_loop).
     * **The Lighthouse is no task of the job**: on every ``RestartPod`` Volcano calls its
       plugins' job-delete hooks, and the svc plugin deletes the job's headless Service with it,
       the name the nodes found the Lighthouse by, until the next sync creates it again. It is

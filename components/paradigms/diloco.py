@@ -18,7 +18,7 @@ traffic is spread out instead of arriving as one burst.
 What torchft contributes is the algorithm itself: the backup of the global weights, the
 pseudo-gradient, the outer step, the fragments. What it would also do, hook the inner
 optimizer's ``step()`` to form quorums and commit on its own, is left out: sublimate's per-step
-loop (:mod:`sublimate.components.processes.per_step_run`) forms each round's quorum at its round
+loop (:mod:`sublimate.components.processes.per_step_loop`) forms each round's quorum at its round
 boundaries, so a round once started is carried through to its commit on every group, and a
 replacement heals at a round (as for BMUF and EASGD). The fragments talk to
 :class:`_RoundChannel` instead of a torchft Manager: it averages through

@@ -47,7 +47,7 @@ from typing import Any, NoReturn
 
 from sublimate.components.base.termination import exit_now
 from sublimate.components.monitoring.metrics import process_start_time
-from sublimate.components.processes import worker
+from sublimate.components.processes import forking_agent, worker
 
 MESSAGE_BYTES = 1 << 20  # a request's environment and arguments fit many times over
 ANSWER_FDS = 4  # stdout and stderr; a netns node's mounted and status pipes as well
@@ -58,7 +58,8 @@ NODE_NAMESPACES = (("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS), ("pid", CLONE_NE
 
 def preload() -> None:
     """Import what an agent and its workers import, in this (the only) thread."""
-    for name in (*worker.AGENT_IMPORTS, "torch.distributed.run", *worker.preload_modules()):
+    for name in (*forking_agent.AGENT_IMPORTS, "torch.distributed.run",
+                 *worker.preload_modules()):
         with contextlib.suppress(Exception):  # as the agent's own preload: met again there
             importlib.import_module(name)
 
@@ -88,7 +89,7 @@ def serve(control: socket.socket, started: float, ready: float) -> None:
                         return
                     request = json.loads(message)
                     now = time.time()
-                    request["env"][worker.FORKED_MARKS_ENV] = json.dumps(
+                    request["env"][forking_agent.FORKED_MARKS_ENV] = json.dumps(
                         first or [("scheduler", now), ("agent_imports", now)])
                     first = []
                     _answer(control, request, fds, (control.fileno(), selector.fileno(),
@@ -242,7 +243,7 @@ def _run_agent(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(int(threads))
-    if argv[:1] != [worker.AGENT]:
+    if argv[:1] != [forking_agent.AGENT]:
         raise SystemExit(f"agent_zygote: not an agent's arguments: {argv[:3]}")
     worker.agent(argv[1:])  # ends the process itself
     return 0

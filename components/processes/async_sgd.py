@@ -39,7 +39,7 @@ from sublimate.components.base.termination import fail
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import metrics as monitoring
 from sublimate.components.paradigms import lr_schedule
-from sublimate.components.paradigms.parameter_server import (  # noqa: F401  (re-exported)
+from sublimate.components.paradigms.async_sgd import (  # noqa: F401  (re-exported)
     AsyncSGD,
     ParameterServer,
 )
@@ -459,8 +459,8 @@ class TrainerRun:
         """The step loop: copy in the pulled parameters, compute this trainer's gradient, push
         it and pull the next parameters in one round trip; report each epoch to the server.
 
-        Like the collective workers' loop (worker.Run.run_epoch) it works on locals only, so a
-        step costs what a hand-written loop's would.
+        Like the collective workers' loop (training_loop.TrainingLoop.run_epoch) it works on
+        locals only, so a step costs what a hand-written loop's would.
         """
         from torch.distributed import rpc
 

@@ -1,6 +1,6 @@
 """What a worker trains: the staged data on its device, the model, its optimizer and paradigm,
 the learning-rate schedule, and rank 0's evaluation; built the same way by both step loops (the
-restart mode's :mod:`.worker` and the per-step mode's :mod:`.per_step_run`)."""
+restart mode's :mod:`.worker` and the per-step mode's :mod:`.per_step_loop`)."""
 
 from __future__ import annotations
 

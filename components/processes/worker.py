@@ -21,13 +21,12 @@ STARTED = time.time()
 import argparse
 import contextlib
 import importlib
-import json
 import multiprocessing
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sublimate.components import training
 from sublimate.components.base import run_files
@@ -45,17 +44,16 @@ from sublimate.components.base.termination import OneLineParser, exit_now, fail
 from sublimate.components.data.datasets import data_problem
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import metrics as monitoring
+from sublimate.components.processes import forking_agent
 from sublimate.components.processes.learning import (
     load_data,
 )
 from sublimate.components.processes.request import WorkerRequest
-from sublimate.components.processes.run import start_run
+from sublimate.components.processes.training_loop import start_loop
 from sublimate.components.training import ProcessGroup, log
 
 MODEL_NAME = run_files.MODEL  # kept for callers of the first releases
 METRICS_FLUSH_STEPS = training.METRICS_FLUSH_STEPS
-# The first argument that makes this module a torchrun agent rather than a worker (see agent()).
-AGENT = "agent"
 STEP = "train"  # the step a refused input is reported for (train: error: ...)
 # What a worker imports after this module's own imports, on its way to the first step: DDP's
 # constructor imports torch._dynamo (over a second of CPU), monitoring imports TensorBoard.
@@ -74,17 +72,6 @@ PER_STEP_PRELOAD = (
     "torchft.manager", "torchft.process_group", "torchft.checkpointing.pg_transport",
     *(name for name in PRELOAD if not name.startswith(("torch._dynamo", "torch.nn.parallel",
                                                         "torch.distributed.algorithms"))),
-)
-# Set by agent_zygote in an agent it forked: [["scheduler", t], ["agent_imports", t]].
-FORKED_MARKS_ENV = "SUBLIMATE_FORKED_AGENT_MARKS"
-# What torchrun's agent imports on its way to forking the workers (rendezvous backend, agent,
-# multiprocessing's fork support), imported before the preload starts so that only one thread
-# imports at a time: two threads importing overlapping modules can deadlock on module locks.
-AGENT_IMPORTS = (
-    "torch.distributed.elastic.agent.server.local_elastic_agent",
-    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
-    "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
-    "multiprocessing.popen_fork", "multiprocessing.queues", "encodings.idna",
 )
 
 
@@ -117,11 +104,11 @@ def train(request: WorkerRequest, startup: monitoring.StartupClock | None = None
     """
     startup = startup or monitoring.StartupClock(time.time())
     group = join_process_group(request, startup)
-    if request.recovery == PER_STEP:  # every node its own process group: see per_step_run
-        from sublimate.components.processes import per_step_run
+    if request.recovery == PER_STEP:  # every node its own process group: see per_step_loop
+        from sublimate.components.processes import per_step_loop
 
-        return per_step_run.train(request, startup, group)
-    run = start_run(request, startup, group, load_data(request, group, startup))
+        return per_step_loop.train(request, startup, group)
+    run = start_loop(request, startup, group, load_data(request, group, startup))
     while run.step < run.data.total_steps:
         run.close_epoch(*run.run_epoch())
     return run.finish()
@@ -205,66 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def agent(argv: list[str]) -> None:
-    """``torchrun`` whose workers are forked from this agent instead of started afresh.
-
-    ``argv`` is torchrun's flags, ``--``, then the worker's arguments. The agent has imported
-    torch (torchrun needs it) and this module's other imports before its rendezvous, so a
-    forked worker starts with them in memory instead of paying the interpreter's start and
-    torch's import again (about a second of CPU per worker, at every start and restart). The
-    launcher uses this on CPU nodes only: CUDA must never be initialised before a fork, and on
-    GPU nodes a fresh interpreter per worker is the safe default. torchrun's ``--run-path``
-    re-executes this file as ``__main__`` in each child, which then runs :func:`main`.
-    """
-    from torch.distributed import run as torchrun
-
-    # This agent's start-up, for its workers' report (metrics.StartupClock): TorchX started it,
-    # it imported torch and torchrun, then it meets the other nodes and forks. An agent forked
-    # by the launcher's fork server (agent_zygote) is told when the server did the first two.
-    forked = os.environ.pop(FORKED_MARKS_ENV, None)
-    marks = [(name, at) for name, at in json.loads(forked)] if forked else \
-        [("scheduler", monitoring.process_start_time())]
-    for name in AGENT_IMPORTS:
-        with contextlib.suppress(ImportError):  # moved in another torch: imported when needed
-            importlib.import_module(name)
-    if not forked:
-        marks.append(("agent_imports", time.time()))
-    # The workers' remaining imports load while the agent waits for the other nodes; a fork
-    # must not happen while another thread imports (the child would inherit held locks), so
-    # every fork waits for the preload to end.
-    preloading = _preload()
-
-    def before_fork() -> None:  # torchrun forks its workers right after the rendezvous
-        rendezvous = time.time()
-        if preloading is not None:
-            preloading.join()
-        os.environ[monitoring.AGENT_MARKS_ENV] = json.dumps(
-            [*marks, ("agent_rendezvous", rendezvous), ("preload", time.time())])
-
-    os.register_at_fork(before=before_fork)
-    argv = _static_port(argv)
-    split = argv.index("--")
-    torchrun.main([*argv[:split], "--start-method", "fork", "--run-path",
-                   str(Path(__file__).resolve()), *argv[split + 1:]])
-    exit_now(0)  # a failure raised above, with torchrun's report
-
-
-def _static_port(argv: list[str]) -> list[str]:
-    """A node of its own (per-step recovery) meets no other: torchrun's ``static`` rendezvous,
-    with no rendezvous rounds to wait for, on a free port of this node (``localhost:0`` would
-    give the workers port 0 for their store)."""
-    if "static" not in argv or "localhost:0" not in argv:
-        return argv
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return [f"localhost:{port}" if arg == "localhost:0" else arg for arg in argv]
+def agent(argv: list[str]) -> NoReturn:
+    """This module as a node's torchrun agent whose workers it forks
+    (:func:`~sublimate.components.processes.forking_agent.agent`): each child runs this file's
+    :func:`main` with this module's imports already in memory."""
+    forking_agent.agent(argv, run_path=str(Path(__file__).resolve()), preload=_preload)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [AGENT]:
+    if sys.argv[1:2] == [forking_agent.AGENT]:
         agent(sys.argv[2:])
     code = main()
     if multiprocessing.parent_process() is None:  # a process of its own, not a forked worker

@@ -30,7 +30,7 @@ from sublimate.components.base.settings import (
 from sublimate.components.base.termination import OneLineParser, fail
 from sublimate.components.data.datasets import read_metadata, streams
 from sublimate.components.launch import etcd_server
-from sublimate.components.launch.cluster_job import LOCAL_SCHEDULERS
+from sublimate.components.launch.job_runner import LOCAL_SCHEDULERS
 from sublimate.components.launch.launcher import STEP, entrypoint_problem, launch
 from sublimate.components.launch.request import (
     LaunchPlan,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .common import UsageError
 
 if TYPE_CHECKING:
-    from sublimate.components.launch.faults import Cluster
+    from sublimate.components.launch.netns_cluster import Cluster
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -111,7 +111,7 @@ def add_fault_commands(subparsers: argparse._SubParsersAction) -> None:
 def _cluster(args: argparse.Namespace, running: bool = True) -> Cluster:
     """The job RUN names: a path first, else a run id or workflow name (``sublimate report``'s
     lookup, whose result folder holds the train step's logs/)."""
-    from sublimate.components.launch import faults
+    from sublimate.components.launch import netns_cluster
     from sublimate.pipelines.run_lookup import ReportError, resolve_run, results_of_runner_folder
 
     reference = Path(args.run).expanduser()
@@ -124,9 +124,9 @@ def _cluster(args: argparse.Namespace, running: bool = True) -> Cluster:
             except ReportError as error:
                 raise UsageError(str(error)) from error
         if running:
-            return faults.load_running(reference, args.app)
-        return faults.Cluster.load(faults.find_cluster(reference, args.app))
-    except faults.FaultError as error:
+            return netns_cluster.load_running(reference, args.app)
+        return netns_cluster.Cluster.load(netns_cluster.find_cluster(reference, args.app))
+    except netns_cluster.FaultError as error:
         raise UsageError(str(error)) from error
 
 
@@ -136,7 +136,7 @@ def _node(cluster: Cluster, index: int) -> str:
 
 
 def _act(action: object, *args: object, **kwargs: object) -> None:
-    from sublimate.components.launch.faults import FaultError
+    from sublimate.components.launch.netns_cluster import FaultError
 
     try:
         action(*args, **kwargs)  # type: ignore[operator]
@@ -160,7 +160,7 @@ def command_kill(args: argparse.Namespace) -> int:
 def _kill_repeatedly(args: argparse.Namespace, cluster: Cluster) -> int:
     """``fault kill --every/--mtbf``: chaos from this terminal until the job ends, ``--count``
     kills or Ctrl-C."""
-    from sublimate.components.launch import faults
+    from sublimate.components.launch import netns_cluster
     from sublimate.components.launch.chaos import Chaos
 
     if args.count < 0:
@@ -182,7 +182,7 @@ def _kill_repeatedly(args: argparse.Namespace, cluster: Cluster) -> int:
                   max_kills=args.count, seed=args.seed, on_kill=killed).start()
     try:
         while not chaos.wait(timeout=0.5):
-            if faults.Cluster.load(cluster.path).state != faults.RUNNING:
+            if netns_cluster.Cluster.load(cluster.path).state != netns_cluster.RUNNING:
                 break  # the job ended: nothing left to kill
     except KeyboardInterrupt:
         pass
@@ -214,7 +214,7 @@ def command_cut(args: argparse.Namespace) -> int:
 
 
 def command_slow(args: argparse.Namespace) -> int:
-    from sublimate.components.launch import faults
+    from sublimate.components.launch import faults, netns_cluster
 
     if args.cpu is None and args.delay is None:
         raise UsageError("fault slow: give --cpu CORES (e.g. 0.25) and/or --delay TIME (e.g. 50ms)")
@@ -233,7 +233,7 @@ def command_slow(args: argparse.Namespace) -> int:
         time.sleep(args.seconds)
     finally:
         # the job may have ended meanwhile: its end already removed the slowdown
-        if faults.Cluster.load(cluster.path).state == faults.RUNNING:
+        if netns_cluster.Cluster.load(cluster.path).state == netns_cluster.RUNNING:
             _act(faults.restore_node, cluster, args.node)
     print(f"fault: {where}: restored")
     return 0

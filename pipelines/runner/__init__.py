@@ -29,6 +29,7 @@ paths (``views``); where that cannot be, in a mount namespace sharing this machi
 working directories rewritten to local folders (``paths``).
 """
 
+from sublimate.components.base.public_face import lazy_exports
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from .errors import ManifestError, ParameterError, RunInterrupted
@@ -43,19 +44,11 @@ from .records.run_types import NodeResult, RunEvent, RunOptions, RunResult
 
 # Loaded on first use (PEP 562): `sublimate run FILE` needs neither the harness (Hera, test
 # runs) nor, with -o json, the table.
-_LAZY = {"console_reporter": "records.display", "format_table": "records.display",
-         "NodeView": "harness", "WorkflowRun": "harness", "run": "harness",
-         "run_workflow": "harness"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_LAZY = {"console_reporter": "records.display:console_reporter",
+         "format_table": "records.display:format_table", "NodeView": "harness:NodeView",
+         "WorkflowRun": "harness:WorkflowRun", "run": "harness:run",
+         "run_workflow": "harness:run_workflow"}
+__getattr__, _ = lazy_exports(__name__, _LAZY)  # its dir() stays the module's own
 
 
 __all__ = [

@@ -15,30 +15,10 @@ from collections.abc import Callable
 from sublimate.pipelines.argo_terms import (  # noqa: F401  (re-exported to the runner)
     Ast,
     ExpressionError,
+    TokenCursor,
     depends_references,
     parse_depends,
 )
-
-
-class _Parser:
-    def __init__(self, tokens: list, source: str) -> None:
-        self.tokens = tokens
-        self.pos = 0
-        self.source = source
-
-    def peek(self) -> object:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self) -> object:
-        token = self.peek()
-        if token is None:
-            raise ExpressionError(f"unexpected end of expression {self.source!r}")
-        self.pos += 1
-        return token
-
-    def expect_end(self) -> None:
-        if self.pos != len(self.tokens):
-            raise ExpressionError(f"unexpected {self.peek()!r} in expression {self.source!r}")
 
 
 def evaluate_depends(ast: Ast, lookup: Callable[[str, str | None], bool]) -> bool:
@@ -112,7 +92,7 @@ def _word_value(word: str) -> object:
     return word  # govaluate variables become strings after Argo's substitution
 
 
-class _WhenParser(_Parser):
+class _WhenParser(TokenCursor):
     def parse_or(self) -> object:
         left = self.parse_and()
         while self.peek() == "||":

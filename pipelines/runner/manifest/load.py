@@ -33,10 +33,10 @@ from .library import (
 from .repository import remote_problems
 from .template_checks import (
     COMMAND_REQUIRED,
+    container_body_problems,
     container_problems,
     hook_problems,
     kind_problems,
-    mount_problems,
 )
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -422,21 +422,8 @@ def _check_template(
         problems += container_problems(template, path, local_volumes)
     for kind in ("container", "script"):
         body = template.get(kind)
-        if not isinstance(body, dict):
-            continue
-        if not body.get("command"):
-            problems.append(f"{path}.{kind}.{COMMAND_REQUIRED}")
-        elif not isinstance(body["command"], list):
-            problems.append(f"{path}.{kind}.command: expected a list")
-        for j, mount in enumerate(body.get("volumeMounts") or []):
-            # A name from a parameter is looked up once substituted (plan.py), as Argo does.
-            if isinstance(mount, dict) and mount.get("name") not in local_volumes \
-                    and "{{" not in str(mount.get("name")):
-                problems.append(
-                    f"{path}.{kind}.volumeMounts[{j}].name: volume {mount.get('name')!r}"
-                    " is not declared"
-                )
-            problems += mount_problems(mount, f"{path}.{kind}.volumeMounts[{j}]")
+        if isinstance(body, dict):
+            problems += container_body_problems(body, f"{path}.{kind}", local_volumes)
     problems += timing_problems(template, path)  # timeout, deadlines, backoff (validate.go)
     problems += kind_problems(template, path)  # suspend, daemon, data, http, outputs
     for number in ("parallelism", "activeDeadlineSeconds"):

@@ -55,11 +55,7 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
                 and "main" not in names:
             problems.append(f'{path}.containerSet.containers: must have a container named '
                             '"main" for input or output')
-        for j, mount in enumerate(container_set.get("volumeMounts") or []):
-            if isinstance(mount, dict) and mount.get("name") not in volumes:
-                problems.append(f"{path}.containerSet.volumeMounts[{j}].name: volume "
-                                f"{mount.get('name')!r} is not declared")
-            problems += mount_problems(mount, f"{path}.containerSet.volumeMounts[{j}]")
+        problems += volume_mount_problems(container_set, f"{path}.containerSet", volumes)
         retries = (container_set.get("retryStrategy") or {}).get("retries")
         if retries is not None and "{{" not in str(retries):
             try:
@@ -89,16 +85,30 @@ def container_problems(template: dict, path: str, volumes: set[str]) -> list[str
                 problems.append(f"{where}.name: {name!r} is taken (container names are "
                                 "unique in a pod; main, init and wait are Argo's)")
             seen.add(name)
-            if not container.get("command"):
-                problems.append(f"{where}.{COMMAND_REQUIRED}")
-            elif not isinstance(container["command"], list):
-                problems.append(f"{where}.command: expected a list")
-            for k, mount in enumerate(container.get("volumeMounts") or []):
-                if isinstance(mount, dict) and mount.get("name") not in volumes \
-                        and "{{" not in str(mount.get("name")):
-                    problems.append(f"{where}.volumeMounts[{k}].name: volume "
-                                    f"{mount.get('name')!r} is not declared")
-                problems += mount_problems(mount, f"{where}.volumeMounts[{k}]")
+            problems += container_body_problems(container, where, volumes)
+    return problems
+
+
+def container_body_problems(container: dict, where: str, volumes: set[str]) -> list[str]:
+    """A container's (or a script's) command and volume mounts, ``where`` naming it."""
+    problems = []
+    if not container.get("command"):
+        problems.append(f"{where}.{COMMAND_REQUIRED}")
+    elif not isinstance(container["command"], list):
+        problems.append(f"{where}.command: expected a list")
+    return problems + volume_mount_problems(container, where, volumes)
+
+
+def volume_mount_problems(holder: dict, where: str, volumes: set[str]) -> list[str]:
+    """``holder``'s ``volumeMounts``: each names a declared volume (a name from a parameter is
+    looked up once substituted, in the plan, as Argo does) and has a sound path and subPath."""
+    problems = []
+    for j, mount in enumerate(holder.get("volumeMounts") or []):
+        if isinstance(mount, dict) and mount.get("name") not in volumes \
+                and "{{" not in str(mount.get("name")):
+            problems.append(f"{where}.volumeMounts[{j}].name: volume {mount.get('name')!r} "
+                            "is not declared")
+        problems += mount_problems(mount, f"{where}.volumeMounts[{j}]")
     return problems
 
 

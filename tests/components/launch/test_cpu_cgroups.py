@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from sublimate.components.launch import cpu_cgroups, faults
+from sublimate.components.launch import cpu_cgroups, faults, netns_cluster
 from sublimate.components.launch.cpu_cgroups import node_parent, quota_cores, set_quota
 from tests.conftest import require
 
@@ -99,16 +99,16 @@ def test_fault_slow_and_restore_write_cpu_max_on_a_cgroup_v2_node(tmp_path: Path
     group.mkdir(parents=True)
     (group / "cpu.max").write_text("max 100000\n")
     me = os.getpid()  # stands for the node's PID 1: alive, with its start time
-    cluster = faults.Cluster(path=tmp_path / faults.CLUSTER_FILE, app_id="app",
-                             state=faults.RUNNING, nodes=[faults.Node(
+    cluster = netns_cluster.Cluster(path=tmp_path / netns_cluster.CLUSTER_FILE, app_id="app",
+                             state=netns_cluster.RUNNING, nodes=[netns_cluster.Node(
                                  index=0, role="worker", replica=0, addr="10.213.0.1",
                                  holder_pid=me, holder_start=start_ticks(me) or 0, init_pid=me,
                                  init_start=start_ticks(me) or 0, cgroup=str(group))])
     cluster.save()
     faults.slow_node(cluster, 0, cpu=0.25)
     assert (group / "cpu.max").read_text() == "25000 100000"
-    assert faults.Cluster.load(cluster.path).nodes[0].faults == {"cpu": 0.25}
-    faults.restore_node(faults.Cluster.load(cluster.path), 0)
+    assert netns_cluster.Cluster.load(cluster.path).nodes[0].faults == {"cpu": 0.25}
+    faults.restore_node(netns_cluster.Cluster.load(cluster.path), 0)
     assert (group / "cpu.max").read_text() == "max 100000"
     assert sorted(p.name for p in group.iterdir()) == ["cpu.max"]  # no v1 file written
 

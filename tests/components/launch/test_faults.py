@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sublimate.components.launch import faults
+from sublimate.components.launch import faults, netns_cluster
 from sublimate.components.launch.cpu_cgroups import quota_cores
 from sublimate.pipelines.cli import main
 from sublimate.pipelines.cli.fault import duration
@@ -63,19 +63,19 @@ def test_kill_a_node_fails_its_replica(netns: None, tmp_path: Path) -> None:
     with runner() as r:
         handle = r.run(app_of(python_role(UNTIL_DONE, 2)), "local_netns", cfg={
             "log_dir": str(tmp_path), "volume": f"{shared}:/mnt/sublimate-test"})
-        cluster = faults.load_running(tmp_path)  # found from the run folder (log_dir = it)
+        cluster = netns_cluster.load_running(tmp_path)  # found from the run folder (log_dir = it)
         faults.kill_node(cluster, 1)
         wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED",
                  EVENT_SECONDS, "the killed node's replica to fail")
         assert r.status(handle).roles[0].replicas[0].state.name == "RUNNING"
-        assert [n.state for n in faults.list_nodes(faults.Cluster.load(cluster.path))] == [
+        assert [n.state for n in faults.list_nodes(netns_cluster.Cluster.load(cluster.path))] == [
             "running", "killed"]
         (shared / "done").touch()  # node 0 may end now, well
         status = r.wait(handle, wait_interval=0.05)
     assert status.state.name == "FAILED"
     success = json.loads((cluster.path.parent / "SUCCESS").read_text())
     assert [replica["exitcode"] != 0 for replica in success["roles"]["node"]] == [False, True]
-    assert [n.state for n in faults.list_nodes(faults.Cluster.load(cluster.path))] == [
+    assert [n.state for n in faults.list_nodes(netns_cluster.Cluster.load(cluster.path))] == [
         "ended", "killed"]
     assert_no_leaks(before)
 
@@ -115,12 +115,12 @@ def test_cut_stalls_a_stream_which_then_resumes(netns: None, tmp_path: Path) -> 
                        cfg={"log_dir": str(tmp_path)})
         wait_for(lambda: "CONNECTED" in log_of(tmp_path, handle, "node", 0), 10, "the stream")
         time.sleep(0.3)
-        cluster = faults.load_running(tmp_path)
+        cluster = netns_cluster.load_running(tmp_path)
         ticks: list[float] = []
         started = time.monotonic()
         faults.cut_link(cluster, 1, 2.0, progress=ticks.append)  # blocks for the cut
         blocked = time.monotonic() - started
-        assert faults.Cluster.load(cluster.path).nodes[1].faults == {"cut": False}
+        assert netns_cluster.Cluster.load(cluster.path).nodes[1].faults == {"cut": False}
         status = r.wait(handle, wait_interval=0.05)
     log = log_of(tmp_path, handle, "node", 0)
     assert status.state.name == "SUCCEEDED", log
@@ -165,9 +165,9 @@ def test_slow_caps_the_cpu_of_every_process_of_a_node(netns: None, tmp_path: Pat
     with runner() as r:
         handle = r.run(app_of(python_role(SPIN, 2)), "local_netns", cfg={
             "log_dir": str(tmp_path / "logs"), "volume": f"{shared}:/mnt/sublimate-test"})
-        cluster = faults.load_running(tmp_path)
+        cluster = netns_cluster.load_running(tmp_path)
         faults.slow_node(cluster, 1, cpu=0.1)
-        group = Path(faults.Cluster.load(cluster.path).nodes[1].cgroup or "")
+        group = Path(netns_cluster.Cluster.load(cluster.path).nodes[1].cgroup or "")
         assert quota_cores(group) == pytest.approx(0.1)  # cgroup v1 or v2
         (shared / "go").touch()
         status = r.wait(handle, wait_interval=0.05)
@@ -191,17 +191,17 @@ def test_restore_undoes_slow_and_cut(netns: None, tmp_path: Path) -> None:
     with runner() as r:
         handle = r.run(app_of(python_role(UNTIL_CANCELLED, 2)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
-        cluster = faults.load_running(tmp_path)
+        cluster = netns_cluster.load_running(tmp_path)
         faults.slow_node(cluster, 0, cpu=0.5)
         faults.link_down(cluster, 0)
-        node = faults.Cluster.load(cluster.path).nodes[0]
+        node = netns_cluster.Cluster.load(cluster.path).nodes[0]
         assert node.faults == {"cpu": 0.5, "cut": True}
         bridge = faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "reading")
         assert "DOWN" in bridge
         faults.restore_node(cluster, 0)
         assert quota_cores(Path(node.cgroup or "")) is None
         assert "DOWN" not in faults.in_netns(cluster.bridge_pid, "ip -br link show n0", "r")
-        assert faults.Cluster.load(cluster.path).nodes[0].faults == {}
+        assert netns_cluster.Cluster.load(cluster.path).nodes[0].faults == {}
         r.cancel(handle)
 
 
@@ -210,8 +210,8 @@ def test_delay_needs_netem(netns: None, tmp_path: Path, monkeypatch: pytest.Monk
     with runner() as r:
         handle = r.run(app_of(python_role(UNTIL_CANCELLED, 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
-        cluster = faults.load_running(tmp_path)
-        with pytest.raises(faults.FaultError, match="--delay=50ms needs the netem qdisc"):
+        cluster = netns_cluster.load_running(tmp_path)
+        with pytest.raises(netns_cluster.FaultError, match="--delay=50ms needs the netem qdisc"):
             faults.slow_node(cluster, 0, delay="50ms")
         r.cancel(handle)
 
@@ -230,7 +230,7 @@ def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
                        cfg={"log_dir": str(run / "logs")})
         listed = sublimate("fault", "list", str(run))
         assert listed.returncode == 0, listed.stderr
-        cluster = faults.Cluster.load(cluster_file(run / "logs", handle))
+        cluster = netns_cluster.Cluster.load(cluster_file(run / "logs", handle))
         assert f"{cluster.app_id}: running, subnet {cluster.subnet}" in listed.stdout
         assert re.search(rf"1\s+node/1\s+{re.escape(cluster.nodes[1].addr)}\s+running",
                          listed.stdout), listed.stdout
@@ -289,22 +289,23 @@ def test_qdisc_scripts() -> None:
 
 
 def test_find_cluster_prefers_the_running_job(tmp_path: Path) -> None:
-    for app, state in (("a-1", faults.ENDED), ("b-2", faults.RUNNING)):
+    for app, state in (("a-1", netns_cluster.ENDED), ("b-2", netns_cluster.RUNNING)):
         folder = tmp_path / "logs" / "torchx" / app
         folder.mkdir(parents=True)
-        faults.Cluster(path=folder / faults.CLUSTER_FILE, app_id=app, state=state).save()
-    assert faults.find_cluster(tmp_path).parent.name == "b-2"
-    assert faults.find_cluster(tmp_path, "a-1").parent.name == "a-1"
-    assert faults.find_cluster(tmp_path / "logs").parent.name == "b-2"
-    with pytest.raises(faults.FaultError, match="no job c-3 here"):
-        faults.find_cluster(tmp_path, "c-3")
+        netns_cluster.Cluster(path=folder / netns_cluster.CLUSTER_FILE, app_id=app,
+                              state=state).save()
+    assert netns_cluster.find_cluster(tmp_path).parent.name == "b-2"
+    assert netns_cluster.find_cluster(tmp_path, "a-1").parent.name == "a-1"
+    assert netns_cluster.find_cluster(tmp_path / "logs").parent.name == "b-2"
+    with pytest.raises(netns_cluster.FaultError, match="no job c-3 here"):
+        netns_cluster.find_cluster(tmp_path, "c-3")
 
 
 def test_a_cut_returns_the_link_even_when_interrupted(netns: None, tmp_path: Path) -> None:
     with runner() as r:
         handle = r.run(app_of(python_role(UNTIL_CANCELLED, 1)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
-        cluster = faults.load_running(tmp_path)
+        cluster = netns_cluster.load_running(tmp_path)
 
         def interrupt(left: float) -> None:
             raise KeyboardInterrupt
@@ -322,10 +323,11 @@ def test_the_supervisor_alone_tears_a_cluster_down(netns: None, tmp_path: Path) 
                        cfg={"log_dir": str(tmp_path)})
         path = cluster_file(tmp_path, handle)
         done = threading.Event()
-        supervisor = subprocess.Popen([sys.executable, "-m", "sublimate.components.launch.faults",
-                                       "supervise", str(path)], stdin=subprocess.PIPE, cwd=REPO)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "sublimate.components.launch.netns_cluster", "supervise",
+             str(path)], stdin=subprocess.PIPE, cwd=REPO)
         supervisor.stdin.close()  # type: ignore[union-attr]
         assert supervisor.wait(timeout=20) == 0
         done.set()
-        assert faults.Cluster.load(path).state == faults.ENDED
+        assert netns_cluster.Cluster.load(path).state == netns_cluster.ENDED
         wait_for(lambda: r.status(handle).is_terminal(), EVENT_SECONDS, "the job to notice")

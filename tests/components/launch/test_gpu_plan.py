@@ -9,11 +9,11 @@ import pytest
 from torchx.specs import AppDef
 
 from sublimate.components.data.datasets import build_builtin
-from sublimate.components.launch import netns_scheduler
-from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.launch import local_cwd_scheduler
 from sublimate.components.launch.gpu_plan import GpuShortage, gpu_plan, place_gpus
+from sublimate.components.launch.job_runner import make_runner
 from sublimate.components.launch.launcher import build_app, scheduler_config
-from sublimate.components.launch.netns_scheduler import host_gpu_count
+from sublimate.components.launch.local_cwd_scheduler import host_gpu_count
 from sublimate.components.launch.request import TrainRequest, plan_launch
 from sublimate.components.steps.train import main, parse_args
 
@@ -58,7 +58,7 @@ def test_cpu_nodes_see_no_gpu_and_the_host_is_not_asked(monkeypatch: pytest.Monk
     envs = _replica_envs(["--nodes", "2"], "local_cwd")
     assert [env["CUDA_VISIBLE_DEVICES"] for env in envs["worker"]] == ["", ""]
     asked: list[bool] = []  # nvidia-smi is run only for jobs that ask for GPUs
-    monkeypatch.setattr(netns_scheduler, "host_gpu_count", lambda: asked.append(True) or 0)
+    monkeypatch.setattr(local_cwd_scheduler, "host_gpu_count", lambda: asked.append(True) or 0)
     assert gpu_plan(_app(args, "local_cwd"), args.backend, args.host_gpus).assign is False
     assert not asked
     assert gpu_plan(_app(parse_args([*ARGS, "--gpus-per-node", "1"]), "local_cwd"), "auto",

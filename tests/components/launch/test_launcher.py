@@ -13,7 +13,7 @@ from torchx.specs import AppDef
 
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch.apps import trainer
-from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.launch.job_runner import make_runner
 from sublimate.components.launch.launcher import (
     _watched,
     build_app,
@@ -186,7 +186,7 @@ def test_async_kubernetes_dryrun_has_a_ps_task_and_trainer_tasks() -> None:
 def test_cluster_runs_use_the_pods_namespace(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from sublimate.components.launch import launcher as train
-    from sublimate.components.launch.cluster_job import job_name
+    from sublimate.components.launch.job_runner import job_name
 
     (tmp_path / "namespace").write_text("ml-team\n")
     monkeypatch.setattr(train, "SERVICE_ACCOUNT_DIR", tmp_path)

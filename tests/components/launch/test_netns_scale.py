@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from sublimate.components.launch import faults
+from sublimate.components.launch import netns_cluster
 from tests.components.launch.test_netns_scheduler import assert_cluster_gone, netns
 from tests.conftest import results_folder, run_cli, run_outputs
 
@@ -24,7 +24,7 @@ def test_sixteen_nodes_train_like_two_and_leave_nothing(netns: None, tmp_path: P
     # jobs' clusters come and go meanwhile.)
     (cluster_file,) = results_folder(tmp_path / "sixteen").glob("logs/**/cluster.json")
     assert_cluster_gone(cluster_file)
-    host_veth = faults.Cluster.load(cluster_file).host_veth
+    host_veth = netns_cluster.Cluster.load(cluster_file).host_veth
     assert not host_veth or subprocess.run(["ip", "link", "show", host_veth],
                                            capture_output=True).returncode != 0
     # One global batch, one seed: 16 nodes take the same steps as 2 and land on the same model.

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from sublimate.components.launch import faults
+from sublimate.components.launch import faults, netns_cluster
 from sublimate.components.launch.netns_scheduler import (
     NODE_INIT,
     TOOLS,
@@ -92,7 +92,7 @@ def snapshot() -> dict[str, set[Any]]:
     marker = NODE_INIT.strip().splitlines()[0].encode()
     for pid, cmdline, netns in _processes():
         namespaces.add(netns)
-        ours = (marker in cmdline or b"sublimate.components.launch.faults" in cmdline
+        ours = (marker in cmdline or b"sublimate.components.launch.netns_cluster" in cmdline
                 or (cmdline == b"sleep\0infinity\0" and netns != host)
                 # an agent forked into a node (launch.forked_agents), or one of its workers
                 or (b"processes.agent_zygote" in cmdline and netns != host))
@@ -122,8 +122,8 @@ def assert_no_leaks(before: dict[str, set[Any]], seconds: float = 10.0) -> None:
 
 
 def assert_cluster_gone(cluster_file: Path) -> None:
-    cluster = faults.Cluster.load(cluster_file)
-    assert cluster.state == faults.ENDED
+    cluster = netns_cluster.Cluster.load(cluster_file)
+    assert cluster.state == netns_cluster.ENDED
     pids = [(cluster.bridge_pid, cluster.bridge_start)] + [
         (n.init_pid, n.init_start) for n in cluster.nodes] + [
         (n.holder_pid, n.holder_start) for n in cluster.nodes]
@@ -157,7 +157,7 @@ def runner() -> Any:
 
 
 def cluster_file(log_dir: Path, handle: str) -> Path:
-    return log_dir / SESSION / handle.rsplit("/", 1)[-1] / faults.CLUSTER_FILE
+    return log_dir / SESSION / handle.rsplit("/", 1)[-1] / netns_cluster.CLUSTER_FILE
 
 
 def log_of(log_dir: Path, handle: str, role: str, replica: int) -> str:
@@ -271,7 +271,7 @@ def test_host_reaches_a_node_and_the_volume_is_bound(netns: None, tmp_path: Path
     with runner() as r:
         handle = r.run(app_of(python_role(serve, 1)), "local_netns", cfg={
             "log_dir": str(tmp_path / "logs"), "volume": f"{shared}:/mnt/sublimate-test"})
-        node = faults.Cluster.load(cluster_file(tmp_path / "logs", handle)).nodes[0]
+        node = netns_cluster.Cluster.load(cluster_file(tmp_path / "logs", handle)).nodes[0]
         body = ""
         for _ in range(100):
             try:
@@ -418,7 +418,7 @@ def test_nothing_left_after_cancel(netns: None, tmp_path: Path) -> None:
         handle = r.run(app_of(python_role("import time; time.sleep(60)", 2)), "local_netns",
                        cfg={"log_dir": str(tmp_path)})
         path = cluster_file(tmp_path, handle)
-        assert faults.Cluster.load(path).state == faults.RUNNING
+        assert netns_cluster.Cluster.load(path).state == netns_cluster.RUNNING
         during = snapshot()  # the leak check sees every kind of thing a job creates
         assert len(during["netns"] - before["netns"]) == 3  # the bridge's and two nodes'
         # holder and init per node, the bridge's holder, the supervisor (and, for an instant,
@@ -472,15 +472,16 @@ def test_nothing_left_after_the_launcher_is_killed(netns: None, tmp_path: Path) 
         handle = launcher.stdout.readline().strip()  # type: ignore[union-attr]
         assert handle.startswith("local_netns://"), handle
         path = cluster_file(tmp_path, handle)
-        cluster = faults.Cluster.load(path)
-        assert cluster.state == faults.RUNNING and all(n.alive() for n in cluster.nodes)
+        cluster = netns_cluster.Cluster.load(path)
+        assert cluster.state == netns_cluster.RUNNING and all(n.alive() for n in cluster.nodes)
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
     killed = time.monotonic()
     assert_no_leaks(before)
     print(f"cleaned up {time.monotonic() - killed:.2f} s after the launcher's SIGKILL")
-    wait_for(lambda: faults.Cluster.load(path).state == faults.ENDED, 10, "the supervisor")
+    wait_for(lambda: netns_cluster.Cluster.load(path).state == netns_cluster.ENDED, 10,
+             "the supervisor")
     assert_cluster_gone(path)
 
 
@@ -527,7 +528,7 @@ def test_delay_without_netem_is_one_clear_error(netns: None, tmp_path: Path,
               cfg={"log_dir": str(tmp_path), "link_delay": "2ms"})
     assert str(error.value).startswith("local_netns: link_delay=2ms needs the netem qdisc, "
                                        "which this kernel does not have")
-    assert not list(tmp_path.rglob(faults.CLUSTER_FILE))  # refused before anything started
+    assert not list(tmp_path.rglob(netns_cluster.CLUSTER_FILE))  # refused before anything started
     assert_no_leaks(before)
 
 
@@ -570,7 +571,7 @@ def test_two_jobs_at_once_get_different_subnets(netns: None, tmp_path: Path) -> 
     with runner() as r:
         handles = [r.run(app_of(python_role("import time; time.sleep(30)", 1)), "local_netns",
                          cfg={"log_dir": str(tmp_path)}) for _ in range(2)]
-        subnets = {faults.Cluster.load(cluster_file(tmp_path, h)).subnet for h in handles}
+        subnets = {netns_cluster.Cluster.load(cluster_file(tmp_path, h)).subnet for h in handles}
         assert len(subnets) == 2
         for handle in handles:
             r.cancel(handle)

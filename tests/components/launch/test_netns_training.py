@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from sublimate.components.launch import faults
+from sublimate.components.launch import faults, netns_cluster
 from sublimate.components.model import checkpoint
 from tests.components.launch.test_netns_scheduler import netns
 from tests.conftest import (
@@ -80,7 +80,7 @@ def test_three_nodes_on_shaped_links_train_like_local_cwd_at_the_links_rate(
     # checks for leaks of namespaces, links and processes in every way a job can end).
     (state_file,) = results.glob("logs/**/cluster.json")
     cluster = json.loads(state_file.read_text())
-    assert cluster["state"] != faults.RUNNING
+    assert cluster["state"] != netns_cluster.RUNNING
     assert all(start_ticks(node["init_pid"]) != node["init_start"]
                for node in cluster["nodes"])
 
@@ -94,7 +94,7 @@ def test_a_killed_node_is_relaunched_from_the_last_checkpoint(tmp_path: Path) ->
     process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
                      "-p", "max-restarts=1", "-p", "recovery=restart")
     run_dir, committed = first_checkpoint(home, process)
-    faults.kill_node(faults.load_running(run_dir), 1)  # every process of node 1
+    faults.kill_node(netns_cluster.load_running(run_dir), 1)  # every process of node 1
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"lost node1 \(10\.[0-9.]+\)", output), output[-3000:]
@@ -116,7 +116,7 @@ def test_a_link_cut_longer_than_the_collective_timeout_fails_fast_and_resumes(
                      "-p", "max-restarts=2", "-p", "collective-timeout=4",
                      "-p", "recovery=restart")
     run_dir, committed = first_checkpoint(home, process)
-    cluster = faults.load_running(run_dir)
+    cluster = netns_cluster.load_running(run_dir)
     cut_at = time.monotonic()
     cutter = threading.Thread(target=faults.cut_link, args=(cluster, 1, 12.0))
     cutter.start()
@@ -136,10 +136,11 @@ def test_a_slowed_node_is_named_as_the_straggler(tmp_path: Path) -> None:
     running = False
     while not running and time.monotonic() < deadline and process.poll() is None:
         found = list(home.glob("volumes/sublimate-data/runs/*/logs/**/cluster.json"))
-        running = bool(found) and json.loads(found[0].read_text()).get("state") == faults.RUNNING
+        running = bool(found) and \
+            json.loads(found[0].read_text()).get("state") == netns_cluster.RUNNING
         time.sleep(0.05)
     assert running, "the cluster never came up"
-    faults.slow_node(faults.load_running(results_folder(home)), 2, cpu=0.15)
+    faults.slow_node(netns_cluster.load_running(results_folder(home)), 2, cpu=0.15)
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"stragglers?: rank 2 \(node2\) compute [0-9.]+x median", output), \
@@ -166,7 +167,7 @@ def finish_on_two_without(home: Path, node: int, *params: str) -> str:
     the run's output."""
     process = start_elastic(home, "-p", "max-restarts=2", *params)
     run_dir, committed = first_checkpoint(home, process)
-    faults.kill_node(faults.load_running(run_dir), node)
+    faults.kill_node(netns_cluster.load_running(run_dir), node)
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(rf"train: finished on 2 of 3 nodes \(elastic, lost node{node}", output), \
@@ -195,7 +196,7 @@ def test_an_elastic_job_that_loses_node0_is_relaunched_from_the_last_checkpoint(
     home = tmp_path / "home"
     process = start_elastic(home)
     run_dir, committed = first_checkpoint(home, process)
-    faults.kill_node(faults.load_running(run_dir), 0)
+    faults.kill_node(netns_cluster.load_running(run_dir), 0)
     output = finish_run(process)
     assert process.returncode == 0, output[-4000:]
     assert re.search(r"lost node0 \(10\.[0-9.]+\)", output), output[-3000:]

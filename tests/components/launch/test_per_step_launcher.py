@@ -122,7 +122,7 @@ def test_a_per_step_app_is_a_torchrun_per_node_and_a_lighthouse_after_them() -> 
 
 
 def _kubernetes_per_step(nodes: str = "2:4", max_restarts: int = 5) -> Any:
-    from sublimate.components.launch.cluster_job import make_runner
+    from sublimate.components.launch.job_runner import make_runner
 
     args = parse_args([*ARGS, "--nodes", nodes, "--recovery", "per-step", "--scheduler",
                        "kubernetes", "--max-restarts", str(max_restarts), "--mount",

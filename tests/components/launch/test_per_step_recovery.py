@@ -256,7 +256,9 @@ def test_five_chaos_kills_node_0_among_them_cost_no_restart_and_not_one_bit_of_t
     # copies a live peer's model and optimizer, and a dropped transaction (up to 16 steps, each
     # already applied) goes back to the model and optimizer it started from and is taken again.
     # Whatever chaos does, the model must come out bit for bit the failure-free one.
-    settings = ["-p", "nodes=4:4", "-p", "epochs=15", *PER_STEP]
+    # 40 epochs: about 10 s of training, so that the fifth kill (mean 2 s apart, from the first
+    # step) lands before the job ends; at 15 epochs a fast run ended after three
+    settings = ["-p", "nodes=4:4", "-p", "epochs=40", *PER_STEP]
     # seed 3 draws nodes 1, 3, 0, 3, 1 (tests/components/launch/test_per_step_launcher.py
     # checks that a seed always draws the same schedule)
     output, summary = _run(tmp_path / "chaos", *settings, "-p", "scheduler=local_netns",

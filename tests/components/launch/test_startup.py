@@ -68,13 +68,13 @@ def test_the_launcher_submits_without_importing_torch(digits: Path, tmp_path: Pa
     program = (
         "import sys\n"
         "from sublimate.components.data import datasets\n"
-        "from sublimate.components.launch import cluster_job, launcher\n"
+        "from sublimate.components.launch import job_runner, launcher\n"
         "from sublimate.components.steps import train\n"
         f"args = train.parse_args(['--data-dir', {str(digits)!r}, '--run-dir', "
         f"{str(tmp_path / 'run')!r}])\n"
         "assert datasets.data_problem(args.data_dir, args.global_batch_size, True) is None\n"
         "launcher.build_app(args, train.plan(args))\n"
-        "cluster_job.make_runner('local_cwd')\n"
+        "job_runner.make_runner('local_cwd')\n"
         "print(sorted(m for m in ('torch', 'prometheus_client') if m in sys.modules))\n")
     completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                                check=True, env=ENV)

@@ -10,7 +10,7 @@ import pytest
 from torchx.specs import AppState
 
 from sublimate.components.launch import volcano_job
-from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.launch.job_runner import make_runner
 from sublimate.components.launch.launcher import build_app
 from sublimate.components.launch.request import plan_launch
 from sublimate.components.steps.train import parse_args

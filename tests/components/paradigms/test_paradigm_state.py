@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from sublimate.components.paradigms import flat_parameters, lr_schedule
+from sublimate.components.paradigms.async_sgd import ParameterServer
 from sublimate.components.paradigms.bmuf import BlockMomentumSGD
 from sublimate.components.paradigms.easgd import ElasticAveragingSGD
-from sublimate.components.paradigms.parameter_server import ParameterServer
 from tests.ranks import run_ranks
 
 WORLD = 2

@@ -100,16 +100,17 @@ def test_without_rename_exchange_a_built_dataset_is_linked_once(
 # `stage-data` that stalls once its first file has landed: a copy half made, to kill.
 STALLING_STAGER = """
 import os, sys, time
+from sublimate.components.data import transfer
 from sublimate.components.steps import stage_data
 
-land = stage_data._land
+land = transfer._land
 
 def land_then_stall(*args):
     land(*args)
     open(os.environ["STALL_STAGING"], "w").write("fetching")
     time.sleep(300)
 
-stage_data._land = land_then_stall
+transfer._land = land_then_stall
 sys.exit(stage_data.main(sys.argv[1:]))
 """
 

@@ -16,8 +16,9 @@ from sublimate.components.data.datasets import (
     read_split,
     verify_dataset,
 )
+from sublimate.components.data.transfer import Progress
 from sublimate.components.steps import stage_data
-from sublimate.components.steps.stage_data import MANIFEST_FILE, Progress, dataset_id
+from sublimate.components.steps.stage_data import MANIFEST_FILE, dataset_id
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sublimate.components.data import object_store
+from sublimate.components.data import object_store, transfer
 from sublimate.components.data.datasets import (
     METADATA_FILE,
     build_builtin,
@@ -195,19 +195,19 @@ def test_an_object_replaced_mid_copy_is_an_error(staged_copy: tuple[str, Path, s
                                                  part_size: int | None) -> None:
     url, folder, manifest = staged_copy
     if part_size:
-        monkeypatch.setattr(stage_data, "PART_SIZE", part_size)
+        monkeypatch.setattr(transfer, "PART_SIZE", part_size)
     source = _copy_dataset(digits_folder, tmp_path / "v2")
     _change_shard(source, "test-00000-of-00001.npz")
     publish.push(str(source), url)  # a new version, which we are about to fetch ...
     key = f"{url.removeprefix('s3://')}/test-00000-of-00001.npz"
-    original = stage_data._read_metadata_from
+    original = stage_data.read_metadata_from
 
     def replace_the_shard_after_listing(*args: object, **kwargs: object) -> object:
         metadata = original(*args, **kwargs)  # type: ignore[arg-type]
         server.filesystem().pipe(key, b"... and someone overwrites it while we copy")
         return metadata
 
-    monkeypatch.setattr(stage_data, "_read_metadata_from", replace_the_shard_after_listing)
+    monkeypatch.setattr(stage_data, "read_metadata_from", replace_the_shard_after_listing)
     code, output = _stage(url, folder.parent, capsys)
     assert code == 2
     assert f"dataset '{url}/test-00000-of-00001.npz': it changed while it was being copied" \
@@ -232,7 +232,7 @@ def test_large_objects_arrive_in_ranged_parts_each_pinned_to_the_etag(
     url = f"s3://{bucket}/digits"
     publish.push(str(digits_folder), url)
     part = 64 << 10
-    monkeypatch.setattr(stage_data, "PART_SIZE", part)
+    monkeypatch.setattr(transfer, "PART_SIZE", part)
     clients: list[_RecordingClient] = []
     real = object_store.transfer_client
 

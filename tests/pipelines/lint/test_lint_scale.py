@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.launch import volcano_job
-from sublimate.components.launch.cluster_job import make_runner
+from sublimate.components.launch.job_runner import make_runner
 from sublimate.components.launch.launcher import build_app
 from sublimate.components.launch.request import plan_launch
 from sublimate.components.steps.train import parse_args

@@ -11,8 +11,8 @@ import pytest
 from kubernetes.client.rest import ApiException
 from torchx.specs import AppDef, AppState, AppStatus
 
-from sublimate.components.launch import cluster_job
-from sublimate.components.launch.cluster_job import (
+from sublimate.components.launch import job_runner
+from sublimate.components.launch.job_runner import (
     ATTACH,
     REPLACE,
     START,
@@ -50,7 +50,7 @@ def test_the_job_name_follows_the_workflow_and_the_run_folder() -> None:
     # the same run-id resubmitted by another workflow is another job
     assert job_name("sublimate-train-zz9", RUNS / "sublimate-train-x7k2q") != name
     long = job_name("wf", RUNS / ("Resnet.50-" + "a" * 80))
-    assert len(long) <= cluster_job.JOB_NAME_MAX
+    assert len(long) <= job_runner.JOB_NAME_MAX
     assert re.fullmatch(r"sublimate-resnet-50-a+-[0-9a-f]{8}", long)
 
 
@@ -248,9 +248,9 @@ class FakeVolcanoApi:
 
 
 def _runner_on(api: FakeVolcanoApi) -> object:
-    scheduler = cluster_job._kubernetes_scheduler_class()("sublimate", client=None)
+    scheduler = job_runner._kubernetes_scheduler_class()("sublimate", client=None)
     scheduler._custom_objects_api = lambda: api
-    return cluster_job._runner_class()("sublimate", {"kubernetes": lambda *_, **__: scheduler})
+    return job_runner._runner_class()("sublimate", {"kubernetes": lambda *_, **__: scheduler})
 
 
 def test_the_runner_finds_deletes_and_reports_named_jobs() -> None:

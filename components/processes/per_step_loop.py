@@ -1,13 +1,13 @@
 """The built-in loop under per-step recovery (``recovery=per-step``): every node a replica group,
 every step (sync) or averaging round (bmuf, easgd) a transaction of the groups alive.
 
-The restart mode's :class:`~.run.Run` walks the steps of an epoch; this loop walks the job's
-*committed* steps instead. A step's batch follows from the committed step count, so a step that
-no group completed is simply taken again, and a replacement that copied a live peer's state
-(which carries that count) goes on from where the job is, not from where it started. Each node
-takes its own slice of every global batch (node x procs-per-node + local rank, of all the job's
-slots); the slices of a lost node are skipped while it is away, and the gradient is the mean over
-the groups that took part (torchft's semantics: the effective batch shrinks with the job).
+The restart mode's :class:`~.training_loop.TrainingLoop` walks the steps of an epoch; this loop
+walks the job's *committed* steps instead. A step's batch follows from the committed step count, so
+a step that no group completed is simply taken again, and a replacement that copied a live peer's
+state (which carries that count) goes on from where the job is, not from where it started. Each
+node takes its own slice of every global batch (node x procs-per-node + local rank, of all the
+job's slots); the slices of a lost node are skipped while it is away, and the gradient is the mean
+over the groups that took part (torchft's semantics: the effective batch shrinks with the job).
 
 One group leads: the first of the current quorum (:meth:`FaultTolerance.is_leader`). Its first
 process evaluates, logs the job's epoch line, writes the model and the summary, and its processes
@@ -55,7 +55,7 @@ from sublimate.components.processes.learning import (
     load_data,
 )
 from sublimate.components.processes.request import WorkerRequest
-from sublimate.components.processes.run import Run, first_step_done
+from sublimate.components.processes.training_loop import TrainingLoop, first_step_done
 from sublimate.components.training import ProcessGroup, log
 from sublimate.components.training.fault_tolerance import (
     QUORUM_TIMEOUT_SECONDS,
@@ -82,7 +82,7 @@ def train(request: WorkerRequest, startup: monitoring.StartupClock,
         groups = dataclasses.replace(groups, replacement=True)
     data = load_data(request, group, startup)
     learner = build_learner(request, group, data)
-    run = PerStepRun(request, startup, group, data, learner, groups)
+    run = PerStepLoop(request, startup, group, data, learner, groups)
     try:
         run.loop()
     except JobAlreadyDone as error:
@@ -119,7 +119,7 @@ class _Epoch:
         self.loss = torch.zeros((), device=self.device)
 
 
-class PerStepRun(Run):
+class PerStepLoop(TrainingLoop):
     """One process's way through the job's committed steps (see the module's docstring)."""
 
     def __init__(self, request: WorkerRequest, startup: monitoring.StartupClock,

@@ -326,7 +326,7 @@ def make_runner(scheduler: str, host_gpus: int | None = None) -> JobRunner:
         return _runner_class()("sublimate", {"local_netns": functools.partial(
             create_scheduler, gpu_count=host_gpus)})
     if scheduler == "local_cwd":
-        from sublimate.components.launch.netns_scheduler import create_local_cwd_scheduler
+        from sublimate.components.launch.local_cwd_scheduler import create_local_cwd_scheduler
 
         # The session name get_runner() uses: the nodes' logs stay in <run>/logs/torchx/.
         return _runner_class()("torchx", {"local_cwd": functools.partial(

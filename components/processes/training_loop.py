@@ -1,5 +1,5 @@
 """One worker's way through the training steps (the restart mode's loop): its parts, how far it
-has got, its epochs, checkpoints and the run's summary. :mod:`.per_step_run` is the same under
+has got, its epochs, checkpoints and the run's summary. :mod:`.per_step_loop` is the same under
 per-step recovery."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from sublimate.components.training import ProcessGroup, log
 METRICS_FLUSH_STEPS = training.METRICS_FLUSH_STEPS
 
 
-def start_run(request: WorkerRequest, startup: monitoring.StartupClock, group: ProcessGroup,
-              data: TrainingData) -> Run:
+def start_loop(request: WorkerRequest, startup: monitoring.StartupClock, group: ProcessGroup,
+              data: TrainingData) -> TrainingLoop:
     """Build the model or restore it from the last checkpoint, and start monitoring (start-up
     phase ``setup``)."""
     learner = build_learner(request, group, data)
@@ -50,11 +50,11 @@ def start_run(request: WorkerRequest, startup: monitoring.StartupClock, group: P
                                  first_step=step, traffic=learner.paradigm.traffic)
     learner.checkpointer.progress = reporter.progress
     startup.mark("setup")
-    return Run(request, startup, group, data, learner, training_model, reporter, step,
+    return TrainingLoop(request, startup, group, data, learner, training_model, reporter, step,
                extra.get("train_seconds", 0.0))
 
 
-class Run:
+class TrainingLoop:
     """One worker's way through the training steps: its parts, and how far it has got."""
 
     lr: float | None
