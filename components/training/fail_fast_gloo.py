@@ -19,9 +19,12 @@ per-step recovery), and this subclass bounds both:
   same moment, and connects from torchft's quorum thread, not the training loop). So the group
   is built within ``connect_seconds``, and the collectives are then given the full timeout. The
   quorum's store itself is reached with a plain connection first: torchft's store client would
-  retry a store that is gone for the timeout, twice. The first group a process builds gets the
-  full timeout: at a job's start every node is there but may be slow (6 nodes of 3 jobs on 2
-  cores took over 5 s, and every node dropped its first step).
+  retry a store that is gone for the timeout, twice. The first group a process builds at a
+  job's start gets the full timeout: every node is there but may be slow (6 nodes of 3 jobs on
+  2 cores took over 5 s, and every node dropped its first step). A replacement's first group is
+  bound like any later one (``bound_first``): it joins live peers, whose own builds are bound
+  already, and a peer killed as it joined held every survivor of a job that needs the
+  replacement (``nodes=4:4``) for the whole timeout.
 
 torchft's ``ProcessGroupBabyGloo`` (the group in a subprocess that is killed on error) would
 also unblock the survivors, but at the cost of copying every gradient through shared memory
@@ -48,11 +51,13 @@ class FailFastGloo(ProcessGroupGloo):
 
     _timeout: timedelta  # torchft's: what it builds the store client and the group with
 
-    def __init__(self, timeout: timedelta, connect_seconds: float = CONNECT_SECONDS) -> None:
+    def __init__(self, timeout: timedelta, connect_seconds: float = CONNECT_SECONDS, *,
+                 bound_first: bool = False) -> None:
         if connect_seconds <= 0:
             raise ValueError(f"connect_seconds must be above 0, not {connect_seconds}")
         super().__init__(timeout=timeout)
         self.connect_seconds = connect_seconds
+        self.bound_first = bound_first  # a replacement's: its first group is bound too
         self.closed_after_errors = 0  # groups dropped because a collective failed
         self.built = 0  # groups built so far
 
@@ -69,7 +74,7 @@ class FailFastGloo(ProcessGroupGloo):
         # phase gets the short bound (the full timeout for the first group: see the module's
         # docstring), the collectives the full timeout afterwards.
         collective_timeout: timedelta = self._timeout
-        if self.built:
+        if self.built or self.bound_first:
             self._timeout = min(collective_timeout, timedelta(seconds=self.connect_seconds))
         try:
             super().configure(store_addr, *args, **kwargs)

@@ -164,7 +164,8 @@ class FaultTolerance:
         quorum_timeout = max(timeout, timedelta(seconds=QUORUM_TIMEOUT_SECONDS))
         # gloo between groups on every device: torchft's NCCL groups need a GPU build to test,
         # and the tensors a step averages are copied to the CPU anyway when they are small.
-        process_group = self.process_group = FailFastGloo(timeout)
+        process_group = self.process_group = FailFastGloo(timeout,
+                                                          bound_first=groups.replacement)
         self.manager = Manager(
             pg=process_group, load_state_dict=load_state, state_dict=state,
             min_replica_size=groups.min_groups, use_async_quorum=async_quorum,
