@@ -118,6 +118,13 @@ def seconds(value: object) -> str:
     return f"{float(value):g}s"  # type: ignore[arg-type]
 
 
+# Argo's maxAllowedStackDepth and its error (workflow/controller): a template that calls itself
+# without end stops here instead of growing the run until the machine gives out.
+MAX_STACK_DEPTH = 100
+MAX_DEPTH_EXCEEDED = ("Maximum recursion depth exceeded. See https://argo-workflows.readthedocs.io"
+                      "/en/latest/scaling/#maximum-recursion-depth")
+
+
 class Run:
     """One run: the state every template kind shares, and the dispatch between them."""
 
@@ -165,6 +172,9 @@ class Run:
         limit = options.parallelism or self.spec.get("parallelism")
         self.pod_slots = threading.Semaphore(int(limit)) if limit else None
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
+        # How deep each template invocation is nested (the entrypoint's is 1): Argo's
+        # currentStackDepth, which stops a template that calls itself (MAX_STACK_DEPTH).
+        self.depths: dict[str, int] = {}
         self._mode = (resolve_soon(options.mounts, options.executor is None, self.run_dir, home)
                       if mounts is None else lambda: Mode(mounts))
         self._layout: Layout | None = None
@@ -358,6 +368,9 @@ class Run:
         strategy = retry_strategy(template, self.spec)
         node = self.record.add_node(name, display, template_name,
                                     NodeType.RETRY if strategy else kind, parent)
+        depth = self.depths[node.id] = self._caller_depth(parent) + 1
+        if depth >= MAX_STACK_DEPTH:  # operator.go executeTemplate: ErrMaxDepthExceeded
+            return self.record.finish(node, NodePhase.ERROR, MAX_DEPTH_EXCEEDED)
         try:
             inputs = resolve_inputs(template, arguments, node.id, self.live_globals())
         except NodeError as exc:
@@ -393,6 +406,17 @@ class Run:
         finally:
             if self.sync is not None:
                 self.sync.release(locks or [])
+
+    def _caller_depth(self, parent: NodeResult | None) -> int:
+        """The nesting depth of the invocation ``parent`` belongs to (a step group, a task
+        group and a retry's attempts are nodes of the invocation that holds them)."""
+        nodes = self.record.nodes
+        while parent is not None:
+            depth = self.depths.get(parent.id)
+            if depth is not None:
+                return depth
+            parent = nodes.get(parent.parent) if parent.parent else None
+        return 0
 
     def attempt(self, template: dict, kind: NodeType, inputs: Vars, node: NodeResult,
                 parent_scope: CancelScope, attempt: int, art_args: dict[str, dict]

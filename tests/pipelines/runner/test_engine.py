@@ -757,3 +757,22 @@ def test_status_json_is_fsynced_before_each_rename_and_its_folder_at_the_end(
         assert events[index - 1] == ("fsync", str(tmp))
     # The last rename (the run's conclusion) is itself made durable.
     assert ("fsync", str(result.run_dir)) in events[writes[-1]:]
+
+
+def test_a_template_that_calls_itself_stops_at_argos_recursion_depth(tmp_path: Path) -> None:
+    # A template calling itself without end grew a run to 5,449 nodes and 394 MB before it was
+    # stopped by hand; Argo's controller errors the 100th nested call (maxAllowedStackDepth).
+    started = time.monotonic()
+    result = run(wf("""
+        - name: main
+          steps:
+          - - {name: again, template: main}
+        """), tmp_path)
+    assert result.phase in ("Error", "Failed")
+    deepest = [n for n in result.nodes if n.message.startswith(
+        "Maximum recursion depth exceeded. See https://argo-workflows.readthedocs.io")]
+    assert len(deepest) == 1
+    # the entrypoint and 98 nested calls ran (each with its step group); the 100th errored
+    invocations = [n for n in result.nodes if n.type == "Steps"]
+    assert len(invocations) == 100
+    assert time.monotonic() - started < 30
