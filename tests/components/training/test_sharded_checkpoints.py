@@ -162,3 +162,38 @@ def test_a_run_checkpointed_in_one_format_is_not_resumed_in_the_other(saved: Pat
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint-format dcp, this run has "
                        "files; resume with checkpoint-format dcp"):
         Checkpointer(saved, 0, 2, "sync").restore(model, optimizer)
+
+
+def test_a_planted_value_in_a_shard_is_refused_in_one_line(tmp_path: Path) -> None:
+    # DCP reports a rank's failure wrapped, as (exception, traceback) in CheckpointException;
+    # the value reader's refusal must come out as the one-line CheckpointError it raised.
+    import dataclasses
+    import io
+
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "step"
+    dcp.save({"weights": torch.ones(3), "step": 7}, checkpoint_id=folder, no_dist=True)
+    metadata_path = folder / METADATA_FILE
+    metadata = pickle.loads(metadata_path.read_bytes())  # our own file, written just now
+    index, info = next((i, s) for i, s in metadata.storage_data.items() if i.fqn == "step")
+    shard = folder / info.relative_path
+    data = shard.read_bytes()
+    planted = io.BytesIO()
+    torch.save(_RunsCode(tmp_path / "ran"), planted)
+    new = planted.getvalue()
+    shard.write_bytes(data[:info.offset] + new + data[info.offset + info.length:])
+    shift = len(new) - info.length
+    metadata.storage_data = {
+        i: dataclasses.replace(s, length=len(new)) if i == index else
+        dataclasses.replace(s, offset=s.offset + shift)
+        if s.relative_path == info.relative_path and s.offset > info.offset else s
+        for i, s in metadata.storage_data.items()}
+    metadata_path.write_bytes(pickle.dumps(metadata))
+    state: dict[str, Any] = {"weights": torch.zeros(3), "step": 0}
+    from sublimate.components.model import sharded_checkpoint
+
+    with pytest.raises(checkpoint.CheckpointError, match="value step holds more than plain "
+                                                         "values"):
+        sharded_checkpoint.load(state, folder)
+    assert not (tmp_path / "ran").exists()
