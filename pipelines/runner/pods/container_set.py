@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sublimate.pipelines.argo_terms import NodePhase
 
-from .executor import ContainerEnd, PodHooks, PodOutcome
+from .executor import ContainerEnd, PodHooks, PodOutcome, termination_message
 
 if TYPE_CHECKING:
     from .local_process import LocalProcess
@@ -195,7 +195,8 @@ def _run(request: PodRequest, container: Container, pod: _Pod, hooks: PodHooks, 
         if attempt + 1 < attempts:
             pod.pause(pause_s)
     if end.exit_code not in (None, 0):
-        end = end._replace(message=_termination_message(container))
+        end = end._replace(message=termination_message(container.termination_log,
+                                                       request.masked))
     stdout[container.name] = "".join(out)
     if callable(notify):
         notify(container.name, end)
@@ -293,11 +294,6 @@ class _Sidecar:
             self.thread.join()
 
 
-def _termination_message(container: Container) -> str:
-    try:
-        return " ".join(container.termination_log.read_text(errors="replace").split())
-    except OSError:
-        return ""
 
 
 # ----------------------------------------------------------------------------- phases

@@ -14,10 +14,12 @@ DAG and steps semantics are checked without starting processes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from .k8s_objects import redact
 from .local_process import LocalProcess
 from .scope import Stoppable
 
@@ -84,13 +86,20 @@ def await_pod(process: LocalProcess, request: PodRequest, hooks: PodHooks,
             cleanup()
     message = ""
     if code != 0 and not process.stopped:
-        message = _termination_message(request)
+        message = termination_message(request.termination_log, request.masked)
     return PodOutcome(exit_code=code, stdout=stdout, message=message,
                       stopped=process.stopped)
 
 
-def _termination_message(request: PodRequest) -> str:
+def termination_message(path: Path, masked: Iterable[str]) -> str:
+    """A failed container's termination message in one line, its secrets' values masked. The
+    file (kept in the run folder, as the pod wrote it) is rewritten masked too: what stays on
+    disk holds no secret that every output of the run masks."""
     with contextlib.suppress(OSError):
-        return " ".join(request.termination_log.read_text(errors="replace").split())
+        written = path.read_text(errors="replace")
+        text = redact(written, masked)
+        if text != written:
+            path.write_text(text)
+        return " ".join(text.split())
     return ""
 

@@ -152,3 +152,39 @@ def test_a_secret_named_twice_names_both_files(tmp_path: Path) -> None:
     message = done.node(done.name).message
     assert message == (f"Secret 'warehouse' is defined twice: in {tmp_path / 'a.yaml'} and "
                        f"{tmp_path / 'b.yaml'}")
+
+
+def test_a_secret_in_a_failed_pods_termination_message_is_masked_on_disk_too(
+        tmp_path: Path, home: Path) -> None:
+    # The node's message masked the value, but the termination-log file the run folder keeps
+    # held it as the pod wrote it (locally at $SUBLIMATE_TERMINATION_LOG: Kubernetes'
+    # /dev/termination-log).
+    (tmp_path / "objects.yaml").write_text(OBJECTS)
+    (tmp_path / "fail.yaml").write_text(textwrap.dedent("""
+        apiVersion: argoproj.io/v1alpha1
+        kind: Workflow
+        metadata: {generateName: fail-}
+        spec:
+          entrypoint: main
+          templates:
+          - name: main
+            script:
+              command: [sh]
+              env:
+              - name: DB_PASSWORD
+                valueFrom: {secretKeyRef: {name: warehouse, key: password}}
+              source: |
+                echo "cannot connect with $DB_PASSWORD" > "$SUBLIMATE_TERMINATION_LOG"
+                exit 3
+        """))
+    done = run_cli("run", str(tmp_path / "fail.yaml"), "-o", "json", home=home)
+    assert done.returncode != 0
+    result = json.loads(done.stdout)
+    (node,) = result["nodes"]
+    assert node["message"] == "Error (exit code 3): cannot connect with ***"
+    run_dir = Path(result["run_dir"])
+    logs = list(run_dir.rglob("termination-log"))
+    assert logs, "the run folder keeps the pod's termination log"
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert PASSWORD.encode() not in path.read_bytes(), path
