@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from .k8s_objects import redact
 from .local_process import LocalProcess
 from .scope import Stoppable
 
@@ -96,8 +95,11 @@ def termination_message(path: Path, masked: Iterable[str]) -> str:
     file (kept in the run folder, as the pod wrote it) is rewritten masked too: what stays on
     disk holds no secret that every output of the run masks."""
     with contextlib.suppress(OSError):
-        written = path.read_text(errors="replace")
-        text = redact(written, masked)
+        written = text = path.read_text(errors="replace")
+        if masked:
+            from .k8s_objects import redact  # a run with secrets has loaded it already
+
+            text = redact(written, masked)
         if text != written:
             path.write_text(text)
         return " ".join(text.split())
