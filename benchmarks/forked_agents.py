@@ -64,10 +64,13 @@ def train_step(data_dir: Path, run_dir: Path, nodes: int, forked: str,
 def replacement(home: Path, forked: str, scheduler: str, kill_at: int = 100,
                 epochs: int = 10) -> float:
     """Seconds from node 0's replacement's start to its training again, in a per-step job."""
-    env = {**ENV, "SUBLIMATE_HOME": str(home), "SUBLIMATE_FORK_AGENTS": forked,
-           "SUBLIMATE_FAIL_AT_STEP": str(kill_at), "SUBLIMATE_FAIL_RANK": "0"}
+    env = {**ENV, "SUBLIMATE_HOME": str(home)}
+    # the step's variables are passed (--env): the shell's own do not reach the steps
+    passed = {"SUBLIMATE_FORK_AGENTS": forked, "SUBLIMATE_FAIL_AT_STEP": str(kill_at),
+              "SUBLIMATE_FAIL_RANK": "0"}
     completed = subprocess.run(
         [sys.executable, "-m", "sublimate.pipelines", "run", "-q", "-p", "recovery=per-step",
+         *[flag for pair in passed.items() for flag in ("--env", "=".join(pair))],
          "-p", "nodes=3:3", "-p", "global-batch-size=60", "-p", f"epochs={epochs}",
          "-p", f"scheduler={scheduler}"],
         env=env, capture_output=True, text=True, check=False)

@@ -132,13 +132,17 @@ gpu_memory_now() {
 # in $SUBLIMATE_HOME/volumes/sublimate-data/runs/NAME); ENV is "" or "VAR=value VAR=value".
 # Leaves $scratch/NAME.{json,err,gpu,base}.
 run() {
-    local name=$1 env=$2
+    local name=$1 env=$2 pair
     shift 3
+    # ENV's variables reach the steps only when passed: the shell's own do not
+    local passed=()
+    # shellcheck disable=SC2086  # ENV is word-split on purpose
+    for pair in $env; do passed+=(--env "$pair"); done
     gpu_memory_now >"$scratch/$name.base"
     start_sampler "$scratch/$name.gpu"
-    # shellcheck disable=SC2086  # ENV is word-split on purpose
-    env $env timeout "$RUN_TIMEOUT" python3 -m sublimate.pipelines run -q -o json \
-        -p run-id="$name" "$@" >"$scratch/$name.json" 2>"$scratch/$name.err"
+    timeout "$RUN_TIMEOUT" python3 -m sublimate.pipelines run -q -o json \
+        -p run-id="$name" ${passed[@]+"${passed[@]}"} "$@" >"$scratch/$name.json" \
+        2>"$scratch/$name.err"
     local code=$?
     stop_sampler
     end_leftovers "$name"

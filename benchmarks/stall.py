@@ -41,17 +41,17 @@ FIELDS = {"stalled": "survivors_stalled_seconds", "dropped": "survivor_steps_dro
 
 
 def run(nodes: int, kill_at: int, home: Path) -> dict[str, Any]:
-    env = {**os.environ, "SUBLIMATE_HOME": str(home), "OMP_NUM_THREADS": "1",
-           "SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP": str(kill_at),
-           "SUBLIMATE_FAIL_RANK": str(nodes // 2)}
+    env = {**os.environ, "SUBLIMATE_HOME": str(home), "OMP_NUM_THREADS": "1"}
     batch = 16 * nodes
     steps_per_epoch = 1437 // batch  # digits' training split
     # enough steps after the kill for the replacement to start and heal (a few seconds)
     epochs = -(-(kill_at + STEPS_AFTER_KILL) // steps_per_epoch)
     done = subprocess.run(
+        # the faults are passed (--env): the shell's own variables do not reach the steps
         [str(Path(sys.executable).with_name("sublimate")), "run", "-p", "recovery=per-step",
-         "-p", "scheduler=local_netns", "-p", f"nodes={nodes}", "-p",
-         f"global-batch-size={batch}", "-p", f"epochs={epochs}"],
+         "--env", f"SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP={kill_at}",
+         "--env", f"SUBLIMATE_FAIL_RANK={nodes // 2}", "-p", "scheduler=local_netns",
+         "-p", f"nodes={nodes}", "-p", f"global-batch-size={batch}", "-p", f"epochs={epochs}"],
         env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{nodes} nodes failed:\n{(done.stdout + done.stderr)[-4000:]}")

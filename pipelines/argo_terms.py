@@ -216,3 +216,66 @@ def object_name_problem(name: str, prefix: bool = False) -> str | None:
                 "case alphanumeric characters, '-' or '.', and must start and end with an "
                 "alphanumeric character")
     return None
+
+
+# Kubernetes' value syntaxes in a container's settings: resource quantities and Linux
+# capability names (the runner applies them: runner/pods/sandbox.py, resource_limits.py).
+_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+             "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+             "Ei": 2**60, "m": 10**-3}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+                       r"(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+
+# linux/capability.h, in order: the name Kubernetes writes (without CAP_) -> its number.
+CAPABILITIES = {name: number for number, name in enumerate((
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+    "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
+    "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
+    "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE"))}
+
+
+def quantity(text: object) -> float:
+    """A Kubernetes quantity (``256Mi``, ``1.5G``, ``500m``, ``1e9``) as a number;
+    ``ValueError`` saying what one looks like."""
+    found = _QUANTITY.match(str(text).strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not a quantity (e.g. 512Mi, 1Gi, 500m, 2)")
+    return float(found.group(1)) * _SUFFIXES[found.group(2) or ""]
+
+
+def capability(name: object) -> int | None:
+    """A capability's number, None for ``ALL``; ``ValueError`` for a name Linux lacks."""
+    text = str(name).upper().removeprefix("CAP_")
+    if text == "ALL":
+        return None
+    if text not in CAPABILITIES:
+        raise ValueError(f"unknown capability {name!r}")
+    return CAPABILITIES[text]
+
+
+def container_setting_problems(container: dict) -> list[tuple[str, str]]:
+    """What Kubernetes would refuse in a container's ``resources.limits`` and
+    ``securityContext.capabilities``, as (field below the container, problem); a value
+    holding ``{{`` is checked once substituted (the runner's ``pods/``)."""
+    problems: list[tuple[str, str]] = []
+    limits = (container.get("resources") or {}).get("limits") or {}
+    for key in ("memory", "cpu"):
+        value = limits.get(key) if isinstance(limits, dict) else None
+        if value is not None and "{{" not in str(value):
+            try:
+                if quantity(value) <= 0:
+                    problems.append((f"resources.limits.{key}", "must be more than 0"))
+            except ValueError as exc:
+                problems.append((f"resources.limits.{key}", str(exc)))
+    context = container.get("securityContext") or {}
+    asked = context.get("capabilities") or {} if isinstance(context, dict) else {}
+    for key in ("add", "drop"):
+        for name in (asked.get(key) or []) if isinstance(asked, dict) else []:
+            if "{{" not in str(name):
+                try:
+                    capability(name)
+                except ValueError as exc:
+                    problems.append((f"securityContext.capabilities.{key}", str(exc)))
+    return problems

@@ -138,6 +138,31 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def pod_pid(seen: int, *marks: str) -> int | None:
+    """The pid on this machine of a pod's process that saw itself as ``seen`` (``$$``,
+    ``os.getpid()``): in a contained pod that is its PID namespace's pid
+    (``pipelines/runner/pods/sandbox.py``), elsewhere this machine's. The process is the one
+    whose innermost pid it is and whose environment holds every one of ``marks`` (the run
+    folder, a node folder's name: ``SUBLIMATE_TERMINATION_LOG`` spells both). None when no
+    such process runs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if not all(mark.encode() in environ for mark in marks):
+                continue
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("State", "").split()[:1] == ["Z"]:
+            continue  # a zombie no longer runs
+        if int(fields.get("NSpid", entry.name).split()[-1]) == seen:
+            return int(entry.name)
+    return None
+
+
 def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
     """Poll ``condition`` until it returns something true, and return that; fail after
     ``timeout`` seconds (a cap on a failure's wait, never how long things take)."""
@@ -155,6 +180,12 @@ def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
     env = {**os.environ, "SUBLIMATE_HOME": str(home), **(env or {})}
     return subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def env_flags(env: dict[str, str] | None) -> list[str]:
+    """``--env NAME=VALUE`` for each variable: how a test's variables (a fault to inject) reach
+    the steps of a `sublimate run`; its own environment does not (runner/pods/environment.py)."""
+    return [flag for name, value in (env or {}).items() for flag in ("--env", f"{name}={value}")]
 
 
 def buildah_container_names() -> list[str]:

@@ -188,6 +188,10 @@ RULES = [
          "a step a transaction)"),
     Rule(r"^sublimate run -p recovery=restart$", "dry-run",
          "tests/pipelines/cli/test_local.py (a killed worker restarted from its checkpoint)"),
+    Rule(r"^sublimate run --env SUBLIMATE_FAIL_AT_STEP=\d+ --env SUBLIMATE_FAIL_RANK=\d+ "
+         r"-p recovery=restart$", "dry-run",
+         "tests/pipelines/cli/test_local.py (the same fault passed with --env, the worker "
+         "restarted from its checkpoint)"),
     Rule(r"^sublimate fault ", "parse",
          "a running local_netns job (tests/components/launch/test_netns_training.py acts on "
          "one with each)"),

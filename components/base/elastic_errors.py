@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import run_files
+from sublimate.components.base.disk_full import explain
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set by torchrun for each worker
 LOG_DIR_ENV = "PET_LOG_DIR"  # torchrun's --log-dir, as its environment variable
@@ -164,7 +165,9 @@ def recorded(function: Callable[..., Any] | None = None, *,
                 write_failure(_exit_message(exit_.code, stderr.last))
             raise
         except Exception as error:
-            write_failure(f"{type(error).__name__}: {error}".rstrip(": "),
+            # A full disk is said as the disk and what was written (``disk_full``), not as
+            # whatever exception the writer wrapped it in (torch's ``unexpected pos``).
+            write_failure(explain(error) or f"{type(error).__name__}: {error}".rstrip(": "),
                           traceback.format_exc())
             sys.stderr = stderr._stream
             if report is not None:

@@ -10,10 +10,16 @@ in ``$SUBLIMATE_TERMINATION_LOG`` and reads it back the same way, so a step that
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from .disk_full import explain
+
+Main = TypeVar("Main", bound=Callable[..., int])
 
 # Kubernetes' default terminationMessagePath; the local runner points the variable elsewhere.
 KUBERNETES_PATH = "/dev/termination-log"
@@ -50,6 +56,29 @@ def fail(step: str, message: str, code: int = EXIT_BAD_INPUT) -> int:
     print(f"{step}: error: {message}", file=sys.stderr, flush=True)
     write_message(message)
     return code
+
+
+def disk_full_in_one_line(step: str) -> Callable[[Main], Main]:
+    """A step's ``main`` that a full disk, wherever it wrote, ends with one line (``fail``,
+    exit status 1) naming the disk and what was written, not a traceback. When the error names
+    no file (a buffered file fails on ``close``), the paths of its command line and its working
+    folder are where a full disk is looked for."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def wrapper(*args: object, **kwargs: object) -> int:
+            try:
+                return main(*args, **kwargs)
+            except Exception as error:
+                near = [arg for arg in sys.argv[1:] if arg.startswith("/")] + [os.getcwd()]
+                line = explain(error, near=near)
+                if line is None:
+                    raise
+                return fail(step, line, code=1)
+
+        return wrapper  # type: ignore[return-value]
+
+    return wrap
 
 
 class OneLineParser(argparse.ArgumentParser):

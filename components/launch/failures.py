@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import run_files
+from sublimate.components.base.disk_full import FULL_ERRNOS, full_disk_note
 from sublimate.components.base.elastic_errors import LOG_DIR_ENV, Failure, log_dir, read_failures
 from sublimate.components.base.runtime import shown_path
 
@@ -63,7 +64,9 @@ def describe(failure: Failure, run_dir: Path, scheduler: str) -> str:
     where = f"its log: {shown_path(log)}" if log is not None and log.is_file() \
         else f"its traceback: {shown_path(failure.error_file)}"
     verb = "" if failure.message.startswith("exited") else "failed: "
+    # (a full disk's line is kept whole: two paths, the disk's and the file's, that a cut hides)
     message = failure.message if len(failure.message) <= MESSAGE_CHARS \
+        or failure.message.startswith(tuple(FULL_ERRNOS.values())) \
         else failure.message[:MESSAGE_CHARS - 3] + "..."  # the whole one is in its error file
     return f"{failure.who} {verb}{message}; {where}"
 
@@ -114,13 +117,16 @@ def explain(run_dir: Path, handle: str, scheduler: str, state: str,
             if others else ""
         return describe(first_failure, run_dir, scheduler) + after
     replicas = list(failed)
+    # No process said why: one whose run folder's disk is full could not (its error file)
+    full = full_disk_note(run_dir)
+    said = f"; {full}" if full else ""
     if not replicas:
-        return f"training job {handle} ended {state}"
+        return f"training job {handle} ended {state}{said}"
     names = ", ".join(f"node{index}" if role == "worker" else f"{role} {index}"
                       for role, index in replicas)
     log = node_log(run_dir, app_id, replicas[0][1], scheduler, replicas[0][0])
     where = f"; its log: {shown_path(log)}" if log is not None and log.is_file() else ""
-    return f"training job {handle} ended {state}: {names} failed{where}"
+    return f"training job {handle} ended {state}: {names} failed{where}{said}"
 
 
 def silent(run_dir: Path, handle: str, nodes: Iterable[int]) -> list[int]:

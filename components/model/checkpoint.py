@@ -18,12 +18,18 @@ from typing import Any
 
 import torch
 
+from sublimate.components.base.disk_full import writing
 from sublimate.components.base.durable_files import replace_atomically, write_json
 from sublimate.components.base.run_files import CHECKPOINTS, LATEST
+from sublimate.components.base.runtime import shown_path
 
 
-def save(state: dict[str, Any], path: Path) -> None:
-    replace_atomically(path, lambda stream: torch.save(state, stream))
+def save(state: dict[str, Any], path: Path, what: str = "") -> None:
+    """``state`` at ``path``, atomically; a full disk is a ``DiskFullError`` that names it and
+    says ``what`` was being written (else ``writing <path>``), not torch's ``unexpected pos``,
+    and leaves nothing behind (the temporary file is removed)."""
+    with writing(path, what or f"writing {shown_path(path)}"):
+        replace_atomically(path, lambda stream: torch.save(state, stream))
 
 
 def load(path: Path) -> dict[str, Any] | None:
@@ -66,7 +72,8 @@ def step_path(run_dir: Path, step: int, rank: int) -> Path:
 
 
 def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
-    save(state, step_path(run_dir, step, rank))
+    path = step_path(run_dir, step, rank)
+    save(state, path, f"saving checkpoint step {step} to {shown_path(path)}")
 
 
 # How a step's state is laid out (the checkpoint-format setting): "files", one file per rank
@@ -79,8 +86,10 @@ def commit(run_dir: Path, step: int, world_size: int, algorithm: str,
            checkpoint_format: str = FILES) -> None:
     """Mark ``step`` complete (call after every rank saved it) and prune older steps."""
     folder = run_dir / CHECKPOINTS
-    write_json({"step": step, "world_size": world_size, "algorithm": algorithm,
-                "format": checkpoint_format}, folder / LATEST)
+    with writing(folder / LATEST, f"committing checkpoint step {step} to "
+                                  f"{shown_path(folder / LATEST)}"):
+        write_json({"step": step, "world_size": world_size, "algorithm": algorithm,
+                    "format": checkpoint_format}, folder / LATEST)
     steps = sorted(path for path in folder.glob("step-*") if path.is_dir())
     for old in steps[:-KEEP_STEPS]:
         if old.name != f"step-{step:09d}":

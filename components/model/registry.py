@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sublimate.components.base.disk_full import describe, disk_full_cause
 from sublimate.components.base.durable_files import fsync_file, fsync_folder
 from sublimate.components.base.runtime import SHARED_VOLUME_PATH
 from sublimate.components.data import object_store
@@ -205,13 +206,19 @@ class Registry:
             partial = target.with_name(target.name + ".partial")
             digest = hashlib.sha256()
             size = 0
-            with self._storage(f"downloading {name} of version {version_id}"), \
-                    self._fs.open(self._path(VERSIONS, version_id, name), "rb") as source, \
-                    open(partial, "wb") as out:
-                while chunk := source.read(CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
+            try:
+                # (a full disk here is the destination's, not the registry's)
+                with self._storage(f"downloading {name} of version {version_id} to {dest}",
+                                   disk=dest), \
+                        self._fs.open(self._path(VERSIONS, version_id, name), "rb") as source, \
+                        open(partial, "wb") as out:
+                    while chunk := source.read(CHUNK):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        out.write(chunk)
+            except BaseException:
+                partial.unlink(missing_ok=True)  # no part of a file left behind
+                raise
             if size != info["size"] or digest.hexdigest() != info["sha256"]:
                 partial.unlink(missing_ok=True)
                 raise self._error(f"{name} of version {version_id} does not match its model.json"
@@ -266,10 +273,12 @@ class Registry:
             # the response): the version is then complete and is ours, since the id is.
             if record and self._exists_quietly(model_path):
                 return self._version(record)
-            self._remove_quietly(folder)
+            self._remove_quietly(folder)  # which frees what a full disk took, too
             if isinstance(error, Exception) and not isinstance(error, RegistryError):
                 raise self._error(f"publishing {files_dir} failed, nothing was published "
                                   f"({self._cause(error)})") from error
+            if isinstance(error, RegistryError) and disk_full_cause(error) is not None:
+                raise RegistryError(f"{error}; nothing was published") from error
             raise
         return self._version(record)
 
@@ -470,7 +479,7 @@ class Registry:
         """Copy one file, hashing it on the way (one read, so the hash is of what was sent)."""
         digest = hashlib.sha256()
         size = 0
-        with self._storage(f"uploading {source}"):
+        with self._storage(f"uploading {source.name} to {target}"):
             if self._local:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
             with open(source, "rb") as stream, self._fs.open(target, "wb") as out:
@@ -637,6 +646,9 @@ class Registry:
         return RegistryError(f"model registry '{self._public}': {what}")
 
     def _cause(self, error: BaseException) -> str:
+        full = disk_full_cause(error) if getattr(self, "_local", False) else None
+        if full is not None:  # the registry's disk, named as its user can free it
+            return describe(full, self._root, "writing into the registry")
         # object_store.explain words the cause (credentials, endpoint, bucket, disk full...)
         # for a dataset URL; the registry keeps the cause and names itself instead.
         text = str(object_store.explain(self.url, error))
@@ -661,14 +673,18 @@ class Registry:
         self._fs.invalidate_cache(root)  # and its parents, whose listings name it
 
     @contextmanager
-    def _storage(self, doing: str) -> Iterator[None]:
-        """Turn whatever the store raised while ``doing`` into one RegistryError."""
+    def _storage(self, doing: str, disk: Path | None = None) -> Iterator[None]:
+        """Turn whatever the store raised while ``doing`` into one RegistryError; a full disk
+        is named: ``disk`` (a download's destination), else the registry's own folder."""
         self._forget_listings()
         try:
             yield
         except RegistryError:
             raise
         except Exception as error:
+            full = disk_full_cause(error) if self._local or disk is not None else None
+            if full is not None:  # which disk, and what did not fit, in one line
+                raise self._error(describe(full, disk or self._root, doing)) from error
             fix = ""
             if object_store.missing_bucket(error):
                 fix = "; create the bucket or fix the registry URL"

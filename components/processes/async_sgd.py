@@ -34,6 +34,7 @@ from torch import nn
 
 from sublimate.components.base import run_files
 from sublimate.components.base.durable_files import write_json
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import SettingError, check
 from sublimate.components.base.termination import fail
 from sublimate.components.model import checkpoint
@@ -360,7 +361,9 @@ class ServerRun:
 
     def save_checkpoint(self) -> None:
         """The server's whole state, which a re-submitted run resumes from."""
-        checkpoint.save(self.server.state_dict(), self.request.run_dir / SERVER_CHECKPOINT)
+        path = self.request.run_dir / SERVER_CHECKPOINT
+        checkpoint.save(self.server.state_dict(), path,
+                        f"saving the parameter server's checkpoint to {shown_path(path)}")
 
     def finish(self) -> dict[str, Any]:
         """Shut the RPC group down, stop monitoring, save the last checkpoint, the model and
@@ -380,7 +383,8 @@ class ServerRun:
         checkpoint.save({"architecture": architecture, "config": config,
             "state_dict": server.snapshot(), "algorithm": "async",
             "steps": summary["steps"], "dataset": self.metadata["name"]},
-            request.run_dir / run_files.MODEL)
+            request.run_dir / run_files.MODEL,
+            f"saving the model to {shown_path(request.run_dir / run_files.MODEL)}")
         write_json(summary, request.run_dir / run_files.SUMMARY, sort_keys=False)
         return summary
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base.runtime import shown_path
-from sublimate.components.base.termination import exit_now
+from sublimate.components.base.termination import disk_full_in_one_line, exit_now
 from sublimate.components.data.datasets import DatasetError
 
 
@@ -185,6 +185,7 @@ def chosen_metric(metrics: dict[str, Any], metric: str, written: Path) -> Any:
     return metrics[metric]
 
 
+@disk_full_in_one_line("evaluate")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, required=True,

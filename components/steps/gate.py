@@ -31,8 +31,9 @@ from typing import Any
 
 from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import user_location
+from sublimate.components.base.disk_full import explain
 from sublimate.components.base.durable_files import write_json
-from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.base.termination import OneLineParser, disk_full_in_one_line, fail
 
 STEP = "gate"
 RECORD = "gate.json"  # the decision, in the run's folder (read by the notify step)
@@ -198,6 +199,7 @@ def read_record(path: Path, workflow_uid: str) -> dict[str, Any] | None:
         else None
 
 
+@disk_full_in_one_line(STEP)
 def main(argv: list[str] | None = None) -> int:
     from sublimate.components.data.object_store import redact
     from sublimate.components.model.registry import RegistryError
@@ -206,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         decision = run_gate(args)
     except (RegistryError, ValueError, OSError) as error:
-        return fail(STEP, redact(str(error)))
+        # a bare OSError of a full disk: which disk, and what (the registry says its own)
+        full = explain(error) if isinstance(error, OSError) else None
+        return fail(STEP, redact(full or str(error)))
     write_outputs(args, decision)
     print(f"gate: {'promote' if decision.promote else 'keep the champion'}: {decision.reason}",
           flush=True)

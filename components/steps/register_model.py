@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
 from sublimate.components.base.contract import user_location
+from sublimate.components.base.disk_full import explain
 from sublimate.components.base.durable_files import write_json
-from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.base.termination import OneLineParser, disk_full_in_one_line, fail
 from sublimate.components.steps import gate
 
 if TYPE_CHECKING:
@@ -285,6 +286,7 @@ def parse_args(argv: list[str] | None) -> Any:
     return parser.parse_args(argv)
 
 
+@disk_full_in_one_line(STEP)
 def main(argv: list[str] | None = None) -> int:
     from sublimate.components.data.object_store import redact
     from sublimate.components.model.registry import RegistryError
@@ -293,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = register(args)
     except (RegistryError, ValueError, OSError) as error:
-        return fail(STEP, redact(str(error)))
+        # a bare OSError of a full disk: which disk, and what (the registry says its own)
+        full = explain(error) if isinstance(error, OSError) else None
+        return fail(STEP, redact(full or str(error)))
     write_json(record, args.model_dir / RECORD)  # read by notify
     for path, value in ((args.version_path, record["version"]),
                         (args.champion_path, record["champion"])):

@@ -62,9 +62,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sublimate.components.base.contract import import_user_code, user_path
+from sublimate.components.base.disk_full import describe, disk_full_cause, writing
 from sublimate.components.base.durable_files import fsync_file, fsync_folder
 from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.base.runtime import shown_path
+from sublimate.components.base.termination import disk_full_in_one_line
 from sublimate.components.data import object_store
 from sublimate.components.data.datasets import (
     BUILTIN_DATASETS,
@@ -426,7 +428,8 @@ def stage_url(url: str, target: Path, *, concurrency: int = DEFAULT_CONCURRENCY)
         _publish(staging, target, replace=True)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError) and not isinstance(error, DatasetError):
+        if disk_full_cause(error) is not None or (isinstance(error, OSError)
+                                                  and not isinstance(error, DatasetError)):
             raise _os_error(url, target, error) from error
         raise
     report.folder, report.seconds = target, time.perf_counter() - started
@@ -479,11 +482,12 @@ def _write_manifest(folder: Path, url: str, listing: dict[str, RemoteFile]) -> N
     os.rename(part, folder / MANIFEST_FILE)
 
 
-def _os_error(url: str, target: Path, error: OSError) -> DatasetError:
-    if error.errno == errno.ENOSPC:
-        return DatasetError(f"dataset '{object_store.public_url(url)}': disk full: no space left "
-                            f"on {target.parent} ({error.filename or 'while writing'}); "
-                            "the earlier copy, if any, is untouched")
+def _os_error(url: str, target: Path, error: BaseException) -> DatasetError:
+    cause = disk_full_cause(error)
+    if cause is not None:  # which disk, in one line; whatever wrapped it (a transfer's pool)
+        line = describe(cause, target, f"staging it into {shown_path(target)}")
+        return DatasetError(f"dataset '{object_store.public_url(url)}': {line}; the earlier "
+                            "copy, if any, is untouched")
     return object_store.explain(url, error)
 
 
@@ -556,8 +560,12 @@ def _build_into_place(dataset: str, target: Path) -> None:
         else:
             stage_entry_point(dataset, staging / "dataset")
         _publish(staging, target, replace=False)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)  # which also frees what the build took
+        cause = disk_full_cause(error)
+        if cause is not None:
+            line = describe(cause, target, f"building it into {shown_path(target)}")
+            raise DatasetError(f"dataset '{dataset}': {line}") from error
         raise
 
 
@@ -574,6 +582,7 @@ def summary(report: StageReport) -> str:
             f"({report.rate_mb_s:.1f} MB/s); reused {report.files_reused} files")
 
 
+@disk_full_in_one_line("stage-data")
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stage-data", description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True,
@@ -599,7 +608,8 @@ def main(argv: Iterable[str] | None = None) -> int:
          f"in {report.seconds:.2f}s")
     if args.output_path:
         args.output_path.parent.mkdir(parents=True, exist_ok=True)
-        args.output_path.write_text(str(folder))
+        with writing(args.output_path, f"writing the output {args.output_path}"):
+            args.output_path.write_text(str(folder))
     return 0
 
 

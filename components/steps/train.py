@@ -27,7 +27,7 @@ from sublimate.components.base.settings import (
     check,
     rendezvous_backend,
 )
-from sublimate.components.base.termination import OneLineParser, fail
+from sublimate.components.base.termination import OneLineParser, disk_full_in_one_line, fail
 from sublimate.components.data.datasets import read_metadata, streams
 from sublimate.components.launch import etcd_server
 from sublimate.components.launch.job_runner import LOCAL_SCHEDULERS
@@ -149,9 +149,18 @@ def template(name: str = "train", **step_options: object):
     # pipeline written against the earlier inputs still passes Argo's argument check.
     step.inputs = [p if inputs[p.name] is None else Parameter(name=p.name, default=inputs[p.name])
                    for p in step.inputs]
+    # Read by the local runner only (pipelines/runner/pods/sandbox.py, resource_limits.py),
+    # inert on a cluster: locally this pod runs the job's nodes itself, so its limits are not
+    # theirs; and local_netns builds their namespaces, links and cgroups, which needs this
+    # machine's privileges and PID namespace.
+    step.annotations = {
+        "sublimate.dev/local-job": "true",
+        "sublimate.dev/local-privileged": "{{=inputs.parameters.scheduler == 'local_netns'}}",
+    }
     return step
 
 
+@disk_full_in_one_line(STEP)
 def main(argv: list[str] | None = None) -> int:
     # The launcher's process start (interpreter included): where the step's start-up begins.
     launch_time = metrics.process_start_time()

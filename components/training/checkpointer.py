@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -11,6 +14,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sublimate.components.base.disk_full import (
+    DiskFullError,
+    disk_full_cause,
+    disk_full_error,
+    is_full,
+    writing,
+)
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
 from sublimate.components.paradigms import Paradigm
@@ -97,6 +108,7 @@ class ShardedCheckpointer(Checkpointer):
     def __init__(self, run_dir: Path, rank: int, world: int, kind: str) -> None:
         super().__init__(run_dir, rank, world, kind)
         self._pending: Future[Any] | None = None
+        self._pending_step = 0
         self._group: dist.ProcessGroup | None = None
         self._stager: Any = None
 
@@ -119,12 +131,14 @@ class ShardedCheckpointer(Checkpointer):
         model_state, optimizer_state = get_state_dict(model, optimizer)
         if self._group is None:
             self._group, self._stager = dist.new_group(backend="gloo"), _stager()
+        folder = checkpoint.step_path(self.run_dir, step, 0).parent
         written = dcp.async_save({"model": model_state, "optimizer": optimizer_state},
-                                 checkpoint_id=checkpoint.step_path(self.run_dir, step, 0).parent,
+                                 storage_writer=_writer(folder, _saving(step, folder)),
                                  process_group=self._group, async_stager=self._stager)
         if not isinstance(written, Future):  # torch's AsyncSaveResponse: a stager that overlaps
             raise TypeError(f"dcp.async_save returned {type(written).__name__}, not a Future")
         self._pending = self._committing(step, written) if self.rank == 0 else written
+        self._pending_step = step
         self.blocked_seconds.append(time.perf_counter() - started)
 
     def _committing(self, step: int, written: Future[Any]) -> Future[None]:
@@ -145,9 +159,21 @@ class ShardedCheckpointer(Checkpointer):
         return committed
 
     def wait(self) -> None:
+        """Return once the save in flight is written (and, on rank 0, committed). A full disk
+        (DCP gathers each rank's failure into one ``CheckpointException``) is a
+        ``DiskFullError`` naming the disk and the step; the step's folder, never committed,
+        is removed, so that the space its shards took is free again (the error files need
+        some)."""
         pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        if pending is None:
+            return
+        folder = checkpoint.step_path(self.run_dir, self._pending_step, 0).parent
+        try:
+            with writing(folder, _saving(self._pending_step, folder)):
+                pending.result()
+        except DiskFullError:
+            shutil.rmtree(folder, ignore_errors=True)  # uncommitted: no resume reads it
+            raise
 
     def _restore_model(self, state: dict[str, Any], model: nn.Module,
                        optimizer: torch.optim.Optimizer) -> None:
@@ -176,6 +202,34 @@ def _rank_state(paradigm: Paradigm | None, extra: dict[str, Any]) -> dict[str, A
     """What a rank keeps besides its model and optimizer."""
     return {"paradigm": paradigm.state_dict() if paradigm is not None else None,
             "rng": torch.get_rng_state(), "cuda_rng": _cuda_rng_states(), "extra": extra}
+
+
+def _saving(step: int, folder: Path) -> str:
+    return f"saving checkpoint step {step} to {shown_path(folder)}"
+
+
+def _writer(folder: Path, what: str) -> Any:
+    """DCP's file writer for ``folder``, whose full disk is a ``DiskFullError`` saying
+    ``what``. DCP carries each rank's failure to every rank by pickling it, which drops the
+    ``OSError`` behind torch's ``unexpected pos``; a ``DiskFullError`` pickles whole. A failed
+    write whose disk is left full is one too: torch's stream may not keep the errno."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            try:
+                return super().write_data(plan, planner)
+            except DiskFullError:
+                raise
+            except Exception as error:
+                full = disk_full_cause(error)
+                if full is None and is_full(folder):  # (its partial file holds the space)
+                    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                if full is None:
+                    raise
+                raise disk_full_error(full, folder, what) from error
+
+    return Writer(folder)
 
 
 def _stager() -> Any:

@@ -14,6 +14,7 @@ from torch import nn
 from sublimate.components.base import run_files
 from sublimate.components.base.contract import Contract
 from sublimate.components.base.durable_files import write_json
+from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import collective_timeout
 from sublimate.components.model import checkpoint
 from sublimate.components.monitoring import watchdog
@@ -40,7 +41,8 @@ def save_model(run_dir: Path, model: nn.Module, **info: Any) -> Path:
     """Rank 0's final model: ``model.pt`` in the run folder, the state dict plus ``info``
     (``architecture`` and ``config`` let the built-in evaluation rebuild it)."""
     path = Path(run_dir) / run_files.MODEL
-    checkpoint.save({**info, "state_dict": model.state_dict()}, path)
+    checkpoint.save({**info, "state_dict": model.state_dict()}, path,
+                    f"saving the model to {shown_path(path)}")
     return path
 
 

@@ -81,6 +81,15 @@ def _main(argv: list[str] | None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as error:
+        # A full disk, whatever the command wrote: which disk and what, in one line.
+        from sublimate.components.base.disk_full import explain
+
+        line = explain(error)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as error:
         # The Argo Server client is imported only by the commands that talk to a server: an
         # error of its kind can only come from there (a local run never loads it).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -24,6 +25,17 @@ if TYPE_CHECKING:
     from sublimate.pipelines.runner.pods.k8s_objects import ObjectLibrary
 
 
+def _positive(text: str) -> int:
+    """A whole number above 0 (``--max-nodes``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number above 0")
+    return value
+
+
 def add_local_commands(commands: Any) -> None:
     """Register ``run``, ``render`` and ``lint``."""
     run = commands.add_parser(
@@ -38,12 +50,19 @@ def add_local_commands(commands: Any) -> None:
                      help="set a workflow parameter (repeatable)")
     run.add_argument("--parameter-file", "-f", type=Path,
                      help="YAML or JSON file of parameter values (-p wins)")
+    run.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                     help="pass a variable of this shell (NAME), or NAME=VALUE, to every step "
+                          "(repeatable); nothing else of this shell's environment reaches a "
+                          "step, and its value is masked as a secret in every output")
     run.add_argument("-o", "--output", choices=["table", "json"], default="table",
                      help="final status format (json: for scripts and CI)")
     run.add_argument("--home", type=Path, default=None,
                      help="folder for run folders and local volumes "
                           "(default: $SUBLIMATE_HOME or ~/.sublimate)")
     run.add_argument("--parallelism", type=int, help="most nodes running at once")
+    run.add_argument("--max-nodes", type=_positive, default=None, metavar="N",
+                     help="most nodes the run may make (default 10,000): a loop that would "
+                          "pass it is refused, a run that reaches it stops")
     run.add_argument("--semaphore", action="append", default=[], metavar="CONFIGMAP/KEY=N",
                      help="limit of a synchronization semaphore (default: a ConfigMap of that "
                           "name in the manifest's folder or an --objects folder); repeatable")
@@ -114,7 +133,8 @@ def load_workflow(target: str, template_dirs: list[Path] | None = None,
     notes: list[str] = []
     try:
         workflow = load_manifest(path, template_dirs=template_dirs or (), notes=notes,
-                                 applied=("image", "securityContext") if images else ())
+                                 applied=("image", "securityContext", "runAsUser", "runAsGroup",
+                                          "runAsNonRoot") if images else ())
     except (ManifestError, OSError) as error:
         raise UsageError(f"{target}: {error}") from error
     for note in notes:
@@ -169,6 +189,7 @@ def command_run(args: argparse.Namespace) -> int:
 
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
+    passed_env = parse_env_flags(args.env)
     containers = args.container_engine or ("auto" if args.containers else None)
     if containers is not None and args.mounts != "auto":
         raise UsageError("--mounts does not apply with --containers: each step's folders are "
@@ -188,13 +209,14 @@ def command_run(args: argparse.Namespace) -> int:
         if containers is not None:
             print("note: --dry-run shows the steps as local processes; --containers runs the "
                   "same commands in their images", file=sys.stderr)
-        return dry_run(workflow, parameters, args)
+        return dry_run(workflow, parameters, args, passed_env)
     for folder in args.objects:
         if not folder.is_dir():
             raise UsageError(f"--objects {folder}: not a folder")
     options = RunOptions(
         home=args.home,
         parallelism=args.parallelism,
+        max_nodes=max_nodes(args),
         semaphores=semaphore_limits(args),
         objects=kube_objects(workflow, args),
         # progress goes to stderr, so `-o json` keeps stdout machine-readable
@@ -202,6 +224,7 @@ def command_run(args: argparse.Namespace) -> int:
         follow_logs=not args.quiet,
         mounts=args.mounts,
         containers=containers,
+        env=passed_env,
     )
     # A run whose runner was killed still says Running in its status.json: say what happened
     # to it (and record it there) before this one starts.
@@ -222,6 +245,29 @@ def command_run(args: argparse.Namespace) -> int:
         return 128 + stop.signal  # the shell's convention for a command ended by a signal
     show_result(result, args.output, time.perf_counter() - started)
     return 0 if result.phase == "Succeeded" else EXIT_FAILED
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_flags(flags: list[str]) -> dict[str, str]:
+    """``--env NAME`` (its value from this shell, as ``docker run -e NAME`` takes it) or
+    ``--env NAME=VALUE``: what the user passes to every pod; a bad one is a ``UsageError``."""
+    passed: dict[str, str] = {}
+    for flag in flags:
+        name, separator, value = flag.partition("=")
+        if not _ENV_NAME.fullmatch(name):
+            # a shell's rule: a name the shell could not export is a typo (or a value);
+            # the message names the name only, as what follows `=` may be a secret
+            raise UsageError(f"--env {name!r}: not a variable name (letters, digits and _, "
+                             "not starting with a digit)")
+        if not separator:
+            if name not in os.environ:
+                raise UsageError(f"--env {name}: not set in this shell (export it, or give "
+                                 f"--env {name}=VALUE)")
+            value = os.environ[name]
+        passed[name] = value
+    return passed
 
 
 def show_result(result: Any, output: str, seconds: float) -> None:
@@ -246,15 +292,24 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def max_nodes(args: argparse.Namespace) -> int:
+    """``--max-nodes``, else the runner's default cap."""
+    from sublimate.pipelines.runner.records.run_types import DEFAULT_MAX_NODES
+
+    return int(args.max_nodes or DEFAULT_MAX_NODES)
+
+
 def dry_run(workflow: dict[str, Any], parameters: dict[str, str],
-            args: argparse.Namespace) -> int:
+            args: argparse.Namespace, passed_env: dict[str, str] | None = None) -> int:
     """``run --dry-run``: what would start first and what decides the rest; runs nothing and
-    creates no run folder."""
+    creates no run folder. ``passed_env`` (``--env``) is shown by name only."""
     from sublimate.pipelines.runner import ManifestError, ParameterError
     from sublimate.pipelines.runner.preview import format_preview, preview_workflow
 
     try:
-        preview = preview_workflow(workflow, parameters, args.home, kube_objects(workflow, args))
+        preview = preview_workflow(workflow, parameters, args.home, kube_objects(workflow, args),
+                                   max_nodes=max_nodes(args),
+                                   passed_env=list(passed_env or {}))
     except (ManifestError, ParameterError) as error:
         raise UsageError(str(error)) from error
     print(format_preview(preview))

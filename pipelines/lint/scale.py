@@ -8,7 +8,8 @@
   that many nodes in the Workflow's status, about 1.9 KB each as measured on the sweep's
   (docs/scale.md). Past 1 MB Argo compresses the status (``status.compressedNodes``) and past
   that it needs ``persistence.nodeStatusOffLoad`` in the controller's ConfigMap: a warning
-  naming it.
+  naming it. The same for the workflow as a whole, counted from its entrypoint through every
+  call: a DAG of 4,096 plain tasks outgrows it with no loop at all.
 - **The controller's rate.** Without ``parallelism`` every item starts at once, and the
   controller creates their pods at its client's default 20 requests per second (``--qps 20``,
   ``--burst 30``, Argo's docs/scaling.md), its other work queued behind them: past 30 s of that
@@ -65,6 +66,41 @@ def _fan_out_warnings(doc: Mapping[str, Any], source: str,
         spec, base = as_dict(spec.get("workflowSpec")), "spec.workflowSpec"
     templates = {template.get("name"): template for template in as_list(spec.get("templates"))
                  if isinstance(template, dict)}
+    loops = list(_loop_warnings(spec, base, templates, source, document))
+    yield from loops
+    if not any(STATUS_WARNING in problem.message for problem in loops):
+        yield from _workflow_warning(spec, base, templates, source, document)
+
+
+# What both status warnings end with: what Argo does past 1 MB, and what keeps a workflow under.
+STATUS_WARNING = "over etcd's 1 MB"
+STATUS_ADVICE = ("Argo compresses it (status.compressedNodes), and past that the controller "
+                 "needs persistence.nodeStatusOffLoad (a database)")
+
+
+def _workflow_warning(spec: Mapping[str, Any], base: str, templates: Mapping[Any, Any],
+                      source: str, document: str) -> Iterator[LintProblem]:
+    """The whole workflow's status, from its entrypoint (a WorkflowTemplate without one: from
+    its largest template), when no loop alone outgrows it."""
+    names = [spec["entrypoint"]] if spec.get("entrypoint") in templates else list(templates)
+    if not names:
+        return
+    nodes, root = max((1 + _nodes_per_call(templates[name], templates), name)
+                      for name in names)
+    status = nodes * STATUS_BYTES_PER_NODE
+    if status <= WORKFLOW_LIMIT_BYTES:
+        return
+    index = next(i for i, template in enumerate(as_list(spec.get("templates")))
+                 if isinstance(template, dict) and template.get("name") == root)
+    yield LintProblem(source, document, f"{base}.templates[{index}]", (
+        f"the workflow makes about {nodes:,} nodes from template {root!r}, "
+        f"{status / 1e6:.1f} MB of workflow status, {STATUS_WARNING}: {STATUS_ADVICE}; "
+        "fewer nodes (fewer, larger steps, or the calls split into child workflows) keep it "
+        "under"), warning=True)
+
+
+def _loop_warnings(spec: Mapping[str, Any], base: str, templates: Mapping[Any, Any],
+                   source: str, document: str) -> Iterator[LintProblem]:
     for index, template in enumerate(as_list(spec.get("templates"))):
         if not isinstance(template, dict):
             continue
@@ -83,10 +119,8 @@ def _fan_out_warnings(doc: Mapping[str, Any], source: str,
                 if status > WORKFLOW_LIMIT_BYTES:
                     yield LintProblem(source, document, path, (
                         f"{items:,} items make about {nodes:,} nodes, {status / 1e6:.1f} MB of "
-                        "workflow status, over etcd's 1 MB: Argo compresses it "
-                        "(status.compressedNodes), and past that the controller needs "
-                        "persistence.nodeStatusOffLoad (a database) or the loop split into "
-                        "child workflows"), warning=True)
+                        f"workflow status, {STATUS_WARNING}: {STATUS_ADVICE} or the loop split "
+                        "into child workflows"), warning=True)
                 if not limited and items / CONTROLLER_QPS > RATE_WARNING_SECONDS:
                     yield LintProblem(source, document, path, (
                         f"{items:,} items start at once without parallelism: the controller "
@@ -101,22 +135,46 @@ def _loop_size(call: Mapping[str, Any]) -> int | None:
     when it runs, as withParam)."""
     if isinstance(call.get("withItems"), list):
         return len(call["withItems"])
-    count = as_dict(call.get("withSequence")).get("count")
-    if isinstance(count, int) or (isinstance(count, str) and count.isdigit()):
-        return int(count)
+    sequence = as_dict(call.get("withSequence"))
+    count, start, end = (_number(sequence.get(key)) for key in ("count", "start", "end"))
+    if count is not None:
+        return count
+    if end is not None and "count" not in sequence:  # start..end, both ends included
+        return abs(end - (start or 0)) + 1
     return None
 
 
-def _nodes_per_call(template: Mapping[str, Any] | None, templates: Mapping[str, Any],
-                    depth: int = 0) -> int:
-    """The status nodes one call of ``template`` adds below its own (a retried pod: one more)."""
+def _number(value: Any) -> int | None:
+    """A literal whole number (an int, or a string of digits); None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _nodes_per_call(template: Mapping[str, Any] | None, templates: Mapping[Any, Any],
+                    depth: int = 0, memo: dict[tuple[Any, int], int] | None = None) -> int:
+    """The status nodes one call of ``template`` adds below its own (a retried pod: one more).
+    ``memo``: each template at each depth counted once, so a template that calls itself, or
+    calls of many calls, cost lint their number of templates, not their product."""
     if not template or depth > 10:
         return 0
+    memo = {} if memo is None else memo
+    key = (template.get("name"), depth)
+    if key not in memo:
+        memo[key] = _count_below(template, templates, depth, memo)
+    return memo[key]
+
+
+def _count_below(template: Mapping[str, Any], templates: Mapping[Any, Any], depth: int,
+                 memo: dict[tuple[Any, int], int]) -> int:
     nodes = 1 if template.get("retryStrategy") else 0
+    nodes += len(as_list(template.get("steps")))  # a StepGroup node per group
     calls = as_list(as_dict(template.get("dag")).get("tasks")) + [
         step for group in as_list(template.get("steps")) for step in as_list(group)]
     for call in calls:
         if isinstance(call, dict):
             nodes += (_loop_size(call) or 1) * (1 + _nodes_per_call(
-                templates.get(call.get("template")), templates, depth + 1))
+                templates.get(call.get("template")), templates, depth + 1, memo))
     return nodes

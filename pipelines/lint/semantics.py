@@ -12,6 +12,7 @@ from sublimate.pipelines.argo_terms import (
     DEPENDS_RESULTS,
     TAG,
     ExpressionError,
+    container_setting_problems,
     depends_references,
     object_name_problem,
     parse_depends,
@@ -224,8 +225,9 @@ def _check_template(report: _Report, tmpl: dict[str, Any], path: str, wf: _Workf
 
 
 def _check_mounts(report: _Report, tmpl: dict[str, Any], path: str) -> None:
-    """Each volumeMount's ``subPath`` written out in the template, as Kubernetes checks a pod
-    (one from a parameter is the runner's to check once substituted)."""
+    """Each container's limits and capabilities, and each volumeMount's ``subPath``, written
+    out in the template, as Kubernetes checks a pod (one from a parameter is the runner's to
+    check once substituted)."""
     holders: list[tuple[str, Any]] = [(kind, tmpl.get(kind)) for kind in
                                       ("container", "script", "containerSet")]
     container_set = tmpl.get("containerSet")
@@ -237,6 +239,8 @@ def _check_mounts(report: _Report, tmpl: dict[str, Any], path: str) -> None:
     for where, holder in holders:
         if not isinstance(holder, dict):
             continue
+        for setting, problem in container_setting_problems(holder):
+            report.add(f"{path}.{where}.{setting}", problem)
         for k, mount in enumerate(holder.get("volumeMounts") or []):
             sub_path = mount.get("subPath") if isinstance(mount, dict) else None
             if sub_path and "{{" not in str(sub_path):

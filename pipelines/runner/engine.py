@@ -49,13 +49,21 @@ from .pods.mount_modes import Mode, resolve_soon
 from .pods.plan import PENDING_TIMEOUT, Layout, pending_limit, template_deadline, template_kind
 from .pods.scope import CancelScope
 from .records.run_folder import RunRecord, make_run_dir
-from .records.run_types import NodeResult, RunEvent, RunOptions, RunResult, iso, now
-from .templates.calls import call_one
+from .records.run_types import (
+    DEFAULT_MAX_NODES,
+    NodeResult,
+    RunEvent,
+    RunOptions,
+    RunResult,
+    iso,
+    now,
+)
+from .templates.calls import Slots, call_one
 from .templates.daemons import Daemons
 from .templates.dag import run_dag
 from .templates.exit_handler import run_exit_handler
 from .templates.inputs import resolve_inputs
-from .templates.loops import loop_items, run_loop
+from .templates.loops import cap_reached, check_loop_sizes, loop_items, run_loop
 from .templates.pod import run_pod
 from .templates.retry import retry_strategy, run_with_retries
 from .templates.steps import run_steps
@@ -66,23 +74,27 @@ if TYPE_CHECKING:
     from .templates.synchronization import Synchronizer
 
 
-def prepare_workflow(workflow: dict, parameters: dict[str, str], images: bool = False
-                     ) -> tuple[dict, dict[str, str]]:
+def prepare_workflow(workflow: dict, parameters: dict[str, str], images: bool = False,
+                     max_nodes: int = DEFAULT_MAX_NODES) -> tuple[dict, dict[str, str]]:
     """The workflow as run (a template or cron workflow as submitted), checked, and its
     parameters resolved; ``ManifestError``/``ParameterError`` before anything exists.
-    ``images``: pods run in their images, whose entrypoint stands for a missing command."""
+    ``images``: pods run in their images, whose entrypoint stands for a missing command;
+    ``max_nodes``: a loop whose known size passes it is refused (``loops``)."""
     if workflow.get("kind", "Workflow") != "Workflow" or "workflowTemplateRef" in workflow.get(
         "spec", {}
     ):
         workflow = normalise_workflow(workflow)
     check_workflow(workflow, images=images)
-    return workflow, resolve_parameters(workflow, parameters)
+    resolved = resolve_parameters(workflow, parameters)
+    check_loop_sizes(workflow["spec"], resolved, max_nodes)
+    return workflow, resolved
 
 
 def run_workflow(workflow: dict, parameters: dict[str, str], options: RunOptions) -> RunResult:
     """Validate, then run a workflow to completion; see the package docstring."""
     workflow, resolved = prepare_workflow(workflow, parameters,
-                                          images=options.containers is not None)
+                                          images=options.containers is not None,
+                                          max_nodes=options.max_nodes)
     return Run(workflow, resolved, options).run()
 
 
@@ -166,11 +178,15 @@ class Run:
         self.record = RunRecord(self.name, self.run_dir, params, reporter)
         self.lock = self.record.lock
         self.root_scope = CancelScope(self.lock)
+        # A full disk under the run's own files stops the run, saying which (``run_folder``).
+        self.record.on_disk_full = self.root_scope.stop
         # The exit handler runs outside the workflow's scope (a stop must not stop it), but a
         # second signal terminates it too.
         self.exit_scope = CancelScope(self.lock)
         limit = options.parallelism or self.spec.get("parallelism")
-        self.pod_slots = threading.Semaphore(int(limit)) if limit else None
+        # a stop frees its waiters (``calls.Slots``)
+        self.pod_slots: threading.Semaphore | None = Slots(int(limit)) if limit else None
+        self.max_nodes = options.max_nodes  # the node cap (``loops``)
         self.globals = workflow_globals(workflow, self.name, params, self.record.started_at)
         # How deep each template invocation is nested (the entrypoint's is 1): Argo's
         # currentStackDepth, which stops a template that calls itself (MAX_STACK_DEPTH).
@@ -186,6 +202,14 @@ class Run:
             names = referenced_secrets(self.spec)
             if names:
                 self.record.remember_secrets(secret_values(options.objects, names))
+        # `sublimate run --env`: what the user passed to every pod, masked as a secret from
+        # now on, in the console, the logs, status.json and -o json (``pods.environment``)
+        self.passed_env = dict(options.env)
+        if self.passed_env:
+            from .pods.k8s_objects import masked_forms
+
+            self.record.remember_secrets({form for value in self.passed_env.values()
+                                          for form in masked_forms(value)})
         # Daemons by the steps or DAG whose end ends them (``daemons``); the suspend nodes
         # waiting for `sublimate resume` and the channel it reaches them by (``control``).
         self.daemons = Daemons()
@@ -255,7 +279,15 @@ class Run:
     # ------------------------------------------------------------------------ driver
 
     def run(self) -> RunResult:
-        self.record.dump_manifest(self.workflow)
+        try:
+            self.record.dump_manifest(self.workflow)
+        except OSError as exc:  # a full disk: nothing started, the run ends here, saying which
+            full = self.record.write_failed(exc)
+            if full is None:
+                raise
+            self._mode()  # the mounts probe is done with the run folder before it may go
+            self.record.not_started(full)
+            return self.record.result()
         if self._control is not None:
             self._control.start()
         self.record.started()
@@ -352,7 +384,9 @@ class Run:
                 phase, message = run_exit_handler(self, handler, phase, message)
             self.record.conclude(phase, message)
         except Exception as exc:  # an engine bug must still leave a readable status
-            self.record.conclude(NodePhase.ERROR, f"internal error: {exc!r}")
+            full = self.record.write_failed(exc)  # not a bug: a full disk, said in one line
+            self.record.conclude(NodePhase.ERROR if full is None else NodePhase.FAILED,
+                                 full or f"internal error: {exc!r}")
         finally:
             done.set()
             wake.set()
@@ -368,6 +402,9 @@ class Run:
         strategy = retry_strategy(template, self.spec)
         node = self.record.add_node(name, display, template_name,
                                     NodeType.RETRY if strategy else kind, parent)
+        made = len(self.record.nodes)  # the node cap (``loops``); the limit only past it
+        if made > self.max_nodes and made > self.node_limit(scope):
+            return self._stop_at_cap(node, template_name, scope)
         depth = self.depths[node.id] = self._caller_depth(parent) + 1
         if depth >= MAX_STACK_DEPTH:  # operator.go executeTemplate: ErrMaxDepthExceeded
             return self.record.finish(node, NodePhase.ERROR, MAX_DEPTH_EXCEEDED)
@@ -448,6 +485,11 @@ class Run:
             return run_steps(self, template, local, node, scope)
         except NodeError as exc:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
+        except OSError as exc:  # a write of the runner's found the disk full: the run stops
+            full = self.record.write_failed(exc)
+            if full is None:
+                raise
+            return self.record.finish(node, NodePhase.ERROR, full)
         finally:
             scope.close()
             if kind in (NodeType.DAG, NodeType.STEPS):
@@ -471,7 +513,8 @@ class Run:
         """Run a DAG task or a step, expanding loops; returns its node (or TaskGroup)."""
         where = f"{prefix}.{call['name']}"
         try:
-            items = loop_items(call, call_vars, where)
+            limit = self.node_limit(scope)
+            items = loop_items(call, call_vars, where, limit - len(self.record.nodes), limit)
         except (NodeError, ValueError) as exc:
             node = self.record.add_node(name, display, call["template"], NodeType.POD, parent)
             return self.record.finish(node, NodePhase.ERROR, str(exc))
@@ -490,7 +533,28 @@ class Run:
             return call_one(self, call, {**call_vars, **item}, child, child_display, group,
                             scope, slots, where)
 
-        return run_loop(self.record, call, items, name, display, parent, run_item)
+        return run_loop(self.record, call, items, name, display, parent, run_item,
+                        scope.stop_reason)
+
+    def node_limit(self, scope: CancelScope) -> int:
+        """The most nodes the run may have while ``scope`` makes one: the cap, and for the
+        exit handler as many again, so that a run stopped at the cap still runs it."""
+        while scope is not None:
+            if scope is self.exit_scope:
+                return 2 * self.max_nodes
+            scope = scope.parent  # type: ignore[assignment]
+        return self.max_nodes
+
+    def _stop_at_cap(self, node: NodeResult, template_name: str, scope: CancelScope
+                     ) -> NodeResult:
+        """The node that passed the cap errors, and the run stops (its running pods get
+        SIGTERM), as Argo errors a workflow too large to store: nothing else grows. Past its
+        own cap, the exit handler stops likewise."""
+        in_exit_handler = self.node_limit(scope) > self.max_nodes
+        message = cap_reached(template_name, self.node_limit(scope))
+        self.record.finish(node, NodePhase.ERROR, message)
+        (self.exit_scope if in_exit_handler else self.root_scope).stop(message)
+        return node
 
 
 STOPPED = "stopped"

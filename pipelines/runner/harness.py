@@ -184,7 +184,8 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
         templates: Iterable[object] = (), parallelism: int | None = None,
         echo: bool = True, reporter: Callable[[RunEvent], None] | None = None,
         options: RunOptions | None = None, objects: Iterable[object] = (),
-        answers: Mapping[str, object] | None = None) -> WorkflowRun:
+        answers: Mapping[str, object] | None = None,
+        env: Mapping[str, str] | None = None) -> WorkflowRun:
     """Run ``workflow`` locally to its end and return the :class:`WorkflowRun`.
 
     ``workflow``: a Hera ``Workflow``/``WorkflowTemplate`` (or ``CronWorkflow``), a manifest dict,
@@ -202,7 +203,9 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
     given up front: a display name or a node field selector (``templateName=approve``) to the
     supplied output parameters to resume with (a mapping; None: their defaults) or a
     ``SuspendAnswer`` (``stop=True`` fails it); a suspend node no answer matches waits for
-    ``sublimate resume`` from another process, or for ``timeout``.
+    ``sublimate resume`` from another process, or for ``timeout``. ``env``: variables passed to
+    every pod, as ``sublimate run --env`` passes them (masked as secrets); nothing else of this
+    process's environment but a short list reaches a pod (``pods.environment``).
 
     A manifest the runner cannot run raises ``ManifestError``, bad parameters ``ParameterError``;
     a failed run does not raise (see :meth:`WorkflowRun.assert_succeeded`).
@@ -223,6 +226,8 @@ def run(workflow: object, parameters: Mapping[str, object] | None = None, *,
     objects = list(objects)
     if objects or _is_file(workflow):
         options = replace(options, objects=object_library(workflow, objects))
+    if env:
+        options = replace(options, env=dict(env))
     if answers:
         options = replace(options, answers={key: suspend_answer(value)
                                             for key, value in answers.items()})

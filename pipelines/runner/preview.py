@@ -6,6 +6,10 @@ the first group of a steps template, nested DAG/steps templates' own first waves
 item of a loop whose items are known. Each is planned exactly as the engine plans it
 (``plan.plan_pod``: resolved command line, env, working dir, mounts, deadline). The rest is
 told in words from the DAG dependencies and step groups, with their conditions as written.
+
+A loop shows its first items planned and counts the rest, planned alike; a loop or a first wave
+that would pass the run's node cap (``--max-nodes``, ``loops``) is refused with the run's own
+line, so the dry run of a million items answers at once, as the run would refuse it.
 """
 
 from __future__ import annotations
@@ -18,16 +22,17 @@ from typing import TYPE_CHECKING
 from sublimate.pipelines.argo_terms import NodeType
 
 from .engine import prepare_workflow, seconds, workflow_globals
-from .errors import NodeError
+from .errors import ManifestError, NodeError
 from .expressions.conditions import ExpressionError, evaluate_when
 from .expressions.substitution import Vars, as_text
 from .pods.artifacts import workflow_artifacts
 from .pods.plan import Layout, PodRequest, plan_pod, template_kind
 from .records.run_folder import draw_name, node_id
+from .records.run_types import DEFAULT_MAX_NODES
 from .templates.calls import call_arguments, when_text
 from .templates.dag import DagPlan, describe_depends
 from .templates.inputs import resolve_inputs
-from .templates.loops import item_display, item_vars, loop_items
+from .templates.loops import cap_reached, item_display, item_vars, loop_items
 from .templates.retry import retry_policy, retry_strategy
 
 if TYPE_CHECKING:
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
 
 _MAX_DEPTH = 20  # templates may call themselves (recursion ends on a condition at run time)
 _SCRIPT_LINES = 12
+_LOOP_SHOWN = 8  # a loop's items planned one by one; the rest are counted
 
 
 @dataclass
@@ -59,39 +65,54 @@ class Preview:
     then: list[str] = field(default_factory=list)
     on_exit: str | None = None
     deadline_s: float | None = None
+    passed_env: list[str] = field(default_factory=list)  # --env's names: never their values
 
 
 def preview_workflow(workflow: dict, parameters: dict[str, str], home: Path,
-                     objects: ObjectLibrary | None = None) -> Preview:
-    """``ManifestError``/``ParameterError`` as ``run_workflow`` would raise them; reads the
-    manifest (and the Secret and ConfigMap manifests of ``objects``) only: no folder is
-    created, no process started."""
-    workflow, params = prepare_workflow(workflow, parameters)
+                     objects: ObjectLibrary | None = None,
+                     passed_env: list[str] | None = None,
+                     max_nodes: int = DEFAULT_MAX_NODES) -> Preview:
+    """``ManifestError``/``ParameterError`` as ``run_workflow`` would raise them (a first
+    wave past ``max_nodes`` too); reads the manifest (and the Secret and ConfigMap manifests
+    of ``objects``) only: no folder is created, no process started."""
+    workflow, params = prepare_workflow(workflow, parameters, max_nodes=max_nodes)
     spec = workflow["spec"]
     name = draw_name(workflow.get("metadata") or {})
     run_dir = Path(home) / "runs" / name
     preview = Preview(name, run_dir, params, on_exit=spec.get("onExit"),
-                      deadline_s=spec.get("activeDeadlineSeconds"))
+                      deadline_s=spec.get("activeDeadlineSeconds"),
+                      passed_env=list(passed_env or []))
     globals_ = workflow_globals(workflow, name, params, datetime.now(UTC))
     planner = _Planner(preview, spec, Layout.of(Path(home), run_dir, spec, objects=objects),
-                       globals_)
+                       globals_, max_nodes)
     entry_args = {"parameters": dict(params), "artifacts": workflow_artifacts(spec, globals_)}
     planner.template(spec["entrypoint"], entry_args, name, name, "", 0, [])
     return preview
 
 
 class _Planner:
-    def __init__(self, preview: Preview, spec: dict, layout: Layout, globals_: Vars) -> None:
+    def __init__(self, preview: Preview, spec: dict, layout: Layout, globals_: Vars,
+                 max_nodes: int) -> None:
         self.preview = preview
         self.templates = {t["name"]: t for t in spec["templates"]}
         self.spec = spec
         self.layout = layout
         self.globals = globals_
+        self.max_nodes = max_nodes
+        self.nodes = 0  # the first wave's invocations and loop items, planned or counted
+
+    def count(self, nodes: int, template_name: str) -> None:
+        """``nodes`` more of the first wave: past the cap, the run would stop there (a
+        template that calls itself twice at each level: 2^20 plans at the depth shown)."""
+        self.nodes += nodes
+        if self.nodes > self.max_nodes:
+            raise ManifestError(cap_reached(template_name, self.max_nodes))
 
     def template(self, template_name: str, arguments: dict, name: str, display: str,
                  label: str, depth: int, notes: list[str]) -> None:
         """Plan one template invocation as ``Run.execute`` would run it."""
         template = self.templates[template_name]
+        self.count(1, template_name)
         label = label or display
         if depth > _MAX_DEPTH:
             self.preview.then.append(f"{label}: nested deeper than {_MAX_DEPTH} templates")
@@ -160,7 +181,8 @@ class _Planner:
         """A task or step of the first wave, as ``Run.call`` expands it."""
         where = f"{kind}.{call['name']}"
         try:
-            items = loop_items(call, call_vars, where)
+            items = loop_items(call, call_vars, where, self.max_nodes - self.nodes,
+                               self.max_nodes)
         except (NodeError, ValueError) as exc:
             self.preview.first.append(PlannedNode(prefix + display, call["template"],
                                                   error=str(exc)))
@@ -171,10 +193,17 @@ class _Planner:
         if not items:
             self.preview.first.append(PlannedNode(prefix + display, call["template"],
                                                   skipped="empty loop items"))
-        for index, item in enumerate(items):
+        for index, item in enumerate(items[:_LOOP_SHOWN]):
             child = item_display(display, index, item)
             self._call_one(call, {**call_vars, **item_vars(item)}, f"{parent}.{child}", child,
                            prefix, where, depth)
+        rest = len(items) - _LOOP_SHOWN
+        if rest > 0:
+            self.count(rest, call["template"])
+            self.preview.first.append(PlannedNode(
+                f"{prefix}{display}({_LOOP_SHOWN}..{len(items) - 1})", call["template"],
+                runs=f"{rest:,} more items ({len(items):,} in all), each planned as those "
+                     "above with its own item"))
 
     def _call_one(self, call: dict, call_vars: Vars, name: str, display: str, prefix: str,
                   where: str, depth: int) -> None:
@@ -228,6 +257,8 @@ def format_preview(preview: Preview) -> str:
     lines = [
         f"dry run of {preview.name}: nothing is started and no run folder is created",
         f"run folder: {preview.run_dir} (a run draws its own name)",
+        *([f"passed to every step (--env, values masked): {', '.join(preview.passed_env)}"]
+          if preview.passed_env else []),
         "",
         "first:" if preview.first else "first: nothing",
     ]

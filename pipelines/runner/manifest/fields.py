@@ -42,6 +42,8 @@ _IMAGE = ("container images (the local runner runs commands on this machine; `--
           "runs them in the images)")
 _RESOURCES = "resource requests and limits (the runner uses this machine's CPUs and GPUs)"
 _SECURITY = "security contexts and service accounts"
+_SECURITY_IDS = ("the user and group a container runs as (pods run as this machine's user, "
+                 "without its capabilities; `--containers` runs them as declared)")
 _GC = "garbage collection of pods, artifacts and workflows"
 _METRICS = "Prometheus metrics"
 _ARCHIVE = "log archiving and archive locations (the home's one artifact repository is used)"
@@ -114,8 +116,25 @@ _CONTAINER = {
     **{f"volumeMounts{key}": field for key, field in _MOUNTS.items()},
     "image": _cluster(_IMAGE),
     "imagePullPolicy": _cluster(_IMAGE),
-    "resources": _cluster(_RESOURCES),
-    "securityContext": _cluster(_SECURITY),
+    # Limits are a cgroup of the pod's own; requests reserve nothing on one machine
+    # (runner/pods/resource_limits.py).
+    "resources": _YES,
+    "resources.limits": _YES,
+    "resources.requests": _cluster(_RESOURCES),
+    "resources.claims": _cluster(_RESOURCES),
+    # What contains the pod's processes (runner/pods/sandbox.py); the user and group ids are
+    # an image's business (`--containers` applies them), this machine's files are the user's.
+    "securityContext": _YES,
+    "securityContext.privileged": _YES,
+    "securityContext.capabilities": _YES,
+    "securityContext.capabilities.add": _YES,
+    "securityContext.capabilities.drop": _YES,
+    "securityContext.allowPrivilegeEscalation": _YES,
+    **{f"securityContext.{key}": _cluster(_SECURITY_IDS) for key in (
+        "runAsUser", "runAsGroup", "runAsNonRoot")},
+    **{f"securityContext.{key}": _cluster(_SECURITY) for key in (
+        "readOnlyRootFilesystem", "procMount", "seLinuxOptions", "seccompProfile",
+        "appArmorProfile", "windowsOptions")},
     "ports": _cluster(_POD),
     "livenessProbe": _cluster(_PROBES),
     "readinessProbe": _cluster(_PROBES),

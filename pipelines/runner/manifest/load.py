@@ -114,6 +114,11 @@ _CONTAINER = {
     "envFrom": _ENV_FROM,
     "workingDir": ANY,
     "volumeMounts": _MOUNTS,
+    # Applied locally (runner/pods/resource_limits.py, sandbox.py); their other keys are
+    # cluster-only (manifest/fields.py).
+    "resources": {"limits": ANY},
+    "securityContext": {"privileged": ANY, "allowPrivilegeEscalation": ANY,
+                        "capabilities": {"add": ANY, "drop": ANY}},
 }
 # A daemon's readiness (runner/templates/probes.py); other containers' probes are cluster-only.
 _PROBE = {"exec": {"command": ANY},
@@ -501,9 +506,17 @@ def load_manifest(path_or_text: str | Path, name: str | None = None,
     if isinstance(path_or_text, Path) or "\n" not in path_or_text:
         own_file = Path(path_or_text)
         try:
-            text = own_file.read_text()
+            data = own_file.read_bytes()
         except OSError as exc:
             raise ManifestError(f"cannot read manifest {str(path_or_text)!r}: {exc}") from exc
+        try:
+            # YAML (and Kubernetes) read UTF-8: a file in another encoding is refused in one
+            # line that says where, not with the decoder's traceback.
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ManifestError(f"cannot read manifest {str(path_or_text)!r}: not UTF-8 text "
+                                f"(byte {data[exc.start]:#04x} on line {line})") from None
     else:
         text = path_or_text
     try:

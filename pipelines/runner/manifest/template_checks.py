@@ -8,7 +8,7 @@ containers, ``hooks`` the hooks), so the checker never imports an executor or th
 
 from __future__ import annotations
 
-from sublimate.pipelines.argo_terms import sub_path_problem
+from sublimate.pipelines.argo_terms import container_setting_problems, sub_path_problem
 
 from ..expressions.conditions import ExpressionError
 
@@ -96,6 +96,8 @@ def container_body_problems(container: dict, where: str, volumes: set[str]) -> l
         problems.append(f"{where}.{COMMAND_REQUIRED}")
     elif not isinstance(container["command"], list):
         problems.append(f"{where}.command: expected a list")
+    problems += [f"{where}.{field}: {problem}" for field, problem in
+                 container_setting_problems(container)]
     return problems + volume_mount_problems(container, where, volumes)
 
 

@@ -46,6 +46,7 @@ class PodOutcome:
     message: str = ""  # the container's termination message (read when it failed)
     error: str = ""  # could not start: "failed to start 'x': No such file or directory"
     stopped: bool = False  # stopped by a deadline or Ctrl-C before it ended on its own
+    reason: str = ""  # Kubernetes' reason for a failed container ("OOMKilled"); "" for Error
     # A pod of several containers (init containers, sidecars, a containerSet): each one's end.
     containers: list[ContainerEnd] = field(default_factory=list)
 
@@ -79,6 +80,7 @@ def await_pod(process: LocalProcess, request: PodRequest, hooks: PodHooks,
     hooks.on_start(process)
     try:
         code, stdout = process.wait()
+        code = 128 - code if code < 0 else code  # a signal N: 128 + N, as Kubernetes reports
     finally:
         hooks.on_exit(process)
         if cleanup is not None:

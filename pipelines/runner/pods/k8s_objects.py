@@ -369,14 +369,18 @@ def write_projection(projection: Projection) -> None:
         root.mkdir(mode=0o700, exist_ok=True)
         projection.folder.parent.mkdir(mode=0o700, exist_ok=True)
     shutil.rmtree(projection.folder, ignore_errors=True)  # a retry's leftovers
-    projection.folder.mkdir(parents=True)
+    # A secret's folders are its user's alone, and its files keep only the owner's read (and
+    # execute) bits of their mode: the volume is read-only in the pod, and nobody else on
+    # this machine is its pod (0644, the default, is 0400 here).
+    folder_mode = 0o700 if projection.secret else 0o755
+    projection.folder.mkdir(mode=folder_mode, parents=True)
     for path, content, mode in projection.files:
         target = projection.folder / path
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=folder_mode, parents=True, exist_ok=True)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(content)
-        os.chmod(target, mode)
+        os.chmod(target, mode & 0o500 if projection.secret else mode)
 
 
 def remove_projections(projections: Iterable[Projection]) -> None:

@@ -114,6 +114,7 @@ class LocalProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._stdout: list[bytes] = []
         self._stopped = threading.Event()
+        self.log_error: OSError | None = None  # the log could not be written (``_log_failed``)
 
     def start(self) -> None:
         """Start the process; ``OSError`` (command not found...) propagates to the caller."""
@@ -148,7 +149,10 @@ class LocalProcess:
             return
         if is_stdout:
             self._stdout.append(line)
-        self._log.write(line)
+        try:
+            self._log.write(line)
+        except OSError as error:
+            self._log_failed(error)
         if self.on_line is not None:
             self.on_line(text)
 
@@ -192,7 +196,10 @@ class LocalProcess:
                     *lines, partial[key.fd] = (partial[key.fd] + data).split(b"\n")
                     for line in lines:
                         self._line(line + b"\n", streams[key.fd])
-                    self._log.flush()
+                    try:
+                        self._log.flush()
+                    except OSError as error:
+                        self._log_failed(error)
                 if deadline is None and exited is None and self.proc.poll() is not None:
                     deadline = time.monotonic() + PIPE_GRACE_S
         if exited is not None:
@@ -200,8 +207,27 @@ class LocalProcess:
         code = self.proc.wait()
         self.proc.stdout.close()
         self.proc.stderr.close()
-        self._log.close()
+        try:
+            self._log.close()
+        except OSError as error:
+            self._log_failed(error)
+        if self.log_error is not None:  # the process has ended and nothing of it is left
+            from sublimate.components.base.disk_full import disk_full_cause, disk_full_error
+
+            cause = disk_full_cause(self.log_error)
+            if cause is None:
+                raise self.log_error
+            raise disk_full_error(cause, self.log_path,
+                                  f"writing the log {self.log_path}") from self.log_error
         return code, b"".join(self._stdout).decode("utf-8", "replace")
+
+    def _log_failed(self, error: OSError) -> None:
+        """The log cannot be written (its disk is full): its output is still read, so that the
+        process never blocks on a full pipe, and the error is raised once it has ended."""
+        self.log_error = self.log_error or error
+        with contextlib.suppress(OSError):  # its buffer, which cannot be written either
+            self._log.close()
+        self._log = open(os.devnull, "wb")  # noqa: SIM115 - closed in wait()
 
     def stop(self, grace_s: float = KILL_GRACE_S) -> None:
         """SIGTERM the whole process group, then SIGKILL it after a grace period."""

@@ -54,6 +54,14 @@ class PathMap:
                 return prefix
         return None
 
+    def root_of(self, container_path: str) -> Path:
+        """The folder whose links a container path must not leave: the volume's folder it
+        lies in, else the pod's own ``fs/`` (its private paths are folders of that one tree)."""
+        prefix = self._mounted(_normalise(container_path))
+        if prefix is None or self.entries[prefix].is_relative_to(self.fs_root):
+            return self.fs_root
+        return self.entries[prefix]
+
     def local(self, container_path: str) -> Path:
         """Where a container path lives locally (unmapped paths are used as they are)."""
         path = _normalise(container_path)

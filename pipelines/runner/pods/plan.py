@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sublimate.pipelines.argo_terms import NodeType, sub_path_problem
 
@@ -28,6 +28,7 @@ from ..errors import NodeError
 from ..expressions.substitution import Vars, as_text, substitute, substitute_text
 from ..manifest.durations import parse_duration
 from ..manifest.fields import CLUSTER_ONLY_FIELDS
+from ..manifest.repository import repository_root
 from .artifacts import Input as InputArtifact
 from .artifacts import input_source
 from .mounts import SCRIPT_PATH, Bind, binds_for
@@ -35,7 +36,9 @@ from .paths import PathMap, inside
 
 if TYPE_CHECKING:
     from .images.spec import InImage
+    from .inside import InRoot
     from .k8s_objects import ObjectLibrary, Projection
+    from .resource_limits import Limits
     from .views import View
 
 # The small immutable records are NamedTuples rather than frozen dataclasses: every
@@ -150,6 +153,9 @@ class PodRequest:
     # Variables the template takes from optional secrets no manifest provides: the local
     # environment provides them (``k8s_objects``).
     from_environment: list[str] = field(default_factory=list)
+    # `sublimate run --env`: this shell's variables the user passed to every container of the
+    # pod (``environment``); secrets, masked in every output. Set by the run, not planned.
+    passed_env: dict[str, str] = field(default_factory=dict)
     # The main container's variables read from Secrets: name -> "SECRET/KEY" (the dry run
     # shows that, never the value).
     secret_env: dict[str, str] = field(default_factory=dict)
@@ -173,6 +179,8 @@ class PodRequest:
     in_image: InImage | None = None
     # Overlay mode (``views``): the main container's private view of the whole tree.
     view: View | None = None
+    # resources.limits, applied in cgroups of the pod's own (``resource_limits``).
+    limits: Limits | None = None
 
     @property
     def log(self) -> Path:
@@ -189,7 +197,8 @@ class PodRequest:
 
     @property
     def runner_env(self) -> dict[str, str]:
-        """What the local runner adds to every step's environment, after the template's."""
+        """What the local runner adds to every step's environment, after the template's
+        (``environment.pod_environment`` builds the rest)."""
         return {
             "SUBLIMATE_LOCAL_RUN": "1",
             "SUBLIMATE_LOCAL_RUN_FOLDER": str(self.run_dir),
@@ -225,13 +234,17 @@ class PodRequest:
                 paths.mount(container, local)
         return paths
 
-    def written(self, container_path: str) -> Path | None:
-        """Where the pod left a file or folder it was to write (an output), None if nowhere:
-        in overlay mode its view says (a whiteout is a removal), else its local path."""
+    def locate(self, container_path: str) -> InRoot:
+        """Where the runner reads what the pod left at a container path (an output): in
+        overlay mode where its view says (a bound folder, else the pod's layer), else its
+        volume's folder or the node's ``fs/``; resolved inside that root when read
+        (``inside``: a link the pod left is never followed out of it)."""
+        from .inside import InRoot  # a pod with outputs pays for it
+
         if self.view is not None:
-            return self.view.find(container_path)
-        local = self.local(container_path)
-        return local if os.path.lexists(local) else None
+            return self.view.locate(container_path)
+        root = self.paths.root_of(container_path)
+        return InRoot(root, os.path.relpath(self.local(container_path), root))
 
     def output_files(self) -> dict[str, Path]:
         """Output parameter name -> the local file the pod writes it to (``valueFrom.path``)."""
@@ -306,14 +319,16 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
     for mount in mounts:
         paths.mount(mount.path, mount.local)
     binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
+    annotations = local_annotations(template, local, where)
     view = None
     if layout.mounts == "overlay":
-        from .views import plan_view  # deferred: only overlay mode pays for it
+        from .sandbox import plan_sandbox  # deferred: only overlay mode pays for them
+        from .views import plan_view
 
         view = plan_view(folder, mounts, declared_outputs(tmpl), str(body.get("workingDir") or ""),
                          folder / "termination-log",
                          folder / "script" if body_key == "script" and body.get("source")
-                         else None)
+                         else None, plan_sandbox(body, annotations, f"{where}.{body_key}"))
     # In a view, a namespace or the image, the manifest's paths are real: commands keep them.
     as_written = binds is not None or view is not None or layout.mounts == "image"
     text = PathMap(folder / "fs") if as_written else paths
@@ -327,7 +342,8 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         argv.append(SCRIPT_PATH if as_written else str(folder / "script"))
     environment = _environment(body, text, layout.objects)
     containers = plan_containers(tmpl, body, mounts, folder, layout,
-                                 template.get("securityContext") or layout.pod_security, view)
+                                 template.get("securityContext") or layout.pod_security, view,
+                                 annotations)
     projections, masked = _projections(tmpl, [mounts, *(c.mounts for c in containers)],
                                        folder, layout)
     masked |= _secret_forms(environment.env[name] for name in environment.secret)
@@ -365,7 +381,28 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         mounts_note=mounts_note,
         in_image=in_image,
         view=view,
+        limits=_limits(body, annotations, f"{where}.{body_key}", layout),
     )
+
+
+def _limits(body: dict, annotations: dict, where: str, layout: Layout) -> Limits | None:
+    """The main container's ``resources.limits`` (``resource_limits``); container mode's are
+    the engine's."""
+    if layout.mounts == "image" or not (body.get("resources") or {}).get("limits"):
+        return None
+    from .resource_limits import plan_limits  # deferred: only pods with limits pay for it
+
+    return plan_limits(body, annotations, where)
+
+
+def local_annotations(template: dict, local: Vars, where: str) -> dict:
+    """The template's pod annotations (``metadata.annotations``), substituted: the local
+    runner reads its own there (``sandbox``, ``resource_limits``)."""
+    found = (template.get("metadata") or {}).get("annotations") or {}
+    if not isinstance(found, dict) or not any(str(k).startswith("sublimate.dev/local-")
+                                              for k in found):
+        return {}
+    return substitute(found, local, f"{where}.metadata.annotations")  # type: ignore[return-value]
 
 
 def path_variables(template: dict, local: Vars, where: str) -> Vars:
@@ -465,7 +502,8 @@ def set_retry(tmpl: dict) -> SetRetry | None:
 
 def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Path,
                     layout: Layout, pod_security: dict | None = None,
-                    main_view: View | None = None) -> list[Container]:
+                    main_view: View | None = None, annotations: dict | None = None
+                    ) -> list[Container]:
     """Init containers (in order), then a containerSet's containers, then sidecars; in
     container mode each with what it runs in its own image (``pod_security``: the pod's
     securityContext); in overlay mode each with its own view (the set's ``main`` with the
@@ -497,10 +535,12 @@ def plan_containers(tmpl: dict, main: dict, main_mounts: list[Mount], folder: Pa
             for mount in mounts:
                 paths.mount(mount.path, mount.local)
             if views:
+                from .sandbox import plan_sandbox
                 from .views import plan_view
 
                 view = plan_view(root.parent, mounts, [], str(body.get("workingDir") or ""),
-                                 folder / f"{name}.termination-log")
+                                 folder / f"{name}.termination-log", None,
+                                 plan_sandbox(body, annotations, f"{role} container {name}"))
         # in its image or its view: as written
         text = PathMap(folder / "fs") if images or views else paths
         environment = _environment(body, text, layout.objects)
@@ -663,10 +703,15 @@ def _input_artifacts(tmpl: dict, paths: PathMap, art_args: dict[str, dict], home
         mode = int(art["mode"]) if art.get("mode") is not None else None
         archive = source.get("archive") or {}
         kind = "none" if "none" in archive else "tar" if "tar" in archive else None
-        common = {"optional": optional, "mode": mode}
+        # Put inside its volume or the pod's own files (``inside``), made first in the node
+        # folder, the runner's own.
+        place: dict[str, Any] = {
+            "path": str(art["path"]), "root": paths.root_of(art["path"]),
+            "staging": paths.fs_root.parent, "repository": repository_root(home)}
+        common: dict[str, Any] = {"optional": optional, "mode": mode, **place}
         if "raw" in source:
             found.append(InputArtifact(name, target, raw=str(source["raw"].get("data", "")),
-                                       mode=mode))
+                                       mode=mode, **place))
         elif isinstance(source.get("http"), dict):
             headers = tuple((str(h.get("name", "")), str(h.get("value", "")))
                             for h in source["http"].get("headers") or [])

@@ -50,7 +50,7 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .artifacts import Input, load_input
 from .mounts import (
@@ -63,6 +63,12 @@ from .mounts import (
     try_in_child,
 )
 from .mounts import _run_step as run_mount_step
+from .sandbox import SANDBOX_STEPS, Sandbox, hidden_host_mount, view_steps
+from .sandbox import calls as sandbox_calls
+from .sandbox import run_step as run_sandbox_step
+
+if TYPE_CHECKING:
+    from .inside import InRoot
 
 # Filesystems a private layer goes over (a plain tree of folders and files, writable, mounted
 # whole); any other mount (proc, sysfs, devtmpfs, cgroup, a read-only, special or bind mount) is
@@ -145,6 +151,7 @@ class View(NamedTuple):
     binds: tuple[Bind, ...]
     outputs: tuple[str, ...]  # container paths of declared outputs, in the layer
     cwd: str
+    sandbox: Sandbox | None = None  # what contains its processes (None: privileged)
 
     @property
     def upper(self) -> Path:
@@ -158,31 +165,34 @@ class View(NamedTuple):
     def work(self) -> Path:
         return self.folder / ".view" / "work"
 
-    def find(self, container_path: str) -> Path | None:
+    def locate(self, container_path: str) -> InRoot:
         """Where the content of a container path is now that the pod has ended: under a bound
-        folder, at its host folder; elsewhere in the pod's layer. None when the pod did not
-        leave one there (outputs are masked, so the host's copy does not count)."""
+        folder, in its host folder; elsewhere in the pod's layer. Each is a root: the path is
+        resolved inside it when read (``inside``), so a link the pod left (``/mnt/vol/out ->
+        /etc/shadow``) is followed inside its volume or layer, never to this machine's file.
+        Outputs are masked, so the host's copy does not count; a whiteout is a removal."""
+        from .inside import InRoot  # a pod with outputs pays for it
+
         path = os.path.normpath("/" + container_path.lstrip("/"))
         for bind in sorted(self.binds, key=lambda b: len(b.target), reverse=True):
             target = bind.target.rstrip("/") or "/"
             if path == target:
-                return bind.source
+                return InRoot(bind.source)
             if path.startswith(target.rstrip("/") + "/"):
-                return bind.source / os.path.relpath(path, target)
-        current = self.upper
-        for part in path.strip("/").split("/") if path != "/" else []:
-            current = current / part
-            try:
-                info = os.lstat(current)
-            except OSError:
-                return None
-            if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
-                return None  # a whiteout: removed in the view
-        return current
+                return InRoot(bind.source, os.path.relpath(path, target))
+        return InRoot(self.upper, path.lstrip("/"))
+
+    def find(self, container_path: str) -> Path | None:
+        """Where ``locate``'s path lies on this machine (for a look), None when the pod did
+        not leave one there."""
+        from .inside import find
+
+        return find(self.locate(container_path))
 
 
 def plan_view(folder: Path, mounts: list, outputs: list[str], working_dir: str,
-              termination_log: Path, script: Path | None = None) -> View:
+              termination_log: Path, script: Path | None = None,
+              sandbox: Sandbox | None = None) -> View:
     """A container's view, planned from what its template declares (``mounts``:
     ``plan.Mount``s; ``folder`` holds its layer, the node folder for a pod's main container).
     Bound: what lives elsewhere than its layer (volumes, a main container's input artifacts
@@ -198,7 +208,8 @@ def plan_view(folder: Path, mounts: list, outputs: list[str], working_dir: str,
         binds.append(Bind(SCRIPT_PATH, script, read_only=True))
     kept = sorted(binds, key=lambda b: (b.target.rstrip("/").count("/"), b.target))
     outputs = [path for path in outputs if not any(_under(path, b.target) for b in kept)]
-    return View(folder, tuple(kept), tuple(dict.fromkeys(outputs)), working_dir or "/")
+    return View(folder, tuple(kept), tuple(dict.fromkeys(outputs)), working_dir or "/",
+                sandbox)
 
 
 def _under(path: str, folder: str) -> bool:
@@ -370,6 +381,8 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
     upper = os.fsencode(view.upper)
     steps: list[tuple] = []
     for index, mount in enumerate(mounts):
+        if view.sandbox is not None and hidden_host_mount(mount.point):
+            continue  # its own /proc, /dev and /sys (``sandbox``)
         point = os.fsencode(mount.point)
         target = root if mount.point == "/" else root + point
         if not mount.layered:
@@ -381,6 +394,8 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
         steps.append(("overlay" if mount.point == "/" else "host-overlay", target,
                       b"lowerdir=%s,upperdir=%s,workdir=%s,volatile" % (
                           point, layer, os.fsencode(layer_work))))
+    if view.sandbox is not None:
+        steps += view_steps(root, view.sandbox)
     for bind in view.binds:
         # A link on the way is followed as the view would (the view is the host's tree), but
         # within the view: the system calls run before the chroot.
@@ -391,9 +406,11 @@ def _steps(view: View, mounts: tuple[HostMount, ...], work: Path) -> list[tuple]
         steps.append(("bind", os.fsencode(bind.source), target))
         if bind.read_only:
             steps.append(("readonly", target))
-    steps.append(("chroot", root))
+    steps.append(("pivot", root))
     steps.append(("mkdirs", os.fsencode(view.cwd)))
     steps.append(("chdir", os.fsencode(view.cwd)))
+    if view.sandbox is not None:
+        steps.append(("enter", view.sandbox))
     return steps
 
 
@@ -403,6 +420,7 @@ def setup(view: View, termination_log: Path) -> Callable[[], None]:
     and in the termination log and exits with ``SETUP_FAILED``, so the node fails with it."""
     mounts = run_host_mounts()
     _prepare(view, mounts)
+    sandbox_calls()  # resolved here, never in the forked child
     termination_log.touch()  # bound in the view: what the pod writes there reaches the host
     return in_child(_steps(view, mounts, _fresh_work(view)), _run_step, termination_log,
                     "private view", 0, 0)
@@ -412,7 +430,9 @@ def _run_step(libc: _Libc, step: tuple) -> None:
     """One step in the child; binds, read-only remounts, ``chroot`` and ``chdir`` as the
     mirrored namespaces make them (``mounts``)."""
     kind = step[0]
-    if kind.startswith("host-"):
+    if kind in SANDBOX_STEPS:
+        run_sandbox_step(sandbox_calls(), step)
+    elif kind.startswith("host-"):
         # A mount of the host's listed when the run began: one unmounted since is gone from
         # the view too, as it is from the host (ENOENT), not a reason to fail the pod.
         with contextlib.suppress(FileNotFoundError):

@@ -30,6 +30,7 @@ embedded in a program (a test) that has no handler for one, and whose default wo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -38,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sublimate.components.base.disk_full import DiskFullError, disk_full_cause, disk_full_error
 from sublimate.pipelines.argo_terms import NodePhase
 
 from .run_types import NodeResult, SuspendAnswer
@@ -320,14 +322,26 @@ class ControlChannel:
                 reply = {"ok": False, "error": f"unreadable request: {exc}"}
             if self._closed.is_set() and reply.get("ok") is False:
                 reply["error"] = f"{reply['error']} (the run has ended)"
-            _write(path.with_name(path.name.replace(".request.", ".reply.")), reply)
+            # A reply that does not fit (a full disk) is not written: the request was applied,
+            # so it is not taken again, and the sender says the run did not answer.
+            with contextlib.suppress(OSError):
+                _write(path.with_name(path.name.replace(".request.", ".reply.")), reply)
             path.unlink(missing_ok=True)
 
 
 def _write(path: Path, value: object) -> None:
+    """``path`` written whole or not at all: a temporary file renamed, removed when it fails;
+    a full disk is a ``DiskFullError`` that names it."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(value))
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        cause = disk_full_cause(error)
+        if cause is None:
+            raise
+        raise disk_full_error(cause, path, f"writing {path}") from error
 
 
 def send(run_dir: Path, request: Mapping[str, object],
@@ -339,7 +353,10 @@ def send(run_dir: Path, request: Mapping[str, object],
         raise ControlError(f"run {run_dir.name} has no suspend template: nothing to resume "
                            "or stop by node")
     stem = f"{time.time_ns()}-{os.getpid()}"
-    _write(folder / f"{stem}.request.json", dict(request))
+    try:
+        _write(folder / f"{stem}.request.json", dict(request))
+    except DiskFullError as error:
+        raise ControlError(str(error)) from error
     reply_path = folder / f"{stem}.reply.json"
     deadline = time.monotonic() + timeout
     while not reply_path.exists():

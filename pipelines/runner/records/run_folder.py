@@ -12,12 +12,19 @@ while the run goes on are made by a thread of their own (``_StatusWriter``): a t
 the status out of date and returns, and the thread writes the latest state (one write for all
 the transitions made meanwhile), so no step waits for the disk. The final status is written by
 the thread that concludes the run, before ``run_workflow`` returns; a status on disk lags the
-run by at most the write in progress.
+run by at most the write in progress and the writer's rest after it (``WRITER_REST``).
 
 It also names the runner (``runner``: pid, start time in clock ticks since boot, host), so that a
 run whose runner was killed (SIGKILL, the OOM killer, a reboot) is not shown Running forever:
 :func:`settle_interrupted_runs`, called by the next ``sublimate run``, finds each status that says
 Running while its runner no longer runs, and concludes it Failed, saying so.
+
+A full disk (``disk_full``) stops the run rather than crash a thread or leave it Running: a
+write of the status, the manifest or a pod's log that does not fit removes its temporary file
+and tells the engine (``on_disk_full``), which stops the run with one line naming the disk and
+the file. The final status is then written in place over the last one when the atomic write
+does not fit (:func:`overwrite_in_place`: the same blocks, padded, so that it needs none
+more), else the last good status stays; either way ``status.json`` parses.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 import string
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -124,6 +132,10 @@ class RunRecord:
         # Secret values (``k8s_objects``): masked in status.json, results and events.
         self.secrets: frozenset[str] = frozenset()
         self._noted: set[str] = set()
+        # Called once, with its one line, when a write of the run's own files finds the disk
+        # full (the engine stops the run); the line is kept in ``disk_full``.
+        self.on_disk_full: Callable[[str], None] | None = None
+        self.disk_full = ""
         self.writer = _StatusWriter(self)
 
     def remember_secrets(self, values: frozenset[str] | set[str]) -> frozenset[str]:
@@ -224,7 +236,8 @@ class RunRecord:
             self.finished_at = now()
             self._link_outputs()
             self.writer.close()
-            self.write_status(sync_folder=True)
+            self._write_final_status()  # a full disk may fail a run that succeeded
+            phase, message = self.phase, self.message
         self.emit(RunEvent("workflow", self.name, self.finished_at, phase=phase,
                            message=message))
 
@@ -260,7 +273,17 @@ class RunRecord:
                 param["value"] = self.params[param["name"]]
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         text = yaml.dump(manifest, Dumper=dumper, sort_keys=False)
-        (self.run_dir / "workflow.yaml").write_text(text)
+        path = self.run_dir / "workflow.yaml"
+        try:
+            path.write_text(text)
+        except OSError as error:
+            path.unlink(missing_ok=True)  # a part of it would read as the whole manifest
+            from sublimate.components.base.disk_full import disk_full_cause, disk_full_error
+
+            cause = disk_full_cause(error)
+            if cause is None:
+                raise
+            raise disk_full_error(cause, path, f"writing the run's manifest {path}") from error
 
     def result(self) -> RunResult:
         result = RunResult(
@@ -289,6 +312,67 @@ class RunRecord:
             version = self.writer.changed()
         self.writer.write(version, status, sync_folder)
 
+    def _write_final_status(self) -> None:
+        """The conclusion's status, however full the disk: atomically; when that does not
+        fit, in place over the last one, whole, else the last one with the run's end patched
+        in; when neither fits, the last good status stays (it still parses)."""
+        try:
+            self.write_status(sync_folder=True)
+            return
+        except OSError as error:
+            if self.write_failed(error) is None:
+                return  # not ours to write any more (the folder removed): nothing to save
+        if not self.phase.failed:  # its record could not be kept whole: not a success
+            self.phase, self.message = NodePhase.FAILED, self.disk_full
+        path = self.run_dir / STATUS_FILE
+        final = self.result().to_json()
+        try:
+            last = json.loads(path.read_text())
+        except (OSError, ValueError):
+            last = None
+        candidates = [final]
+        if isinstance(last, dict):
+            candidates.append(concluded_status(last, self.phase, self.message,
+                                               iso(self.finished_at)))
+        with self.writer.file_lock:  # the writer thread's last snapshot, older, stays out
+            self.writer.written = self.writer.version
+            for status in candidates:
+                try:
+                    if overwrite_in_place(path, json.dumps(status)):
+                        return
+                except OSError:
+                    continue
+
+    def write_failed(self, error: BaseException) -> str | None:
+        """A write of the runner's failed: a full disk stops the run, once (``on_disk_full``),
+        with the line that says which disk and what was written (the run folder's disk when
+        the error names no file), which is returned; None for any other failure, which leaves
+        the run to go on."""
+        # (loaded only once a write failed: a run's start-up imports only what it uses)
+        from sublimate.components.base.disk_full import describe, disk_full_cause, said
+
+        cause = disk_full_cause(error)
+        if cause is None:
+            return None
+        message = said(error) or (
+            describe(cause, cause.filename, f"writing {cause.filename}") if cause.filename
+            else describe(cause, self.run_dir, "writing into the run folder"))
+        with self.lock:
+            first = not self.disk_full
+            self.disk_full = self.disk_full or message
+        if first and self.on_disk_full is not None and not self.concluded:
+            self.on_disk_full(message)
+        return message
+
+    def not_started(self, message: str) -> None:
+        """The run could not record its start (``message``): it ends Failed, and a folder that
+        no status fit in either is removed, as if never made (the console says why)."""
+        self.conclude(NodePhase.FAILED, message)
+        if not (self.run_dir / STATUS_FILE).exists():
+            import shutil  # only a run that could not start
+
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
     def status_changed(self) -> None:
         """The status on disk is out of date: the writer thread will write it."""
         self.writer.request()
@@ -304,6 +388,20 @@ class RunRecord:
 
 
 STATUS_FILE = "status.json"
+# The room kept after the status in its file, at least, in spaces (JSON allows them after the
+# value), the file then filled to its last block: the final status fits over it in place
+# (``overwrite_in_place``) when the disk has no block left for a new file. Blocks of 4 KiB, the
+# usual, cost nothing more: a file takes whole blocks anyway, and most statuses are one or two.
+STATUS_ROOM = 1024
+BLOCK_BYTES = 4096
+
+
+def with_room(text: str) -> str:
+    """``text`` (ASCII: JSON's escapes) padded to whole blocks, with ``STATUS_ROOM`` spaces at
+    least, and a newline last."""
+    end = -(-(len(text) + STATUS_ROOM) // BLOCK_BYTES) * BLOCK_BYTES
+    return text + " " * (end - len(text) - 1) + "\n"
+WRITER_REST = 4  # the status writer rests this many times what its last write cost
 
 
 class _StatusWriter:
@@ -352,18 +450,31 @@ class _StatusWriter:
                 if self.closed:
                     return
                 done, sync_folder, self.sync_folder = self.requested, self.sync_folder, False
+            began = time.thread_time()
             with self.record.lock:
                 version = self.version
                 status = self.record.result().to_json()
-            with contextlib.suppress(OSError):  # a full disk must not stop the run
+            try:
                 self.write(version, status, sync_folder)
+            except OSError as error:  # no thread dies of it: a full disk stops the run
+                self.record.write_failed(error)
+            # A snapshot costs the GIL in proportion to the nodes (0.3 s at 10,000): written
+            # back to back, it starved every other thread, and a stopped fan-out of 10,000
+            # took 48 s to end (issue 40). Resting WRITER_REST times its cost keeps its share
+            # of the interpreter to a fifth; a small run's writes (under 1 ms) do not rest.
+            spent = time.thread_time() - began
+            if spent > 0.001:
+                with self.wake:
+                    self.wake.wait_for(lambda: self.closed, WRITER_REST * spent)
 
     def write(self, version: int, status: dict, sync_folder: bool) -> None:
-        text = json.dumps(status, indent=1)
+        text = with_room(json.dumps(status, indent=1))
         with self.file_lock:
             if version <= self.written:
                 return  # a newer state is on disk already
-            write_durably(self.record.run_dir / STATUS_FILE, text, sync_folder=sync_folder)
+            path = self.record.run_dir / STATUS_FILE
+            write_durably(path, text, sync_folder=sync_folder,
+                          what=f"writing the run's {STATUS_FILE} in {path.parent}")
             self.written = version
 
     def close(self) -> None:
@@ -377,18 +488,62 @@ def host_name() -> str:
     return os.uname().nodename
 
 
-def write_durably(path: Path, text: str, sync_folder: bool = True) -> None:
+def write_durably(path: Path, text: str, sync_folder: bool = True, what: str = "") -> None:
     """Replace ``path`` with ``text`` atomically: a temporary file, fsynced before the rename
     (else a crash can leave the new name on an empty file), then, with ``sync_folder``, the folder
-    fsynced after it (else the rename itself can be lost)."""
+    fsynced after it (else the rename itself can be lost). A write that fails removes the
+    temporary file; one that finds the disk full raises a ``DiskFullError`` saying ``what``."""
     tmp = path.with_name(f"{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        from sublimate.components.base.disk_full import (
+            DiskFullError,
+            disk_full_cause,
+            disk_full_error,
+        )
+
+        cause = disk_full_cause(error)
+        if cause is None or isinstance(error, DiskFullError):
+            raise
+        raise disk_full_error(cause, path, what or f"writing {path}") from error
     if sync_folder:
         fsync_folder(path.parent)
+
+
+def overwrite_in_place(path: Path, text: str) -> bool:
+    """Write ``text`` over ``path``'s own bytes, padded with spaces to its length (which JSON
+    allows after a value), when it is shorter: a disk too full for a temporary file still
+    takes it, since no block is added or freed (the status keeps room for it: ``with_room``).
+    Not atomic, as a rename is: the last resort of a run that must say how it ended. False
+    when ``text`` is not shorter (nothing written)."""
+    data = text.encode()
+    with open(path, "r+b") as out:
+        size = os.fstat(out.fileno()).st_size
+        if len(data) >= size:
+            return False
+        out.write(data + b" " * (size - len(data) - 1) + b"\n")
+        out.flush()
+        os.fsync(out.fileno())
+    return True
+
+
+def concluded_status(status: dict, phase: str, message: str, finished: str | None) -> dict:
+    """A status that said Running, concluded: ``phase`` with ``message``, its open nodes
+    Failed with the same message (unless they had their own)."""
+    for node in status.get("nodes") or []:
+        if isinstance(node, dict) and node.get("phase") in (NodePhase.PENDING,
+                                                              NodePhase.RUNNING):
+            node.update(phase=NodePhase.FAILED, message=node.get("message") or message,
+                        finished_at=finished)
+    status.update(phase=phase, message=message, finished_at=finished)
+    return status
 
 
 @dataclass(frozen=True)
@@ -437,12 +592,7 @@ def settle_interrupted_runs(home: Path) -> list[InterruptedRun]:
         message = runner_gone(status)
         if message is None:
             continue
-        finished = iso(last_write)
-        for node in status.get("nodes") or []:
-            if node.get("phase") in (NodePhase.PENDING, NodePhase.RUNNING):
-                node.update(phase=NodePhase.FAILED, message=node.get("message") or message,
-                            finished_at=finished)
-        status.update(phase=NodePhase.FAILED, message=message, finished_at=finished)
+        concluded_status(status, NodePhase.FAILED, message, iso(last_write))
         with contextlib.suppress(ValueError, TypeError):
             started = datetime.fromisoformat(status["started_at"].replace("Z", "+00:00"))
             status["duration_s"] = round((last_write - started).total_seconds(), 3)

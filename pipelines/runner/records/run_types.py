@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from ..pods.k8s_objects import ObjectLibrary
 
 PHASES_DONE = frozenset(phase for phase in NodePhase if phase.done)
+# No workflow that fits a cluster comes near it: at Argo's ~1.9 KB of status per node, 10,000
+# nodes are ~19 MB of status, which etcd's 1 MB holds only offloaded to a database.
+DEFAULT_MAX_NODES = 10_000
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -80,6 +83,13 @@ class RunOptions:
     # (``templateName=approve``), to its answer; one no answer matches waits for
     # ``sublimate resume`` as on a cluster.
     answers: Mapping[str, SuspendAnswer] = field(default_factory=dict)
+    # ``--max-nodes``: the most nodes the run may make. Argo bounds a workflow by its object in
+    # etcd (1 MiB, compressed, then offloaded to a database); a local run has no etcd, and its
+    # memory and ``status.json`` grow with its nodes, so it counts them (``loops``).
+    max_nodes: int = DEFAULT_MAX_NODES
+    # ``sublimate run --env``: variables passed to every pod (nothing else of this process's
+    # environment reaches one: ``pods.environment``); their values are masked as secrets.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

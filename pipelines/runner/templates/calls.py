@@ -7,6 +7,7 @@ failed call leaves its DAG, steps or loop going.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
@@ -65,8 +66,10 @@ def call_one(run: RunContext, call: dict, call_vars: Vars, name: str, display: s
     except (NodeError, ExpressionError) as exc:
         node = record.add_node(name, display, call["template"], NodeType.POD, parent)
         return record.finish(node, NodePhase.ERROR, str(exc))
-    if slots is not None:
-        slots.acquire()
+    if slots is not None and not acquire_slot(slots, scope):  # stopped while it waited
+        node = record.add_node(name, display, call["template"], NodeType.SKIPPED, parent)
+        return record.finish(node, NodePhase.OMITTED,
+                             f"not started: {scope.stop_reason() or 'stopped'}")
     try:
         stop = scope.stop_reason() or (FAIL_FAST if isinstance(slots, ChildSlots)
                                        and slots.halted else None)
@@ -88,7 +91,95 @@ def call_one(run: RunContext, call: dict, call_vars: Vars, name: str, display: s
 FAIL_FAST = "template has failed or errored children and failFast enabled"
 
 
-class ChildSlots(threading.Semaphore):
+class Slots(threading.Semaphore):
+    """``parallelism``'s slots (a workflow's pods, a template's calls): a semaphore whose
+    waiters a stop of their scope releases all at once.
+
+    ``threading.Semaphore`` hands a freed slot to one waiter at a time, so a stopped fan-out
+    of thousands ended one hand-over after another, each a switch among thousands of threads
+    (0.5 ms each: 4.4 s for 9,000 waiting items; issue 40). Here each waiter waits on a lock
+    of its own, registered with its scope as one more thing to stop; freed slots go to the
+    waiters in the order they came. A subclass, so that every ``threading.Semaphore`` in the
+    runner's signatures takes it; none of the base class's state is used."""
+
+    def __init__(self, value: int = 1) -> None:  # no super().__init__(): its state is unused
+        self._guard = threading.Lock()
+        self._free = value
+        self._waiting: deque[_SlotWaiter] = deque()
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None,
+                scope: CancelScope | None = None) -> bool:
+        """A slot (True), or False when ``timeout`` passed or ``scope`` was stopped first."""
+        with self._guard:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            if not blocking:
+                return False
+            waiter = _SlotWaiter(self._guard)
+            self._waiting.append(waiter)
+        if scope is not None:
+            scope.add(waiter)  # a scope stopped already stops it at once
+        try:
+            waiter.gate.acquire(timeout=-1 if timeout is None else timeout)
+        finally:
+            # A stopped scope forgets its waiters with it: thousands of waiters released at
+            # once each taking the run's lock again only slow the stop down.
+            if scope is not None and scope.stop_reason() is None:
+                scope.discard(waiter)
+        with self._guard:
+            waiter.cancelled = not waiter.granted  # a timeout: the next release skips it
+            return waiter.granted
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self, n: int = 1) -> None:
+        with self._guard:
+            for _ in range(n):
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """One freed slot to the first waiter still waiting, or back to the pool (under
+        ``_guard``)."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.cancelled:
+                waiter.granted = True
+                waiter.gate.release()
+                return
+        self._free += 1
+
+
+class _SlotWaiter:
+    """One thread waiting for a slot: its ``gate`` opens when it is granted one, or when its
+    scope stops it (``stop``, as a scope stops a pod)."""
+
+    def __init__(self, guard: threading.Lock) -> None:
+        self.guard = guard
+        self.gate = threading.Lock()
+        self.gate.acquire()
+        self.granted = False
+        self.cancelled = False
+
+    def stop(self) -> None:
+        with self.guard:
+            if self.granted or self.cancelled:
+                return  # it holds a slot: its caller sees the stop and gives it back
+            self.cancelled = True
+        self.gate.release()
+
+
+def acquire_slot(slots: threading.Semaphore, scope: CancelScope) -> bool:
+    """A slot of ``slots``, or False once ``scope`` is stopped while waiting for it."""
+    if isinstance(slots, Slots):
+        return slots.acquire(scope=scope)
+    return slots.acquire()
+
+
+class ChildSlots(Slots):
     """A DAG/steps template's gate for its calls: ``parallelism`` slots, and its template-level
     ``failFast`` (workflow_types.go ``IsFailFast``: true only when set): once a child failed or
     errored, ``halted`` is set and no further child starts; running ones finish."""

@@ -42,6 +42,7 @@ class RunContext(Protocol):
     pod_slots: threading.Semaphore | None  # the workflow's parallelism, if limited
     daemons: Daemons  # the daemoned nodes, ended with their steps or DAG
     suspensions: Suspensions | None  # the suspend nodes waiting (a workflow with suspend)
+    passed_env: dict[str, str]  # `sublimate run --env`: to every pod, masked as secrets
 
     def execute(self, template_name: str, arguments: dict, name: str, display: str,
                 parent: NodeResult | None, scope: CancelScope, extra: Vars | None = None

@@ -237,6 +237,11 @@ def run_dag(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
             if not decision.runs:
                 results[name] = _omit(record, node, name, task, decision.message)
                 continue
+            stop = scope.stop_reason()
+            if stop:  # stopped while this wave starts: the rest start no thread (issue 40)
+                results[name] = _omit(record, node, name, task, f"not started: {stop}")
+                plan.finished(name, NodePhase.OMITTED)
+                continue
             # dag.go resolves a task's arguments with the global scope as of its start: the
             # workflow outputs earlier tasks set, the current status and duration.
             call_vars = {**local, **run.live_globals(), **task_vars}

@@ -81,14 +81,40 @@ def listing(art: dict | None, home: Path) -> list[str] | None:
             repository_root(home) / bucket
     except ValueError as exc:
         raise DataError(f"{where}: unable to source artifact paths: {exc}") from None
-    keys = sorted(f"{clean}/{path.relative_to(root).as_posix()}" if clean
-                  else path.relative_to(root).as_posix()
-                  for path in (root.rglob("*") if root.is_dir() else ()) if path.is_file())
+    found = _objects(home, root)
+    keys = sorted(f"{clean}/{name}" if clean else name for name in found or ())
     if keys:
         return keys
-    if not root.exists():
+    if found is None:
         raise DataError(f"{where}: unable to source artifact paths: no key found of name {key}")
     return None
+
+
+def _objects(home: Path, root: Path) -> list[str] | None:
+    """The files under ``root`` (paths relative to it; None when nothing is there), walked
+    inside the repository through descriptors: a link stored there (a folder's objects, archive
+    none, keep a pod's links) is never followed out of it, so no host folder is listed."""
+    import os
+    import stat
+
+    from ..pods.inside import InRoot, open_path
+
+    repository = repository_root(home)
+    try:
+        top = open_path(InRoot(repository, os.path.relpath(root, repository)))
+    except OSError:
+        return None
+    found: list[str] = []
+    try:
+        if not stat.S_ISDIR(os.fstat(top).st_mode):
+            return found
+        for folder, _, files, folder_fd in os.fwalk(".", dir_fd=top):  # follows no link
+            found += [os.path.normpath(os.path.join(folder, name)) for name in files
+                      if stat.S_ISREG(os.stat(name, dir_fd=folder_fd,
+                                              follow_symlinks=False).st_mode)]
+    finally:
+        os.close(top)
+    return found
 
 
 def transform(value: Any, steps: list[dict]) -> Any:

@@ -18,9 +18,10 @@ from ..errors import NodeError
 from ..expressions.substitution import Vars, as_text, substitute
 from ..pods import artifacts
 from ..pods.executor import ContainerEnd, PodOutcome
-from ..pods.plan import PodRequest, plan_pod
+from ..pods.plan import PodRequest, declared_outputs, plan_pod
 from ..pods.scope import CancelScope, Stoppable
 from ..records.run_types import NodeResult
+from .calls import acquire_slot
 from .outputs import set_artifact, set_param
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
     record = run.record
     request = plan_pod(template, local, node_id=node.id, node_name=node.name,
                        display_name=node.display_name, layout=run.layout, art_args=art_args)
+    request.passed_env = run.passed_env  # masked already: the run knows them as secrets
     _guard_secrets(record, request)
     stage(request, record)
     node.log = request.log
@@ -42,8 +44,9 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
     if template.get("daemon") in (True, "true"):
         return _start_daemon(run, template, local, request, node, scope, hooks)
     slots = run.pod_slots
-    if slots is not None:
-        slots.acquire()
+    if slots is not None and not acquire_slot(slots, scope):  # stopped while it waited
+        _remove_secret_files(request)
+        return record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
     try:
         if scope.stop_reason():
             return record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
@@ -144,8 +147,9 @@ def stage(request: PodRequest, record: RunRecord) -> None:
             with record.lock:
                 record.shared_mounts.mount(mount.path, mount.local)
     if request.view is None:  # in a view the pod's own layer holds them, made as it runs
-        for local in [*request.output_files().values(), *request.artifact_paths().values()]:
-            local.parent.mkdir(parents=True, exist_ok=True)
+        for path in declared_outputs({"outputs": request.outputs}):
+            # inside the output's volume or the node's fs/: never through a link a pod left
+            artifacts.make_parent(request.locate(path))
     for art in request.inputs:
         if request.view is not None and art.target.is_relative_to(request.view.upper):
             from ..pods.views import load_into_layer  # deferred: only overlay mode pays for it
@@ -236,7 +240,7 @@ def _ending(outcome: PodOutcome, request: PodRequest, scope: CancelScope
     if outcome.stopped:
         return NodePhase.FAILED, scope.stop_reason() or "stopped"
     if outcome.exit_code != 0:
-        message = f"Error (exit code {outcome.exit_code})"
+        message = f"{outcome.reason or 'Error'} (exit code {outcome.exit_code})"
         if outcome.message:  # Argo: "<reason> (exit code N): <termination message>"
             message = f"{message}: {request.message_paths().restore(outcome.message)}"
         return NodePhase.FAILED, message
@@ -256,10 +260,9 @@ def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> 
         if "path" not in source:
             continue
         try:
-            written = request.written(source["path"])
-            if written is None:
-                raise FileNotFoundError(source["path"])
-            value = request.paths.restore(written.read_text().rstrip())
+            # read inside the pod's volume or layer: a link it left is never followed out
+            text = artifacts.read_parameter(request.locate(source["path"]))
+            value = request.paths.restore(text.rstrip())
         except OSError:
             if "default" not in source:
                 problem = problem or (f"output parameter {param['name']!r}: "
@@ -268,16 +271,15 @@ def _collect_outputs(run: RunContext, request: PodRequest, node: NodeResult) -> 
             value = as_text(source["default"])
         set_param(run, node, param, value)
     for art in request.outputs.get("artifacts") or []:
-        local = request.written(art["path"])
-        if local is None or not local.exists():
-            if not art.get("optional"):
-                problem = problem or f"output artifact {art['name']!r}: {art['path']} not found"
-            continue
         try:
-            stored = artifacts.save_output(art, local, run.layout.home,
+            stored = artifacts.save_output(art, request.locate(art["path"]), run.layout.home,
                                            run.globals["workflow.name"], node.id)
         except NodeError as exc:
             problem = problem or str(exc)
+            continue
+        if stored is None:
+            if not art.get("optional"):
+                problem = problem or f"output artifact {art['name']!r}: {art['path']} not found"
             continue
         set_artifact(run, node, art, str(stored.path))
     return problem

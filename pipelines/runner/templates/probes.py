@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import NodeError
+from ..pods.environment import pod_environment
 
 if TYPE_CHECKING:
     from ..pods.plan import PodRequest
@@ -79,22 +80,40 @@ def _exec(command: list[str], request: PodRequest, pid: Callable[[], int | None]
     in_namespace = request.binds is not None
     argv = command if in_namespace or request.in_image is not None else \
         [request.paths.rewrite(arg) for arg in command]
-    env = {**os.environ, **request.env, **request.runner_env}
+    # the pod's own environment (``environment``), never this shell's whole one: the
+    # probe's command is a process of the pod (run here, so with this machine's part)
+    env = pod_environment(request.env, request.runner_env,
+                          from_environment=request.from_environment,
+                          passed=request.passed_env)
     cwd = request.working_dir if in_namespace else str(request.cwd)
 
+    view = request.view
+    if view is not None:  # in the pod's view, as the pod's command: never on this machine
+        argv = command
+
     def check() -> bool:
-        root = f"/proc/{pid()}/root" if in_namespace and pid() is not None else None
+        process = pid()
+        root = f"/proc/{process}/root" if in_namespace and process is not None else None
+        if view is not None and process is None:
+            return False  # the pod has not started: there is nothing to run the probe in
 
         def enter() -> None:  # lock-free, in the child before exec: see local_process
             if root is not None:
                 os.chroot(root)
                 os.chdir(cwd)
 
+        preexec = None
+        if view is not None:
+            from ..pods.sandbox import joining  # deferred: only overlay mode pays for it
+
+            preexec = joining(process, view.cwd, view.sandbox)  # type: ignore[arg-type]
+        elif root is not None:
+            preexec = enter
         try:
-            done = subprocess.run(argv, env=env, cwd=None if root else cwd,
+            done = subprocess.run(argv, env=env, cwd=None if preexec else cwd,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, timeout=timeout,
-                                  preexec_fn=enter if root else None, check=False)
+                                  preexec_fn=preexec, check=False)
         except (OSError, subprocess.SubprocessError):
             return False
         return done.returncode == 0

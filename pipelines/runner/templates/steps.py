@@ -45,7 +45,14 @@ def run_steps(run: RunContext, template: dict, local: Vars, node: NodeResult, sc
             out[i] = run.call(step, v, f"{gn.name}.{step['name']}", step["name"], gn, scope,
                               slots, "steps")
 
-        run_concurrently(run_step, group)
+        def omit_step(i: int, step: dict, reason: str, gn: NodeResult = group_node,
+                      out: list[NodeResult | None] = results) -> None:
+            # as call_one omits a step the stop finds waiting, without a thread of its own
+            node = record.add_node(f"{gn.name}.{step['name']}", step["name"],
+                                   step.get("template", ""), NodeType.SKIPPED, gn)
+            out[i] = record.finish(node, NodePhase.OMITTED, f"not started: {reason}")
+
+        run_concurrently(run_step, group, scope.stop_reason, omit_step)
         for step, result in zip(group, results, strict=True):
             assert result is not None
             step_vars.update(result_vars("steps", step["name"], result, record.nodes))

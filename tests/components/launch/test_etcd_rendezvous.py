@@ -65,8 +65,8 @@ def test_two_nodes_on_etcd_train_the_static_rendezvous_model_bit_for_bit(
 
 def test_a_failed_job_takes_its_etcd_server_and_data_with_it(tmp_path: Path) -> None:
     # Rank 1 is killed at step 3; with a fixed number of nodes nothing restarts: the job fails.
-    done = run_cli("run", *ONE_EPOCH, "-p", "rendezvous=etcd-v2", home=tmp_path,
-                   env={"SUBLIMATE_FAIL_AT_STEP": "3", "SUBLIMATE_FAIL_RANK": "1"})
+    done = run_cli("run", *ONE_EPOCH, "-p", "rendezvous=etcd-v2", "--env",
+                   "SUBLIMATE_FAIL_AT_STEP=3", "--env", "SUBLIMATE_FAIL_RANK=1", home=tmp_path)
     assert done.returncode != 0, done.stdout[-3000:]
     assert (results_folder(tmp_path) / run_files.LOGS / "etcd.log").is_file()
     _assert_nothing_left(tmp_path)

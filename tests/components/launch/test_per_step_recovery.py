@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from tests.components.launch.test_netns_scheduler import assert_no_leaks, netns, snapshot
-from tests.conftest import results_folder, run_cli, run_outputs
+from tests.conftest import env_flags, results_folder, run_cli, run_outputs
 
 __all__ = ["netns"]
 
@@ -35,7 +35,8 @@ THREE = ["-p", "nodes=3", "-p", "global-batch-size=60"]
 
 def _run(home: Path, *params: str, faults: dict[str, str] | None = None,
          timeout: float = 400) -> tuple[str, dict[str, Any]]:
-    done = run_cli("run", *params, home=home, timeout=timeout, env=faults or {})
+    # the faults reach the steps only when passed (--env), as a user passes them
+    done = run_cli("run", *params, *env_flags(faults), home=home, timeout=timeout)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
     assert not _leftovers(home), f"left running: {_leftovers(home)}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import env_flags, run_cli
 
 # 132 steps: 132 % 8 leaves a partial BMUF/EASGD block at the end; commits every 20 steps, so
 # the kill at step 30 resumes from step 20, in the middle of the block that began at step 16.
@@ -25,8 +25,9 @@ KILL_AT = "30"
 
 def _run(home: Path, run_id: str, *params: str, env: dict[str, str] | None = None,
          ) -> tuple[int, str]:
-    result = run_cli("run", "-p", f"run-id={run_id}", *COMMON, *params, home=home, env=env,
-                     timeout=420)
+    # the faults reach the steps only when passed (--env), as a user passes them
+    result = run_cli("run", "-p", f"run-id={run_id}", *COMMON, *params, *env_flags(env),
+                     home=home, timeout=420)
     return result.returncode, result.stdout + result.stderr
 
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import env_flags, run_cli
 
 PASSES = "Succeeded"
 
 
 def _run_json(home: Path, *args: str, env: dict[str, str] | None = None) -> dict:
-    completed = run_cli("run", "-q", "-o", "json", *args, home=home, env=env)
+    # the faults reach the steps only when passed (--env), as a user passes them
+    completed = run_cli("run", "-q", "-o", "json", *args, *env_flags(env), home=home)
     assert completed.stdout, completed.stderr
     result = json.loads(completed.stdout)
     result["_exit"], result["_stderr"] = completed.returncode, completed.stderr

@@ -107,3 +107,37 @@ def test_the_rendered_pipelines_pass_without_warnings_and_warnings_pass_the_cli(
     assert linted.returncode == 0, linted.stderr
     assert "warning: 1,000 items" in linted.stdout
     assert "1 document(s) passed lint, with 2 warning(s)" in linted.stdout
+
+
+def _workflow(templates: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+            "metadata": {"generateName": "wide-"},
+            "spec": {"entrypoint": "main", "templates": templates}}
+
+
+POD = {"name": "pod", "container": {"image": "busybox", "command": ["true"]}}
+
+
+def test_a_dag_of_4096_tasks_warns_about_its_status_though_it_has_no_loop(
+        tmp_path: Path) -> None:
+    # Issue 40: the object is 150 KB, under etcd's 1 MB; its status would be 7.8 MB.
+    tasks = [{"name": f"t{i}", "template": "pod"} for i in range(4096)]
+    [problem] = _lint(tmp_path, "wide.yaml", _workflow([{"name": "main", "dag": {"tasks": tasks}},
+                                                        POD]))
+    assert problem.warning and problem.path == "spec.templates[0]"
+    assert problem.message.startswith(
+        "the workflow makes about 4,097 nodes from template 'main', 7.8 MB of workflow status, "
+        "over etcd's 1 MB: Argo compresses it (status.compressedNodes), and past that the "
+        "controller needs persistence.nodeStatusOffLoad (a database); fewer nodes")
+    # 256 tasks (486 KB of status) need nothing
+    assert _lint(tmp_path, "narrow.yaml", _workflow([
+        {"name": "main", "dag": {"tasks": tasks[:256]}}, POD])) == []
+
+
+def test_a_sequence_given_by_its_ends_warns_like_one_given_by_its_count(tmp_path: Path) -> None:
+    loop = {"name": "fan", "template": "pod", "withSequence": {"start": "1", "end": "5000"}}
+    status, rate = _lint(tmp_path, "ends.yaml", _workflow([
+        {"name": "main", "steps": [[loop]]}, POD]))
+    assert status.warning and rate.warning
+    assert status.message.startswith("5,000 items make about 5,000 nodes, 9.5 MB")
+    assert status.path == "spec.templates[0].steps[0]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,71 @@ def test_dry_run_of_a_manifest_file(tmp_path: Path) -> None:
     assert "  big (template sh); when '99 > 50' holds\n" in completed.stdout  # planned
     assert "      | true" in completed.stdout  # its script
     assert not (tmp_path / "home").exists()
+
+
+def _loop_of(count: str) -> str:
+    return textwrap.dedent(f"""
+        apiVersion: argoproj.io/v1alpha1
+        kind: Workflow
+        metadata: {{generateName: fan-}}
+        spec:
+          entrypoint: main
+          templates:
+          - name: main
+            dag:
+              tasks:
+              - {{name: fan, template: sh, withSequence: {{count: "{count}"}},
+                 arguments: {{parameters: [{{name: cmd, value: "echo {{{{item}}}}"}}]}}}}
+          - name: sh
+            inputs: {{parameters: [{{name: cmd}}]}}
+            script: {{command: [sh], source: "{{{{inputs.parameters.cmd}}}}"}}
+    """)
+
+
+def test_dry_run_of_a_million_items_is_refused_at_once_as_the_run_would_be(
+        tmp_path: Path) -> None:
+    # Issue 40: it planned every item, past 60 s; the run refuses it with this line.
+    path = tmp_path / "million.yaml"
+    path.write_text(_loop_of("1000000"))
+    started = time.monotonic()
+    completed = run_cli("run", str(path), "--dry-run", home=tmp_path / "home", timeout=60)
+    assert time.monotonic() - started < 10  # a bound, not a timing: 0.6 s seen
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines() == [
+        "error: template 'main': tasks.fan.withSequence: 1,000,000 items would take this run "
+        "past its cap of 10,000 nodes (sublimate run --max-nodes N raises it)"]
+    assert not (tmp_path / "home").exists()
+
+
+def test_dry_run_plans_the_first_items_of_a_large_loop_and_counts_the_rest(
+        tmp_path: Path, no_processes: None) -> None:
+    preview = preview_workflow(load_manifest(_loop_of("5000")), {}, tmp_path / "home")
+    planned = [p for p in preview.first if p.request is not None]
+    assert [p.label for p in planned] == [f"fan({i}:{i})" for i in range(8)]
+    assert planned[7].request.script == "echo 7"  # type: ignore[union-attr]
+    [rest] = [p for p in preview.first if p.request is None]
+    assert (rest.label, rest.template) == ("fan(8..4999)", "sh")
+    assert rest.runs == "4,992 more items (5,000 in all), each planned as those above with " \
+                        "its own item"
+    assert len(format_preview(preview).splitlines()) < 100
+
+
+def test_dry_run_of_a_first_wave_past_the_cap_is_refused(tmp_path: Path,
+                                                         no_processes: None) -> None:
+    # A template that calls itself twice: its first wave doubles at every level shown.
+    text = textwrap.dedent("""
+        apiVersion: argoproj.io/v1alpha1
+        kind: Workflow
+        metadata: {generateName: grow-}
+        spec:
+          entrypoint: grow
+          templates:
+          - name: grow
+            steps:
+            - - {name: left, template: grow}
+              - {name: right, template: grow}
+    """)
+    with pytest.raises(ManifestError) as refused:
+        preview_workflow(load_manifest(text), {}, tmp_path, max_nodes=500)
+    assert str(refused.value) == ("template 'grow': this run reached its cap of 500 nodes "
+                                  "(sublimate run --max-nodes N raises it)")

@@ -11,13 +11,22 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sublimate.components.base.process_identity import start_ticks
-from tests.conftest import REPO, first_checkpoint, run_cli, start_run, stop_run, wait_for
+from tests.conftest import (
+    REPO,
+    first_checkpoint,
+    pod_pid,
+    run_cli,
+    start_run,
+    stop_run,
+    wait_for,
+)
 
 STOP_THEN_EXIT_HANDLER = """
 apiVersion: argoproj.io/v1alpha1
@@ -97,9 +106,17 @@ def _in_working_dir(run_dir: Path, node_prefix: str, name: str) -> list[Path]:
 
 
 def _pid_in(run_dir: Path, node_prefix: str) -> int | None:
+    """The step's pid on this machine, once it has written the pid it sees (its PID
+    namespace's, in a contained pod): ``pod_pid`` finds it by its node folder."""
+    seen = None
     for path in _in_working_dir(run_dir, node_prefix, "pid"):
         with contextlib.suppress(ValueError, OSError):
-            return int(path.read_text())
+            seen = int(path.read_text())
+    if seen is None:
+        return None
+    for folder in run_dir.glob(f"nodes/{node_prefix}*"):
+        if (found := pod_pid(seen, f"SUBLIMATE_TERMINATION_LOG={folder}/")) is not None:
+            return found
     return None
 
 
@@ -328,3 +345,77 @@ def test_an_interrupted_run_leaves_no_training_process(
         if runner.poll() is None:
             stop_run(runner)
         leftovers.extend(_processes_of(home))
+
+
+def _fan_out(home: Path, count: int, spec_parallelism: str, template_parallelism: str) -> str:
+    """``count`` steps that sleep a minute, each a ``sh`` named after ``home`` (so that
+    ``_processes_of`` finds it whatever its environment)."""
+    return f"""
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {{name: big}}
+spec:
+  entrypoint: main
+  {spec_parallelism}
+  templates:
+  - name: main
+    {template_parallelism}
+    dag:
+      tasks:
+      - {{name: fan, template: sleep, withSequence: {{count: "{count}"}}}}
+  - name: sleep
+    container: {{image: busybox, command: [sh, -c, "sleep 60; true", "{home}"]}}
+"""
+
+
+def _threads(pid: int) -> int:
+    with contextlib.suppress(OSError, StopIteration):
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+    return 0
+
+
+@pytest.mark.parametrize(("sig", "spec_parallelism", "template_parallelism"), [
+    (signal.SIGTERM, "", "parallelism: 16"),
+    (signal.SIGTERM, "parallelism: 16", ""),
+    (signal.SIGINT, "", ""),
+], ids=["template-parallelism", "workflow-parallelism", "no-parallelism"])
+def test_a_stop_signal_ends_a_fan_out_of_thousands_within_ten_seconds(
+        tmp_path: Path, sig: int, spec_parallelism: str, template_parallelism: str,
+        leftovers: Leftovers) -> None:
+    # Issue 40: 10,000 items took 48 s to stop (the status writer's snapshots of every node
+    # starved the threads that end them), 1,000,000 ignored SIGTERM for ten minutes.
+    home, count = tmp_path / "home", 6000
+    manifest = _written_manifest(tmp_path, _fan_out(home, count, spec_parallelism,
+                                                    template_parallelism))
+    console = tmp_path / "console.txt"  # a line per node: more than a pipe holds unread
+    with console.open("w") as out:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "sublimate.pipelines", "run", str(manifest), "--quiet"],
+            cwd=REPO, env={**os.environ, "SUBLIMATE_HOME": str(home)},
+            stdout=subprocess.DEVNULL, stderr=out)
+    leftovers.append(runner.pid)
+    try:
+        # As a user would, once the first steps run: the runner is still starting the other
+        # items (one thread each), and its status holds thousands of nodes.
+        wait_for(lambda: len(list((home / "runs" / "big").glob("nodes/fan*"))) >= 16, 120,
+                 "16 steps to start")
+        assert _threads(runner.pid) > 16
+        leftovers.extend(_processes_of(home))
+        signalled = time.monotonic()
+        runner.send_signal(sig)
+        runner.wait(timeout=120)  # a bound on a failure's wait only
+        took = time.monotonic() - signalled
+    finally:
+        if runner.poll() is None:
+            stop_run(runner)  # type: ignore[arg-type]
+    err = console.read_text()
+    assert runner.returncode == 128 + sig, err[-2000:]
+    assert took < 10, f"{took:.1f} s from {signal.Signals(sig).name} to the runner's end"
+    status_file = home / "runs" / "big" / "status.json"
+    status = json.loads(status_file.read_text())
+    assert (status["phase"], status["message"]) == ("Failed", "stopped")
+    # every item has its node (run, or "not started: stopped"), and no more than that
+    assert count < len(status["nodes"]) <= count + 3
+    assert status_file.stat().st_size < 1024 * len(status["nodes"])
+    assert not _processes_of(home)  # every step ended with it

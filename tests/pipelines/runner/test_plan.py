@@ -578,7 +578,7 @@ def test_a_workflow_name_kubernetes_refuses_names_no_run_folder(tmp_path: Path,
 
 
 def test_an_input_artifact_sub_path_stays_inside_its_artifact(tmp_path: Path) -> None:
-    stored = tmp_path / "artifacts" / "run" / "model"
+    stored = tmp_path / "artifacts" / "repository" / "run" / "model"  # the home's repository
     stored.mkdir(parents=True)
     with pytest.raises(NodeError, match=re.escape("input artifact 'm': subPath: Invalid value: "
                                                   "'../../../etc': must not contain '..'")):

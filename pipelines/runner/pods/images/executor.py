@@ -11,8 +11,9 @@ are real. ``ImageExecutor`` then runs each container through a container engine
 - the command is Kubernetes': ``command`` + ``args``; with no ``command``, the image's
   ENTRYPOINT + ``args``, or + its CMD when there are no ``args`` either;
 - the environment is the template's ``env`` (and the optional secrets it names, from this
-  machine's environment), plus ``SUBLIMATE_LOCAL_RUN`` and the termination-message file; the
-  runner's own environment (``PATH``, ``HOME``, ...) stays outside;
+  machine's environment), what ``sublimate run --env`` passed, plus ``SUBLIMATE_LOCAL_RUN`` and
+  the termination-message file (``environment.pod_environment``); the runner's own environment
+  (``PATH``, ``HOME``, ...) stays outside: the image has its own;
 - ``workingDir``, and ``runAsUser``/``runAsGroup``/``runAsNonRoot`` from the container's
   ``securityContext``, else the pod's (the template's, else ``spec.securityContext``); the
   pod's ``fsGroup`` makes its volumes group-owned and group-writable as the kubelet does
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING
 
 from sublimate.components.base.runtime import DEFAULT_IMAGE
 
+from ..environment import pod_environment
 from ..executor import PodHooks, PodOutcome, await_pod
 from ..local_process import KILL_GRACE_S, LocalProcess
 from ..mounts import SCRIPT_PATH, Bind
@@ -183,10 +185,13 @@ class ImageExecutor:
             termination.write_text("")
         termination.chmod(0o666)  # the step may run as any user
         _prepare_volumes(container, spec.fs_group, on_line)
-        env = {"PYTHONUNBUFFERED": "1", **container.env}
-        env.update({name: os.environ[name] for name in container.from_environment
-                    if name in os.environ})
-        env.update({"SUBLIMATE_LOCAL_RUN": "1", "SUBLIMATE_TERMINATION_LOG": TERMINATION_PATH})
+        # as a local pod's (``environment``), but that the image supplies its part: the
+        # engine's own environment (below) is this machine's and never reaches the container
+        env = pod_environment(
+            container.env,
+            {"SUBLIMATE_LOCAL_RUN": "1", "SUBLIMATE_TERMINATION_LOG": TERMINATION_PATH},
+            from_environment=container.from_environment, passed=request.passed_env,
+            in_image=True)
         run = RunSpec(argv, binds, env, spec.working_dir, user,
                       (spec.fs_group,) if spec.fs_group is not None else ())
         outputs = output_paths(request, binds) if container.name == "main" else []

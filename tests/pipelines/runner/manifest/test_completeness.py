@@ -441,6 +441,10 @@ def _everything() -> dict:
             if "env" in body:
                 body["env"] = body["env"] + _ENV_FROM_OBJECTS["env"]
                 body["envFrom"] = copy.deepcopy(_ENV_FROM_OBJECTS["envFrom"])
+            # applied locally: runner/pods/resource_limits.py and sandbox.py
+            body["resources"] = {"limits": {"memory": "64Mi", "cpu": "1"}}
+            body["securityContext"] = {"privileged": False, "allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]}}
     return workflow
 
 
@@ -532,14 +536,14 @@ def test_cluster_only_fields_are_noted_once_per_run(tmp_path: Path) -> None:
             container:
               image: python:3.11
               command: ["true"]
-              resources: {limits: {cpu: "1"}}
+              resources: {requests: {cpu: "1"}}
           - name: other
             container: {image: python:3.11, command: ["true"]}
     """))
     notes: list[str] = []
     workflow = load_manifest(manifest, notes=notes)
     assert notes == [
-        "not applied locally: container.image, container.resources, nodeSelector, podGC, "
+        "not applied locally: container.image, container.resources.requests, nodeSelector, podGC, "
         "serviceAccountName, tolerations (cluster-only: scheduling, images, resources, pod and "
         "security settings, garbage collection, metrics, archiving)"]
     check_workflow(workflow)  # accepted all the same

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from sublimate.pipelines.runner.expressions.conditions import (
     parse_depends,
 )
 from sublimate.pipelines.runner.manifest.durations import parse_duration
+from tests.conftest import pod_pid, run_cli
 
 HEAD = "apiVersion: argoproj.io/v1alpha1\n"
 
@@ -207,6 +207,36 @@ def test_ambiguous_manifest_needs_a_name(tmp_path: Path) -> None:
         load_manifest(tmp_path / "absent.yaml")
 
 
+MINIMAL = "kind: Workflow\nmetadata: {%s}\nspec: {entrypoint: m, templates: [{name: m, " \
+    "container: {image: a, command: [echo]}}]}\n"
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    ("latin-1", "cannot read manifest '{path}': not UTF-8 text (byte 0xe9 on line 2)"),
+    ("name: a/b", "metadata.name: Invalid value: 'a/b': a lowercase RFC 1123"),
+    ("name: ../../x", "metadata.name: Invalid value: '../../x': a lowercase RFC 1123"),
+])
+def test_a_manifest_the_runner_cannot_take_is_refused_without_a_traceback(
+        tmp_path: Path, kind: str, said: str) -> None:
+    # A non-UTF-8 manifest ended `sublimate run` in UnicodeDecodeError's traceback.
+    path = tmp_path / "bad.yaml"
+    if kind == "latin-1":
+        path.write_bytes((HEAD + "# caf\xe9\n" + MINIMAL % "generateName: x-").encode("latin-1"))
+        with pytest.raises(ManifestError, match="not UTF-8 text"):
+            load_manifest(path)
+    else:
+        path.write_text(HEAD + MINIMAL % kind)
+    home = tmp_path / "home"
+    for command in ("run", "lint"):
+        done = run_cli(command, str(path), home=home, timeout=60)
+        said_there = done.stderr + done.stdout
+        assert done.returncode != 0, done
+        assert "Traceback" not in said_there and f"{path}: " in said_there
+        if command == "run":  # lint says it in its own words, naming the file too
+            assert said.format(path=path) in said_there
+    assert not home.exists()  # no run folder, here or anywhere
+
+
 @pytest.mark.parametrize(
     ("expr", "expected"),
     [
@@ -279,14 +309,13 @@ def test_interrupt_stops_nodes_and_writes_status(tmp_path: Path, sig: int) -> No
             pid_file = found[0]
         time.sleep(0.02)
     assert pid_file is not None
+    assert pod_pid(int(pid_file.read_text()), f"{tmp_path}/runs/stop/nodes/") is not None
     proc.send_signal(sig)
     assert proc.wait(timeout=10) == 42
     status = json.loads((tmp_path / "runs" / "stop" / "status.json").read_text())
     assert status["phase"] == "Failed" and status["message"] == "stopped"
-    child = int(pid_file.read_text())
     time.sleep(0.1)
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)
+    assert pod_pid(int(pid_file.read_text()), f"{tmp_path}/runs/stop/nodes/") is None
 
 
 def test_optional_secret_env_comes_from_the_local_environment(

@@ -44,17 +44,22 @@ def request(tmp_path: Path, argv: list[str], **fields: object) -> PodRequest:
 def test_runs_the_request_with_this_python_and_layered_env(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    monkeypatch.setenv("FROM_RUNNER", "inherited")
-    monkeypatch.setenv("SUBLIMATE_LOCAL_RUN", "0")  # the runner's own variables win
+    # Only a short list of the runner's environment reaches a pod (pods/environment.py);
+    # what `sublimate run --env` passed does, and the runner's own variables win.
+    monkeypatch.setenv("FROM_RUNNER", "not for pods")
+    monkeypatch.setenv("SUBLIMATE_LOCAL_RUN", "0")
     source = ("import os, sys; print(sys.executable); print(os.getcwd()); "
-              "print(os.environ['FROM_RUNNER'], os.environ['MINE'], "
-              "os.environ['SUBLIMATE_LOCAL_RUN'], os.environ['PYTHONUNBUFFERED']); "
+              "print(os.environ.get('FROM_RUNNER', 'absent'), os.environ['MINE'], "
+              "os.environ['PASSED'], os.environ['SUBLIMATE_LOCAL_RUN'], "
+              "os.environ['PYTHONUNBUFFERED']); "
               "print('to stderr', file=sys.stderr)")
-    req = request(tmp_path, ["python", "-c", source], env={"MINE": "set"})
+    req = request(tmp_path, ["python", "-c", source], env={"MINE": "set"},
+                  passed_env={"PASSED": "given"})
     hooks = Hooks()
     outcome = LocalExecutor().run(req, hooks)
     assert outcome.exit_code == 0 and not outcome.error and not outcome.stopped
-    assert outcome.stdout.splitlines() == [sys.executable, str(req.cwd), "inherited set 1 1"]
+    assert outcome.stdout.splitlines() == [sys.executable, str(req.cwd),
+                                           "absent set given 1 1"]
     assert "to stderr" in hooks.lines and "to stderr" in req.log.read_text()
     assert len(hooks.started) == 1 and hooks.exited == hooks.started
 

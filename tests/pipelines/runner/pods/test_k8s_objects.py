@@ -47,7 +47,7 @@ spec:
     secret:
       secretName: warehouse
       defaultMode: 0440
-      items: [{key: password, path: db/password, mode: 0400}]
+      items: [{key: password, path: db/password, mode: 0640}]  # 0400 on this machine
   - name: settings
     configMap: {name: etl-settings}
   templates:
@@ -69,6 +69,7 @@ spec:
         echo "env $DB_PASSWORD as $WH_user, batch $batch, port ${DB_PORT-unset}"
         echo "envFrom $WH_password"
         echo "file $(cat /etc/warehouse/db/password) mode $(stat -c %a /etc/warehouse/db/password)"
+        echo "folders $(stat -c %a /etc/warehouse /etc/warehouse/db | tr '\\n' ' ')"
         echo "settings $(ls /etc/etl | tr '\\n' ' ')"
         echo "where $(df --output=fstype /etc/warehouse/db/password | tail -1)"
         echo "reversed $(printf %s "$DB_PASSWORD" | rev)"
@@ -82,7 +83,8 @@ spec:
 def _expect_read_three_ways(log: str) -> None:
     assert "env *** as ***, batch 500, port unset" in log  # the user is the Secret's too
     assert "envFrom ***" in log
-    assert "file *** mode 400" in log
+    assert "file *** mode 400" in log  # only the owner's read bit: nobody else may read it
+    assert "folders 700 700 " in log
     assert "settings batch seed.bin " in log  # every key a file, binaryData's too
     assert f"reversed {PASSWORD[::-1]}" in log  # the value itself reached the step
     assert PASSWORD not in log

@@ -13,7 +13,7 @@ from pathlib import Path
 from sublimate.components.base.process_identity import still_runs
 from sublimate.pipelines.runner import NodePhase, RunEvent
 from sublimate.pipelines.runner.harness import run
-from tests.conftest import finish_run, start_run, stop_run
+from tests.conftest import finish_run, pod_pid, start_run, stop_run
 
 # A model server as a daemon: it answers HTTP once loaded; two clients query it in parallel.
 SERVING = """
@@ -78,8 +78,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _pid(path: Path) -> int:
-    return int(path.read_text())
+def _pid(path: Path) -> int | None:
+    """The daemon's pid on this machine (it writes the one its PID namespace gave it)."""
+    home = path.parents[2]  # <home>/volumes/scratch/server.pid
+    return pod_pid(int(path.read_text()), f"{home}/runs/", "/nodes/model-server")
 
 
 def test_a_daemon_serves_later_tasks_and_is_gone_at_the_end(tmp_path: Path) -> None:
@@ -97,7 +99,7 @@ def test_a_daemon_serves_later_tasks_and_is_gone_at_the_end(tmp_path: Path) -> N
     assert order.index(("model-server", NodePhase.RUNNING)) < next(
         i for i, (name, phase) in enumerate(order) if name.startswith("score("))
     assert "daemoned" not in result_status(done.run_folder, "model-server")  # not anymore
-    assert not still_runs(_pid(pidfile), None)
+    assert _pid(pidfile) is None
 
 
 def result_status(run_folder: Path, display: str) -> dict:
@@ -168,9 +170,9 @@ def _wait_running(home: Path, display: str, timeout: float = 60) -> None:
     raise AssertionError(f"{display} never ran")
 
 
-def _gone(pid: int, timeout: float = 30) -> bool:
+def _gone(pid: int | None, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
-    while still_runs(pid, None):
+    while pid is not None and still_runs(pid, None):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -191,7 +193,7 @@ def test_no_daemon_is_left_when_the_run_is_stopped_or_its_runner_killed(
         try:
             _wait_running(home, "model-server")
             pid = _pid(pidfile)
-            assert still_runs(pid, None)
+            assert pid is not None and still_runs(pid, None)
             os.kill(runner.pid, how)
             output = finish_run(runner, timeout=60)
         finally:

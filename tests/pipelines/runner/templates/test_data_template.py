@@ -87,3 +87,42 @@ def test_a_missing_key_and_an_empty_listing_are_argos(tmp_path: Path) -> None:
                 timeout=60)
     assert (empty.node("pick").phase, empty.node("pick").result) == (NodePhase.SUCCEEDED, "[]")
     assert empty.node("process").phase == NodePhase.SKIPPED  # an empty loop
+
+
+LISTING = """
+apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata: {generateName: listing-}
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    steps:
+    - - {name: store, template: store}
+    - - {name: pick, template: pick}
+  - name: store
+    script: {command: [sh], source: "mkdir /out && echo x > /out/own && ln -s HOST /out/sub"}
+    outputs:
+      artifacts: [{name: out, path: /out, archive: {none: {}}, s3: {key: planted}}]
+  - name: pick
+    data:
+      source: {artifactPaths: {name: listed, s3: {key: KEY}}}
+      transformation: [{expression: "data"}]
+"""
+
+
+def test_a_link_stored_in_the_repository_lists_no_host_folder(tmp_path: Path) -> None:
+    # A folder stored as it is keeps a pod's links: one to a host folder listed that folder's
+    # files (their names) as keys.
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "hostfile").write_text("x")
+    for key, listed in [("planted", ["planted/own"]), ("planted/sub", None)]:
+        done = run(LISTING.replace("HOST", str(host)).replace("KEY", key),
+                   home=tmp_path / key.replace("/", "-"), echo=False, timeout=60)
+        pick = done.node("pick")
+        if listed is None:  # the link leads nowhere inside the repository: no such key
+            assert pick.phase == NodePhase.FAILED
+            assert pick.message.endswith("no key found of name planted/sub")
+        else:
+            assert json.loads(pick.result or "") == listed

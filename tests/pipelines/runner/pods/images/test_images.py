@@ -238,6 +238,23 @@ def test_a_script_runs_with_its_env_working_dir_and_input(images: dict[str, str]
                         "PYTEST_CURRENT_TEST"}
 
 
+def test_a_variable_passed_with_env_reaches_the_container_masked(
+        images: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sublimate run --env` in container mode: into the container as in a local pod
+    (runner/pods/environment.py); the rest of the runner's environment stays outside."""
+    monkeypatch.setenv("SECRET_THING", "hunter2-xyz")
+    workflow = yaml.safe_load(textwrap.dedent(SCRIPT.replace(
+        "env | cut", 'echo "passed=$PASSED_THING"; env | cut')))
+    result = run_workflow(workflow, {"image-a": images["a"], "image-b": images["b"]},
+                          RunOptions(home=tmp_path, reporter=lambda event: None,
+                                     containers="buildah", env={"PASSED_THING": "passed-value"}))
+    assert result.phase == "Succeeded", result.message
+    lines = result.node("script").result.splitlines()
+    assert lines[3] == "passed=***"  # it had the value; masked in the output
+    names = set(lines[4].split())
+    assert "PASSED_THING" in names and "SECRET_THING" not in names
+
+
 ENTRYPOINT = """
 apiVersion: argoproj.io/v1alpha1
 kind: Workflow
