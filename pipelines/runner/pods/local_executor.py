@@ -18,6 +18,7 @@ from .mounts import namespace_cleanup, namespace_setup
 if TYPE_CHECKING:
     from .plan import Container, PodRequest
     from .resource_limits import PodGroups
+    from .views import View
 
 
 class LocalExecutor:
@@ -50,7 +51,7 @@ class LocalExecutor:
             setup = _joining(groups, setup)
             cleanup = _then_remove(groups, cleanup, oom := [])
         process = LocalProcess(argv, request.cwd, env, request.log, hooks.on_line, setup=setup,
-                               masked=request.masked)
+                               masked=request.masked, pid_namespace=_contained(request.view))
         try:
             process.start()
         except OSError as exc:
@@ -61,6 +62,11 @@ class LocalExecutor:
         if groups is not None and oom and outcome.exit_code == 137 and not outcome.stopped:
             outcome.reason = "OOMKilled"  # what the kubelet reports, with exit code 137
         return outcome
+
+
+def _contained(view: View | None) -> bool:
+    """Whether the pod's process is its own PID namespace's init (``sandbox``)."""
+    return view is not None and view.sandbox is not None
 
 
 def _group_name(request: PodRequest) -> str:
@@ -140,6 +146,7 @@ def start_container(request: PodRequest, container: Container,
 
         setup = view_setup(container.view, container.termination_log)
     process = LocalProcess(argv, container.cwd, env, container.log, on_line, append=append,
-                           setup=setup, masked=request.masked)
+                           setup=setup, masked=request.masked,
+                           pid_namespace=_contained(container.view))
     process.start()
     return process

@@ -56,7 +56,8 @@ def _die_with_runner(prctl: Callable[..., int], runner_pid: int) -> Callable[[],
 
     def preexec() -> None:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != runner_pid:
+        # (0: the init of a PID namespace of its own, whose parent is out of its sight)
+        if os.getppid() not in (runner_pid, 0):
             os._exit(143)  # the runner is already gone: do not start a step nobody stops
 
     return preexec
@@ -100,7 +101,11 @@ class LocalProcess:
         engine_line: Callable[[str], bool] | None = None,
         # Secret values to replace with *** in the log and the output (``k8s_objects``).
         masked: Iterable[str] = (),
+        # True: the process is PID 1 of a PID namespace of its own (a contained pod: its
+        # ``setup`` makes it the namespace's init, ``sandbox``).
+        pid_namespace: bool = False,
     ) -> None:
+        self.pid_namespace = pid_namespace
         self.masked = sorted((os.fsencode(m) for m in masked), key=len, reverse=True)
         self.append = append
         self.setup = setup
@@ -123,21 +128,30 @@ class LocalProcess:
         if self.setup is not None:  # a mount namespace (mounts.setup): after PDEATHSIG is set
             preexec = _then(preexec, self.setup)
         self._log = open(self.log_path, "ab" if self.append else "wb")  # noqa: SIM115 - closed in wait()
+        namespace: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if self.pid_namespace:
+            from .sandbox import children_in_new_pid_namespace  # only contained pods
+
+            namespace = children_in_new_pid_namespace()
         try:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=self.cwd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=preexec,  # lock-free: see _die_with_runner
-            )
+            with namespace:
+                self.proc = self._popen(preexec)
         except OSError as exc:
             self._log.write(f"failed to start {self.argv[0]!r}: {exc}\n".encode())
             self._log.close()
             raise
+
+    def _popen(self, preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=preexec,  # lock-free: see _die_with_runner
+        )
 
     def _line(self, line: bytes, is_stdout: bool) -> None:
         """One line of the process's output (its newline kept), as it comes; a secret's value

@@ -71,8 +71,9 @@ def _own_group(controller: str) -> tuple[Path | None, int]:
         if hierarchy != "0" and controller in controllers.split(","):
             for base in (Path("/sys/fs/cgroup") / controllers,
                          Path("/sys/fs/cgroup") / controller):
-                if (base / path.lstrip("/") / "cgroup.procs").is_file():
-                    return base / path.lstrip("/"), 1
+                group = base / path.lstrip("/")
+                if (group / "cgroup.procs").is_file() and os.access(group, os.W_OK):
+                    return group, 1
     for line in lines:
         if line.startswith("0::"):
             group = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
@@ -81,7 +82,8 @@ def _own_group(controller: str) -> tuple[Path | None, int]:
                 # v2: the group's parent must delegate the controller to make children
                 while group != Path("/sys/fs/cgroup"):
                     subtree = group / "cgroup.subtree_control"
-                    if subtree.is_file() and controller in subtree.read_text().split():
+                    if subtree.is_file() and controller in subtree.read_text().split() \
+                            and os.access(group, os.W_OK):
                         return group, 2
                     group = group.parent
     return None, 0
@@ -114,7 +116,15 @@ def _sweep(parent: Path) -> None:
 
 def make_groups(limits: Limits, name: str) -> PodGroups:
     """Create the pod's groups (``name``: ``sublimate-<runner pid>-<node>``) with their
-    limits."""
+    limits; a controller this runner may not use (not root, a read-only cgroup tree, as in a
+    container) is named in ``unavailable`` and its limit is not applied."""
+    try:
+        return _make_groups(limits, name)
+    except OSError as exc:
+        return PodGroups((), None, 0, f"cgroups ({exc.strerror or exc}: {exc.filename})")
+
+
+def _make_groups(limits: Limits, name: str) -> PodGroups:
     paths: list[Path] = []
     missing: list[str] = []
     memory_group: Path | None = None

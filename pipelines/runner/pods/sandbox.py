@@ -26,16 +26,17 @@ the train step and from a second shell's ``sublimate fault``. The local runner r
 annotation of its own, ``sublimate.dev/local-privileged: "true"``, for a pod that needs that
 here but not on a cluster (the built-in train step on ``local_netns``; ``pipelines``).
 
-How the PID namespace is entered, since ``unshare(CLONE_NEWPID)`` moves only the caller's
-children: the runner's forked child (the process the runner waits for and signals) unshares,
-forks the namespace's init, and waits; the init mounts ``/proc``, forks the pod's process (which
-drops its capabilities and ``exec``s the command) and reaps. Signals travel down: the runner
-signals its child's process group, which holds the child alone; the child passes each signal to
-the init, which passes it to the pod's process group, so the command gets each signal once, as
-a ``killpg`` from the runner would give it. When the command ends, the init exits with its
-status (a signal N as 128+N, as Kubernetes reports it), which ends every process left in the
-namespace, as a container's end does. A runner killed outright still reaches the pod: its child
-passes the ``PR_SET_PDEATHSIG`` SIGTERM down, and the init dies with the child (SIGKILL).
+How the PID namespace is entered: ``unshare(CLONE_NEWPID)`` moves only the caller's children,
+so the pod's thread in the runner unshares for itself just before it starts the pod
+(``children_in_new_pid_namespace``), and the process it forks, the one the runner waits for and
+signals, is the namespace's init, as Argo's emissary is a container's PID 1. It builds the view,
+mounts ``/proc``, forks the command's process (which drops its capabilities and ``exec``s the
+command) and reaps. Signals travel down: the runner signals the init's process group, which
+holds the init alone, and the init passes each signal to the command's process group, so the
+command gets each signal once, as a ``killpg`` from the runner would give it. When the command
+ends, the init exits with its status (a signal N as 128+N, as Kubernetes reports it), which
+ends every process left in the namespace, as a container's end does. A runner killed outright
+still reaches the pod: the init's ``PR_SET_PDEATHSIG`` SIGTERM is passed on like any other.
 
 Like ``mounts`` and ``views``, everything is decided in the runner; the forked processes make
 system calls through functions resolved beforehand, and ``os``/``signal`` calls.
@@ -46,9 +47,9 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import select
 import signal
-from collections.abc import Callable, Iterable
+import stat
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from sublimate.pipelines.argo_terms import CAPABILITIES, capability
@@ -76,7 +77,7 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 24, 38
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 _SYS_CAPGET = {"x86_64": 125, "aarch64": 90, "ppc64le": 183, "s390x": 184}
@@ -159,6 +160,10 @@ def view_steps(root: bytes, sandbox: Sandbox) -> list[tuple]:
                           ("dev-tmpfs", root + b"/dev")]
     for device in sandbox.devices:
         target = root + os.fsencode(device)
+        info = os.stat(device)
+        if stat.S_ISCHR(info.st_mode):  # made, as runc makes them: no mount to set up and tear down
+            steps.append(("mknod", target, info.st_mode, info.st_rdev))
+            continue
         steps.append(("mkdirs" if os.path.isdir(device) else "touch-path", target))
         steps.append(("bind", os.fsencode(device), target))
     steps += [("devpts", root + b"/dev/pts"), ("dev-shm", root + b"/dev/shm")]
@@ -211,7 +216,7 @@ def _check(c: Calls, result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-SANDBOX_STEPS = frozenset({"sys", "dev-tmpfs", "devpts", "dev-shm", "pivot", "enter"})
+SANDBOX_STEPS = frozenset({"sys", "dev-tmpfs", "mknod", "devpts", "dev-shm", "pivot", "enter"})
 
 
 def run_step(c: Calls, step: tuple) -> None:
@@ -232,6 +237,9 @@ def run_step(c: Calls, step: tuple) -> None:
         os.makedirs(step[1], 0o755, exist_ok=True)
         _check(c, c.mount(b"shm", step[1], b"tmpfs", _MS_NOSUID | _MS_NODEV,  # type: ignore[operator]
                           b"mode=1777"), "tmpfs on /dev/shm")
+    elif kind == "mknod":
+        os.mknod(step[1], step[2], step[3])
+        os.chmod(step[1], step[2] & 0o7777)  # the host's mode, not the umask's
     elif kind == "pivot":
         # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves
         # nothing of this machine's tree reachable (a chroot could be left by a second one).
@@ -268,27 +276,40 @@ def joining(pid: int, cwd: str, sandbox: Sandbox | None) -> Callable[[], None]:
 # ------------------------------------------------------------------- the PID namespace
 
 
+@contextlib.contextmanager
+def children_in_new_pid_namespace() -> Iterator[None]:
+    """While it holds, the calling thread's next child is PID 1 of a new PID namespace: the
+    pod's first process is its namespace's init, with no process between it and the runner.
+    ``unshare(CLONE_NEWPID)`` moves only the caller's children, and only this thread's (each
+    pod starts from a thread of its own; others go on forking into this machine's namespace);
+    the thread's own is restored after."""
+    c = calls()
+    saved = os.open("/proc/thread-self/ns/pid_for_children", os.O_RDONLY)
+    try:
+        _check(c, c.unshare(_CLONE_NEWPID), "unshare(CLONE_NEWPID)")  # type: ignore[operator]
+        yield
+    finally:
+        try:
+            _check(c, c.setns(saved, _CLONE_NEWPID), "setns back")  # type: ignore[operator]
+        finally:
+            os.close(saved)
+
+
 def enter(c: Calls, sandbox: Sandbox) -> None:
-    """The last step: enter a new PID namespace as described above. Returns in the pod's own
-    process only (which then ``exec``s the command); the others exit."""
-    _check(c, c.unshare(_CLONE_NEWPID | _CLONE_NEWIPC), "unshare(CLONE_NEWPID)")  # type: ignore[operator]
+    """The last step, in the pod's first process, which the runner started as PID 1 of a new
+    PID namespace (``children_in_new_pid_namespace``): mount its ``/proc``, fork the command
+    and be its init. Returns in the command only (which then ``exec``s); the init exits with
+    the command's status."""
+    if os.getpid() != 1:
+        raise OSError(22, "the pod's first process is not its PID namespace's init")
+    _check(c, c.unshare(_CLONE_NEWIPC), "unshare(CLONE_NEWIPC)")  # type: ignore[operator]
+    # Blocked, the signals queue for sigwaitinfo (an init ignores those it has no handler for).
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED | {signal.SIGCHLD})
-    alive_read, alive_write = os.pipe()  # the init sees its parent's end as EOF
-    init = os.fork()
-    if init:
-        os.close(alive_read)
-        _close_all_but(alive_write)
-        _wait_for(init, lambda number: os.kill(init, number))
-    os.close(alive_write)
-    c.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # type: ignore[operator]
-    if select.select([alive_read], [], [], 0)[0]:
-        os._exit(137)  # the parent is gone already: the runner stopped the pod
-    os.close(alive_read)
-    os.setpgid(0, 0)  # out of the runner's child's group: its signals come through the child
     _mount_proc(c)
     command = os.fork()
     if command:
-        # Both sides set the group, so that no signal passed on finds the command outside it.
+        # Both sides set the group, so that no signal passed on finds the command outside it;
+        # the runner signals the init's group, which then holds the init alone.
         with contextlib.suppress(OSError):
             os.setpgid(command, command)
         _close_all_but()

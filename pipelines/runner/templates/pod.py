@@ -50,7 +50,10 @@ def run_pod(run: RunContext, template: dict, local: Vars, node: NodeResult, scop
     try:
         if scope.stop_reason():
             return record.finish(node, NodePhase.FAILED, scope.stop_reason() or "")
-        outcome = run.executor.run(request, hooks)
+        try:
+            outcome = run.executor.run(request, hooks)
+        except Exception as exc:  # a bug of the executor's: the node says so, the run ends
+            outcome = PodOutcome(exit_code=None, error=f"the pod could not run: {exc!r}")
     finally:
         if slots is not None:
             slots.release()

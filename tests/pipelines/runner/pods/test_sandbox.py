@@ -292,3 +292,29 @@ spec:
     assert result.phase == "Succeeded", result.message
     assert result.node("client").result == "served"
     assert not marker.exists()
+
+
+def test_only_the_pods_first_process_gets_a_new_pid_namespace() -> None:
+    # The runner's thread unshares for its next child alone and takes its namespace back.
+    def own_pid() -> str:
+        return subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    with sandbox.children_in_new_pid_namespace():
+        assert own_pid() == "1"
+    assert own_pid() != "1"
+    before = os.readlink("/proc/thread-self/ns/pid_for_children")
+    assert before == os.readlink("/proc/self/ns/pid")
+
+
+def test_limits_that_cannot_be_applied_are_said_not_raised(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a container the cgroup tree is read-only: the pod runs, without its limit, saying so
+    # (a raise here once left a run hanging on its pod's thread).
+    from sublimate.pipelines.runner.pods import resource_limits
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(resource_limits, "_own_group", lambda controller: (blocked, 1))
+    groups = resource_limits.make_groups(resource_limits.Limits(64 << 20, None), "x")
+    assert groups.paths == () and groups.unavailable.startswith("cgroups (")
