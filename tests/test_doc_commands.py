@@ -156,6 +156,8 @@ RULES = [
     Rule(r"^sublimate cron trigger ", "parse", "an Argo Server (tests/pipelines/cli/test_cron.py)"),
     Rule(r"^sublimate (install|submit)\b", "parse",
          "an Argo Server (tests/pipelines/test_cluster.py checks the requests on the wire)"),
+    Rule(r"^sublimate server$", "parse",
+         "a server that runs until stopped (tests/pipelines/server/test_server.py starts one)"),
     Rule(r"^sublimate list; sublimate get NAME; sublimate logs NAME --follow$", "skip",
          "an Argo Server (tests/pipelines/cli/test_logs.py)"),
     Rule(r"^kubectl ", "skip", "a Kubernetes cluster (tests/pipelines/test_cluster.py renders "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hera.workflows import ExistingVolume
+    from hera.workflows.models import Memoize
 
 DEFAULT_IMAGE = "ghcr.io/sublimate-ml/sublimate:0.1.0"
 # The same absolute path in every step (and every training node), so paths written by one step
@@ -59,12 +60,14 @@ def python_step(
     cpu: str = "500m",
     memory: str = "1Gi",
     env: list | None = None,
+    memoize: Memoize | None = None,
 ):  # -> hera.workflows.Container (hera is imported lazily: step code must not pay for it)
     """A container template that runs ``python -m module`` with one flag per input parameter.
 
     ``inputs`` maps each input parameter to its command-line flag; ``outputs`` maps each output
     parameter to the flag that tells the step where to write it (read back by Argo from
-    ``/tmp/outputs/<name>``).
+    ``/tmp/outputs/<name>``). ``memoize``: a Hera ``Memoize`` (Argo skips the step on a
+    cache hit and hands on the outputs it saved).
     """
     from hera.workflows import Container, Counter, Gauge, Label, Parameter, RetryStrategy
     from hera.workflows.models import (
@@ -92,6 +95,7 @@ def python_step(
         outputs=output_parameters,
         volumes=[shared_volume(claim_name)],
         env=env,
+        memoize=memoize,
         resources=ResourceRequirements(
             requests={"cpu": Quantity(cpu), "memory": Quantity(memory)},
             limits={"memory": Quantity(memory)}),

@@ -93,6 +93,7 @@ from sublimate.components.data.transfer import (
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
+    from hera.workflows.models import Memoize
 
 MANIFEST_FILE = ".sublimate-stage.json"
 ENTRY_POINT_PREFIX = "py:"
@@ -632,8 +633,47 @@ def template(name: str = "stage-data", credentials_secret: str = DEFAULT_CREDENT
         outputs={"dataset-dir": "--output-path"},
         extra_args=["--data-root", DATASETS_PATH],
         env=credentials_env(credentials_secret),
+        memoize=staging_memo(),
         **step_options,  # type: ignore[arg-type]
     )
+
+
+# The ConfigMap (locally, $SUBLIMATE_HOME/memo/<name>/) holding the staged datasets' entries.
+MEMO_CACHE = "sublimate-stage-data"
+UNMEMOIZED_KEY = "stage-data-unmemoized"
+
+
+def content_key(name: str) -> str:
+    """A built-in dataset's content, as a memoization key: its bytes are fixed by this code
+    (digits: the bundled file; mnist1d: the generator's size and seed), and by the layout's
+    version, so a sublimate that changes them renders a new key (``sublimate render``)."""
+    from sublimate.components.data import datasets
+
+    digest = hashlib.sha256(f"{name}:{FORMAT_VERSION}:".encode())
+    if name == "digits":
+        digest.update((Path(datasets.__file__).parent / "builtin" / "digits.csv.gz")
+                      .read_bytes())
+    else:
+        digest.update(f"{datasets.MNIST1D_EXAMPLES}:{datasets.MNIST1D_SEED}".encode())
+    return f"stage-data-{name}-{digest.hexdigest()[:16]}"
+
+
+def staging_memo() -> Memoize:  # hera is imported lazily: step code must not pay for it
+    """Argo memoization of staging by the dataset's content, where a key for the content is
+    known before staging: a built-in dataset's (:func:`content_key`). A URL, a folder or a
+    ``py:`` dataset has none without reading the source (a listing, or running the function),
+    so its entry is written under one shared key with ``maxAge`` 0: never a hit. Staging an
+    unchanged URL again already fetches nothing (its manifest)."""
+    from hera.workflows.models import Cache, LocalObjectReference, Memoize
+
+    dataset = "inputs.parameters.dataset"
+    choices = " : ".join(f"{dataset} == '{name}' ? '{content_key(name)}'"
+                         for name in BUILTIN_DATASETS)
+    builtins = ", ".join(f"'{name}'" for name in BUILTIN_DATASETS)
+    return Memoize(
+        key=f"{{{{={choices} : '{UNMEMOIZED_KEY}'}}}}",
+        max_age=f"{{{{={dataset} in [{builtins}] ? '' : '0s'}}}}",
+        cache=Cache(config_map=LocalObjectReference(name=MEMO_CACHE)))
 
 
 if __name__ == "__main__":

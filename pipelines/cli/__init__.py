@@ -2,10 +2,10 @@
 
 One module per group of commands: :mod:`.local` (run, render, lint), :mod:`.control` (resume,
 stop: a local run from another terminal), :mod:`.server` (submit, install, get, list, logs
-against an Argo Server), :mod:`.data` (data push/ls), :mod:`.report` (report); :mod:`.common`
-is what they share. Each command imports only what it needs:
-``sublimate run FILE.yaml`` must start in tens of milliseconds, so Hera, torch and jsonschema
-are loaded only by the commands that use them.
+against an Argo Server), :mod:`.serve` (server: this machine as an Argo Server), :mod:`.data`
+(data push/ls), :mod:`.report` (report); :mod:`.common` is what they share. Each command
+imports only what it needs: ``sublimate run FILE.yaml`` must start in tens of milliseconds, so
+Hera, torch and jsonschema are loaded only by the commands that use them.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .local import add_local_commands
     from .models import add_models_commands
     from .report import add_report_command
+    from .serve import add_serve_command
     from .server import add_server_commands
 
     parser = argparse.ArgumentParser(
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_local_commands(commands)
     add_control_commands(commands)
     add_server_commands(commands)
+    add_serve_command(commands)
     add_data_commands(commands)
     add_report_command(commands)
     add_fault_commands(commands)

@@ -436,10 +436,21 @@ class Run:
             if locks and node.message.startswith("Waiting for "):
                 node.message = ""  # acquired: Argo clears the waiting status
         try:
+            memo = None
+            if "memoize" in template:  # operator.go: after the lock, before the retry node
+                from .templates.memoize import look_up, save  # only memoized templates load it
+
+                memo = look_up(self, template, {**self.live_globals(), **inputs}, node, kind)
+                if memo.done:
+                    return node
             if strategy:
-                return run_with_retries(self, template, kind, inputs, node, scope, art_args,
-                                        strategy)
-            return self.attempt(template, kind, inputs, node, scope, 0, art_args)
+                result = run_with_retries(self, template, kind, inputs, node, scope, art_args,
+                                          strategy)
+            else:
+                result = self.attempt(template, kind, inputs, node, scope, 0, art_args)
+            if memo is not None:
+                save(self, memo, template, result, kind)
+            return result
         finally:
             if self.sync is not None:
                 self.sync.release(locks or [])

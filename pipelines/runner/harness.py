@@ -98,12 +98,20 @@ class NodeView:
     exit_code: int | None = None
     artifacts: dict[str, str] = field(default_factory=dict)  # output artifacts -> stored path
     log: Path | None = None
+    # a memoized template's: Argo's memoizationStatus ({hit, key, cacheName})
+    memoization: dict | None = None
 
     @classmethod
     def of(cls, node: NodeResult) -> NodeView:
         return cls(node.phase, dict(node.parameters), node.message, node.started_at,
                    node.finished_at, node.name, node.type, node.template, node.result,
-                   node.exit_code, dict(node.artifacts), node.log)
+                   node.exit_code, dict(node.artifacts), node.log,
+                   dict(node.memoization) if node.memoization else None)
+
+    @property
+    def cached(self) -> bool:
+        """Whether it was finished from a memoization cache instead of running."""
+        return bool(self.memoization and self.memoization.get("hit"))
 
     @property
     def ran(self) -> bool:

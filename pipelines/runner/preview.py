@@ -129,6 +129,10 @@ class _Planner:
             self.preview.first.append(PlannedNode(label, template_name, error=str(exc)))
             return
         local = {**self.globals, **inputs, "retries": "0"}
+        if "memoize" in template:
+            from .templates.memoize import describe  # only a memoized template loads it
+
+            notes = [*notes, describe(template, local, self.layout.home)]
         kind = template_kind(template)
         runs = _runs_no_pod(template)
         if runs:

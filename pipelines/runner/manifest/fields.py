@@ -390,7 +390,9 @@ _TEMPLATE = {
     **_under("sidecars[]", {**_CONTAINER, "mirrorVolumeMounts": _YES}),
     "initContainers": _YES,
     **_under("initContainers[]", {**_CONTAINER, "mirrorVolumeMounts": _YES}),
-    "memoize": _refused("memoize"),
+    # a folder per ConfigMap under the home: pipelines/runner/templates/memoize.py
+    **{f"memoize{key}": _YES for key in ("", ".key", ".maxAge", ".cache", ".cache.configMap",
+                                         ".cache.configMap.name")},
     "podSpecPatch": _refused("podSpecPatch"),
     "hostAliases": _refused("hostAliases"),
     # while the node waits for a synchronization lock (engine.Run.execute), as operator.go's

@@ -37,6 +37,7 @@ from .template_checks import (
     container_problems,
     hook_problems,
     kind_problems,
+    memoize_problems,
 )
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -50,7 +51,6 @@ _REFUSED = {
     "resource": "resource templates",
     "plugin": "plugin templates",
     "templateRef": "templateRef",
-    "memoize": "memoize",
     "inline": "inline templates",
     "expression": "expressions",
     "podSpecPatch": "podSpecPatch",
@@ -214,6 +214,8 @@ _TEMPLATE = {
     "failFast": ANY,
     "volumes": _list(_VOLUME),
     "synchronization": _SYNCHRONIZATION,
+    # runner/templates/memoize.py; a ConfigMap reference is a name only (LocalObjectReference)
+    "memoize": {"key": ANY, "maxAge": ANY, "cache": {"configMap": {"name": ANY}}},
 }
 _SPEC = {
     "entrypoint": ANY,
@@ -431,6 +433,8 @@ def _check_template(
             problems += container_body_problems(body, f"{path}.{kind}", local_volumes)
     problems += timing_problems(template, path)  # timeout, deadlines, backoff (validate.go)
     problems += kind_problems(template, path)  # suspend, daemon, data, http, outputs
+    if "memoize" in template:  # run by templates/memoize
+        problems += memoize_problems(template["memoize"], path)
     for number in ("parallelism", "activeDeadlineSeconds"):
         _check_int(template, number, path, problems)
     _check_retry_policy(template, path, problems)

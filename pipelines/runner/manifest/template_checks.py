@@ -8,6 +8,8 @@ containers, ``hooks`` the hooks), so the checker never imports an executor or th
 
 from __future__ import annotations
 
+import re
+
 from sublimate.pipelines.argo_terms import container_setting_problems, sub_path_problem
 
 from ..expressions.conditions import ExpressionError
@@ -227,4 +229,59 @@ def hook_problems(holder: dict, path: str, names: set, looped: bool = False) -> 
                 parse(str(expression))
             except ExpressionError as exc:
                 problems.append(f"{where}.expression: {exc}")
+    return problems
+
+
+# cache.go cacheKeyRegex; 253 is a ConfigMap data key's limit (Kubernetes refuses a longer one
+# on the cache's update), which also keeps a key a legal file name.
+KEY_PATTERN = re.compile(r"[a-zA-Z0-9][-a-zA-Z0-9]*")
+MAX_KEY = 253
+# A ConfigMap's name: a DNS-1123 subdomain (never "." or "..", so a plain folder name).
+NAME_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def key_problems(key: str) -> list[str]:
+    """What makes ``key`` unusable as a memoization key (cache.go: "invalid cache key")."""
+    if not KEY_PATTERN.fullmatch(key):
+        return [f"invalid cache key: {key} (letters, digits and '-', starting with a letter "
+                "or digit)"]
+    if len(key) > MAX_KEY:
+        return [f"invalid cache key: longer than {MAX_KEY} characters (a ConfigMap key)"]
+    return []
+
+
+def name_problem(name: str) -> str:
+    """Why ``name`` cannot name the ConfigMap of a memoization cache; ``""`` if it can."""
+    if len(name) > 253 or not NAME_PATTERN.fullmatch(name):
+        return f"{name!r} is not a ConfigMap name (lower-case letters, digits, '-' and '.')"
+    return ""
+
+
+def memoize_problems(memoize: object, path: str) -> list[str]:
+    """What is wrong with a template's ``memoize`` as written (the parts without variables;
+    ``templates/memoize`` checks the rest once substituted). Argo's validate.go checks none
+    of it: its controller errors the node when it looks the key up."""
+    where = f"{path}.memoize"
+    if not isinstance(memoize, dict):
+        return [f"{where}: expected a mapping"]
+    problems = []
+    if not memoize.get("key"):
+        problems.append(f"{where}.key: missing")
+    else:
+        key = str(memoize["key"])
+        if "{{" not in key:
+            problems += [f"{where}.key: {p}" for p in key_problems(key)]
+    name = ((memoize.get("cache") or {}).get("configMap") or {}).get("name")
+    if not name:
+        problems.append(f"{where}.cache.configMap.name: missing")
+    elif "{{" not in str(name) and name_problem(str(name)):
+        problems.append(f"{where}.cache.configMap.name: {name_problem(str(name))}")
+    max_age = memoize.get("maxAge")
+    if max_age not in (None, "") and "{{" not in str(max_age):
+        from .durations import parse_go_duration
+
+        try:
+            parse_go_duration(max_age)
+        except ValueError as exc:
+            problems.append(f"{where}.maxAge: {exc}")
     return problems

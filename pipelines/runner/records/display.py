@@ -45,6 +45,8 @@ def console_reporter(
             text = f"[{elapsed:7.1f}s] {shown_name(event.node.display_name)}: {event.phase}"
             if event.message and event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED):
                 text += f" ({event.message})"
+            elif _cached(event.node) and event.phase == NodePhase.SUCCEEDED:
+                text += f" (cached: {event.node.memoization['key']})"  # type: ignore[index]
         else:
             text = f"[{elapsed:7.1f}s] workflow {event.workflow}: {event.phase}"
             if event.message:
@@ -54,6 +56,11 @@ def console_reporter(
             out.flush()
 
     return report
+
+
+def _cached(node: NodeResult) -> bool:
+    """A memoization hit (``templates/memoize``): finished from the cache, not run."""
+    return bool(node.memoization and node.memoization.get("hit"))
 
 
 def shown_name(name: str) -> str:
@@ -142,7 +149,8 @@ def format_table(result: RunResult) -> str:
         ended_badly = node.phase in (NodePhase.FAILED, NodePhase.ERROR, NodePhase.OMITTED)
         if not outputs and ended_badly and node.message:
             outputs = _truncate(node.message, 60)
-        rows.append((label, node.phase, duration, outputs))
+        phase = f"{node.phase} (cached)" if _cached(node) else node.phase
+        rows.append((label, phase, duration, outputs))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
         f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}".rstrip()

@@ -114,6 +114,9 @@ class NodeResult:
     # its address, ``{{steps.<name>.ip}}`` (Argo records it only while daemoned).
     daemoned: bool = False
     pod_ip: str | None = None
+    # A memoized template's node: Argo's ``memoizationStatus`` ({hit, key, cacheName}); a hit
+    # is a node finished from the cache without running (``templates/memoize``).
+    memoization: dict | None = None
 
     @property
     def duration_s(self) -> float | None:
@@ -149,6 +152,7 @@ class NodeResult:
             "children": list(self.children),
             **({"daemoned": True} if self.daemoned else {}),
             **({"pod_ip": self.pod_ip} if self.pod_ip else {}),
+            **({"memoizationStatus": dict(self.memoization)} if self.memoization else {}),
         }
 
 

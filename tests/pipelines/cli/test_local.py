@@ -83,13 +83,18 @@ def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path,
     home, _ = default_run
     completed = run_cli("run", "-p", "epochs=2", home=home)
     assert completed.returncode == 0, completed.stderr
+    # the second run of the same dataset: staging is memoized by the built-in's content, so
+    # it is not run again but finished from the cache (Argo's memoizationStatus.hit)
+    assert re.search(r"stage-data: Succeeded \(cached: stage-data-digits-[0-9a-f]{16}\)",
+                     completed.stderr), completed.stderr
+    assert "stage-data(0) |" not in completed.stderr  # never ran: no log line
     assert "stage-data: nothing to transfer" not in completed.stdout  # logs go to stderr
-    assert "is already complete; nothing to transfer" in completed.stderr
     # the step runs as attempt train(0) of its retry strategy
     assert "train(0) | [node0] epoch 2/2" in completed.stderr
     lines = completed.stdout.splitlines()
     assert lines[0].split() == ["NODE", "PHASE", "DURATION", "OUTPUTS"]
     assert any(line.split()[:2] == ["evaluate", PASSES] for line in lines)
+    assert any(line.split()[:3] == ["stage-data", PASSES, "(cached)"] for line in lines)
     outputs = next(line for line in lines if line.startswith("outputs: "))
     name = next(line for line in lines if line.endswith(": Succeeded")).split(":")[0]
     assert outputs.startswith("outputs: accuracy=")

@@ -17,6 +17,7 @@ from pathlib import Path
 # Loaded only by what needs them: other commands, other template kinds, expressions, tests.
 NEVER = (
     "sublimate.pipelines.argo_server",  # sublimate submit/get/list/logs
+    "sublimate.pipelines.server",  # sublimate server
     "sublimate.pipelines.runner.harness",  # tests and Hera users
     "sublimate.pipelines.run_lookup",  # sublimate report
     "sublimate.components.monitoring",

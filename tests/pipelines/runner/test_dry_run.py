@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import textwrap
 import time
@@ -125,6 +126,9 @@ def test_dry_run_of_the_default_pipeline(tmp_path: Path) -> None:
     assert f"mount: /mnt/sublimate -> {home}/volumes/sublimate-data" in out
     assert "  train after stage-data succeeds\n" in out
     assert "  evaluate after train succeeds" in out
+    # staging is memoized by the built-in dataset's content: where it would be looked up
+    assert re.search(r"memoized: looked up in cache sublimate-stage-data under key "
+                     r"stage-data-digits-[0-9a-f]{16} \(no entry: it runs", out), out
     assert not home.exists(), "a dry run creates nothing"
     custom = run_cli("run", "--dry-run", "-p", "dataset=file:///data/x", home=home)
     assert "--dataset file:///data/x" in custom.stdout

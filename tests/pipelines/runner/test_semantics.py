@@ -378,12 +378,11 @@ def test_backoff_cap_limits_the_wait(tmp_path: Path) -> None:
     assert os.times().elapsed - start < 5
 
 
-# ---------------------------------------- 9. template failFast, synchronization, memoize
+# ---------------------------------------- 9. template failFast, synchronization
 
 
 @pytest.mark.parametrize(("field", "name"), [
     ("synchronization: {mutexes: [{name: m, database: true}]}", "database"),
-    ("memoize: {key: k, cache: {configMap: {name: c}}}", "memoize"),
 ])
 def test_unsupported_template_fields_are_refused_by_name(tmp_path: Path, field: str,
                                                          name: str) -> None:

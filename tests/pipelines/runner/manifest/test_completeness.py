@@ -273,6 +273,10 @@ EVERYTHING = yaml.safe_load(textwrap.dedent("""
         activeDeadlineSeconds: 60
         timeout: 1m
         pendingTimeout: 30s
+        memoize:
+          key: "scripted-{{workflow.parameters.p}}"
+          maxAge: 10m
+          cache: {configMap: {name: memo-cache}}
         script:
           name: main
           command: [python]
