@@ -40,6 +40,9 @@ _PREFIX = "/api/v1/workflows"
 _TEMPLATES = "/api/v1/workflow-templates"
 
 
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 class ArgoApiServer(ThreadingHTTPServer):
     daemon_threads = True  # a client that never closes its connection does not hold a stop
 
@@ -137,6 +140,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise invalid(f"body: not valid JSON: {error}") from error
 
     def _check_access(self) -> None:
+        host = urlsplit(f"//{self.headers.get('Host') or ''}").hostname or ""
+        if self.server.token is None and host not in _LOOPBACK_NAMES:
+            # No token: only this machine's own names may be asked for, so that a page whose
+            # name was made to resolve to 127.0.0.1 (DNS rebinding) cannot submit workflows.
+            raise ApiError(PERMISSION_DENIED, f"requests for host {host!r} are refused: "
+                                              "without --auth-token only 127.0.0.1, localhost "
+                                              "or ::1 is served")
         origin = self.headers.get("Origin")
         if origin and urlsplit(origin).netloc != self.headers.get("Host"):
             # a page elsewhere driving a browser that holds the token: refused

@@ -381,6 +381,19 @@ def test_off_loopback_needs_a_token(tmp_path: Path) -> None:
     assert "--auth-token" in refused.stderr and not (tmp_path / "runs").exists()
 
 
+def test_without_a_token_only_this_machines_names_are_served(
+        start: Callable[..., Server]) -> None:
+    # DNS rebinding: a page at a name made to resolve to 127.0.0.1 sends its own Host (and a
+    # matching Origin): without a token, nothing but this machine's names is served.
+    server = start()
+    for host in ("rebound.example:2746", "rebound.example"):
+        status, body = server.call("GET", "/api/v1/version",
+                                   headers={"Host": host, "Origin": f"http://{host}"})
+        assert (status, body["code"]) == (403, 7), body
+    for host in ("127.0.0.1", "localhost:2746", "[::1]:2746"):
+        assert server.call("GET", "/api/v1/version", headers={"Host": host})[0] == 200
+
+
 def test_a_token_is_required_once_given(start: Callable[..., Server]) -> None:
     server = start("--auth-token", "s3cret-token")
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
