@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import re
 
-from sublimate.pipelines.argo_terms import container_setting_problems, sub_path_problem
+from sublimate.pipelines.argo_terms import (
+    container_setting_problems,
+    object_name_problem,
+    sub_path_problem,
+)
 
 from ..expressions.conditions import ExpressionError
 
@@ -236,8 +240,6 @@ def hook_problems(holder: dict, path: str, names: set, looped: bool = False) -> 
 # on the cache's update), which also keeps a key a legal file name.
 KEY_PATTERN = re.compile(r"[a-zA-Z0-9][-a-zA-Z0-9]*")
 MAX_KEY = 253
-# A ConfigMap's name: a DNS-1123 subdomain (never "." or "..", so a plain folder name).
-NAME_PATTERN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def key_problems(key: str) -> list[str]:
@@ -251,8 +253,10 @@ def key_problems(key: str) -> list[str]:
 
 
 def name_problem(name: str) -> str:
-    """Why ``name`` cannot name the ConfigMap of a memoization cache; ``""`` if it can."""
-    if len(name) > 253 or not NAME_PATTERN.fullmatch(name):
+    """Why ``name`` cannot name the ConfigMap of a memoization cache; ``""`` if it can: an
+    object name as Kubernetes takes one (``argo_terms``; never "." or "..", so a plain folder
+    name)."""
+    if object_name_problem(name) is not None:
         return f"{name!r} is not a ConfigMap name (lower-case letters, digits, '-' and '.')"
     return ""
 
@@ -274,8 +278,8 @@ def memoize_problems(memoize: object, path: str) -> list[str]:
     name = ((memoize.get("cache") or {}).get("configMap") or {}).get("name")
     if not name:
         problems.append(f"{where}.cache.configMap.name: missing")
-    elif "{{" not in str(name) and name_problem(str(name)):
-        problems.append(f"{where}.cache.configMap.name: {name_problem(str(name))}")
+    elif "{{" not in str(name) and (problem := name_problem(str(name))):
+        problems.append(f"{where}.cache.configMap.name: {problem}")
     max_age = memoize.get("maxAge")
     if max_age not in (None, "") and "{{" not in str(max_age):
         from .durations import parse_go_duration

@@ -312,19 +312,11 @@ def enter(c: Calls, sandbox: Sandbox) -> None:
         # the runner signals the init's group, which then holds the init alone.
         with contextlib.suppress(OSError):
             os.setpgid(command, command)
-        _close_all_but()
+        os.closerange(0, 1 << 20)  # the init holds nothing of the pod's (its pipes, the exec check)
         _wait_for(command, lambda number: os.killpg(command, number), reap_all=True)
     os.setpgid(0, 0)
     _drop_privileges(c, sandbox)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
-
-
-def _close_all_but(*kept: int) -> None:
-    start = 0
-    for fd in sorted(kept):
-        os.closerange(start, fd)
-        start = fd + 1
-    os.closerange(start, 1 << 20)
 
 
 def _wait_for(child: int, forward: object, reap_all: bool = False) -> None:

@@ -73,8 +73,8 @@ def memo_of(template: dict, local: Vars) -> Memo:
         raise NodeError(f"{where}.key: {problems[0]}")
     name = substitute_text(as_text(((memoize.get("cache") or {}).get("configMap") or {})
                                    .get("name", "")), local, f"{where}.cache.configMap.name")
-    if name_problem(name):
-        raise NodeError(f"{where}.cache.configMap.name: {name_problem(name)}")
+    if problem := name_problem(name):
+        raise NodeError(f"{where}.cache.configMap.name: {problem}")
     max_age = substitute_text(as_text(memoize.get("maxAge") or ""), local, f"{where}.maxAge")
     age = None
     if max_age:  # operator.go: an empty maxAge never expires
