@@ -1,22 +1,24 @@
 """The HTTP side: Argo Server's REST paths (``api/openapi-spec/swagger.json`` in
 argo-workflows) on the standard library's ``ThreadingHTTPServer``, one thread per request, JSON
-in and out, errors in grpc-gateway's shape (``errors``). Routing, authentication and the
-origin check live here; what a request does is the store's and the launcher's."""
+in and out (or a stream of events), errors in grpc-gateway's shape (``errors``).
+Authentication, the origin check and matching a request to its route (``routing``) live here;
+what a request does is in the module whose routes it matched, one per kind of object, as in
+Argo's ``server/`` (``workflow_server``, ``template_server``, ``cron_server``, ``streams``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import platform
-import re
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .convert import to_workflow
 from .errors import (
     INTERNAL,
     NOT_FOUND,
@@ -25,19 +27,14 @@ from .errors import (
     UNIMPLEMENTED,
     ApiError,
     invalid,
-    not_found,
 )
 from .execution import Launcher
-from .selectors import parse_selector
+from .routing import Request, Route, Stream, route
 from .store import WorkflowStore
-from .templates import TemplateStore, submitted_workflow
+from .templates import TemplateStore
 
 DEFAULT_PORT = 2746  # Argo Server's
 MAX_BODY = 16 * 1024 * 1024  # Argo's own limit on a request is of this order (grpc: 4 MiB+)
-# A Kubernetes name: DNS-1123 subdomain (what Argo accepts for a namespace and a workflow).
-_NAME = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
-_PREFIX = "/api/v1/workflows"
-_TEMPLATES = "/api/v1/workflow-templates"
 
 
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -54,6 +51,7 @@ class ArgoApiServer(ThreadingHTTPServer):
         self.templates = TemplateStore(store.home)
         self.token = token
         self.log = log
+        self.routes = _routes()
 
 
 def make_server(home: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
@@ -67,7 +65,7 @@ def make_server(home: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     return server
 
 
-def version() -> dict:
+def version(_request: Request | None = None) -> tuple[int, dict]:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
 
@@ -76,10 +74,21 @@ def version() -> dict:
     except PackageNotFoundError:
         ours = "unknown"
     # Argo's Version object; the Go fields say what stands in for them here.
-    return {"version": f"sublimate-{ours}", "buildDate": "", "gitCommit": "", "gitTag": "",
-            "gitTreeState": "", "goVersion": f"python{platform.python_version()}",
-            "compiler": platform.python_implementation().lower(),
-            "platform": f"{sys.platform}/{platform.machine()}"}
+    return 200, {"version": f"sublimate-{ours}", "buildDate": "", "gitCommit": "",
+                 "gitTag": "", "gitTreeState": "",
+                 "goVersion": f"python{platform.python_version()}",
+                 "compiler": platform.python_implementation().lower(),
+                 "platform": f"{sys.platform}/{platform.machine()}"}
+
+
+def _routes() -> list[Route]:
+    from .cron_server import CRON_ROUTES
+    from .streams import STREAM_ROUTES
+    from .template_server import TEMPLATE_ROUTES
+    from .workflow_server import WORKFLOW_ROUTES
+
+    return [route("GET", "/api/v1/version", version), *WORKFLOW_ROUTES, *TEMPLATE_ROUTES,
+            *CRON_ROUTES, *STREAM_ROUTES]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -106,7 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._read_body()
             self._check_access()
-            status, payload = self._route(method, body)
+            answer = self._route(method, body)
+            if isinstance(answer, Stream):
+                self._stream(answer)
+                return
+            status, payload = answer
         except ApiError as error:
             status, payload = error.http_status, error.body()
         except Exception as error:  # a bug: said as Argo says one, the server goes on
@@ -159,146 +172,59 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(UNAUTHENTICATED, "token not valid: send 'Authorization: Bearer "
                                             "<token>' (the server's --auth-token)")
 
-    def _route(self, method: str, body: Any) -> tuple[int, dict]:
+    def _route(self, method: str, body: Any) -> tuple[int, dict] | Stream:
         url = urlsplit(self.path)
-        path = url.path.rstrip("/")
-        query = parse_qs(url.query)
-        if path == "/api/v1/version" and method == "GET":
-            return 200, version()
-        if match := re.fullmatch(rf"{_PREFIX}/([^/]+)/submit", path):
-            if method == "POST":
-                return 200, self._submit(_namespace(match.group(1)), _object(body))
-        elif match := re.fullmatch(rf"{_TEMPLATES}/([^/]+)(/lint)?", path):
-            namespace, lint = _namespace(match.group(1)), match.group(2)
-            templates = self.server.templates
-            if method == "POST":
-                template = self._checked_template(namespace, _object(body).get("template"))
-                return 200, template if lint else templates.create(template)
-            if method == "GET" and not lint:
-                return 200, {"apiVersion": "argoproj.io/v1alpha1",
-                             "kind": "WorkflowTemplateList",
-                             "metadata": {"resourceVersion": "1"},
-                             "items": templates.list(namespace)}
-        elif match := re.fullmatch(rf"{_TEMPLATES}/([^/]+)/([^/]+)", path):
-            namespace, name = _namespace(match.group(1)), match.group(2)
-            templates = self.server.templates
-            if method == "GET":
-                return 200, templates.get(namespace, name)
-            if method == "PUT":
-                template = self._checked_template(namespace, _object(body).get("template"))
-                if template["metadata"]["name"] != name:
-                    raise invalid(f"template.metadata.name: '{template['metadata']['name']}' "
-                                  f"is not '{name}', the name in the path")
-                return 200, templates.update(template)
-            if method == "DELETE":
-                templates.delete(namespace, name)
-                return 200, {}
-        elif match := re.fullmatch(rf"{_PREFIX}/([^/]+)(/lint)?", path):
-            namespace, lint = _namespace(match.group(1)), match.group(2)
-            if method == "POST":
-                request = _object(body)
-                if lint:
-                    return 200, self.server.launcher.lint(namespace, request.get("workflow"))
-                return 200, self._create(namespace, request)
-            if method == "GET" and not lint:
-                return 200, self._list(namespace, query)
-        elif match := re.fullmatch(rf"{_PREFIX}/([^/]+)/([^/]+)", path):
-            namespace, name = _namespace(match.group(1)), match.group(2)
-            if method == "GET":
-                return 200, self._get(namespace, name)
-            if method == "DELETE":
-                return 200, self._delete(namespace, name)
+        path = url.path.rstrip("/") or "/"
+        for candidate in self.server.routes:
+            match = candidate.pattern.fullmatch(path)
+            if match and candidate.method == method:
+                request = Request(self.server, method, path, match.groupdict(),
+                                  parse_qs(url.query), body, self.headers)
+                return candidate.handler(request)
         if path.startswith("/api/"):
             raise ApiError(UNIMPLEMENTED, f"{method} {path}: not served by sublimate server "
-                                          f"yet (docs/local-runner.md says what is)")
+                                          f"(docs/local-runner.md says what is)")
         raise ApiError(NOT_FOUND, "Not Found")
 
-    def _create(self, namespace: str, request: dict) -> dict:
-        launcher = self.server.launcher
-        options = request.get("createOptions") or {}
-        if not isinstance(options, dict):
-            raise invalid("createOptions: must be an object")
-        if request.get("serverDryRun") or "All" in (options.get("dryRun") or []):
-            return launcher.lint(namespace, request.get("workflow"))
-        record = launcher.start(namespace, request.get("workflow"))
-        return to_workflow(record, None, live=True)
-
-    def _checked_template(self, namespace: str, template: object) -> dict:
-        """A WorkflowTemplate's shape, then the runner's checks of what it would run."""
-        checked = self.server.templates.checked(namespace, template)
-        workflow, _, _ = submitted_workflow(checked, {})
-        self.server.launcher.lint(namespace, workflow)
-        return checked
-
-    def _submit(self, namespace: str, request: dict) -> dict:
-        kind = str(request.get("resourceKind") or "")
-        if kind.lower() != "workflowtemplate":
-            raise ApiError(UNIMPLEMENTED, f"resourceKind: {kind or '(none)'}: only "
-                                          f"WorkflowTemplate is served by sublimate server yet")
-        name = request.get("resourceName")
-        if not isinstance(name, str) or not name:
-            raise invalid("resourceName: required, the WorkflowTemplate's name")
-        template = self.server.templates.get(namespace, name)
-        options = request.get("submitOptions")
-        workflow, shown, parameters = submitted_workflow(template, options)
-        launcher = self.server.launcher
-        if isinstance(options, dict) and (options.get("serverDryRun") or options.get("dryRun")):
-            checked = launcher.lint(namespace, workflow, parameters)
-            return {**checked, "spec": shown}
-        record = launcher.start(namespace, workflow, parameters, shown)
-        return to_workflow(record, None, live=True)
-
-    def _find(self, namespace: str, name: str) -> tuple[dict, dict | None]:
-        # (a name that is no Kubernetes name names no workflow, nor any path outside the home)
-        record = self.server.store.record(name) if re.fullmatch(_NAME, name) else None
-        if record is None or record.get("namespace") != namespace:
-            raise not_found(namespace, name)
-        return record, self.server.store.status(name)
-
-    def _get(self, namespace: str, name: str) -> dict:
-        record, status = self._find(namespace, name)
-        return to_workflow(record, status, self.server.launcher.is_live(name))
-
-    def _list(self, namespace: str, query: dict[str, list[str]]) -> dict:
-        selector = parse_selector(_one(query, "listOptions.labelSelector"))
-        name_filter = _one(query, "nameFilter")
-        store, launcher = self.server.store, self.server.launcher
-        items = []
-        for name in store.names():
-            record = store.record(name)
-            if record is None or record.get("namespace") != namespace:
-                continue
-            if name_filter and name_filter not in name:
-                continue
-            workflow = to_workflow(record, store.status(name), launcher.is_live(name))
-            if selector(workflow["metadata"]["labels"]):
-                items.append(workflow)
-        # newest first, as Argo lists them
-        items.sort(key=lambda item: item["metadata"]["creationTimestamp"], reverse=True)
-        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "WorkflowList",
-                "metadata": {"resourceVersion": "1"}, "items": items}
-
-    def _delete(self, namespace: str, name: str) -> dict:
-        self._find(namespace, name)
-        launcher = self.server.launcher
-        if launcher.is_live(name):
-            launcher.terminate(name, "the workflow was deleted", wait_s=30)
-        self.server.store.remove(name)
-        return {}
+    def _stream(self, stream: Stream) -> None:
+        """Send each result as it comes, then end the response by closing the connection (no
+        length is known); a client that went away ends the stream."""
+        events = "text/event-stream" in (self.headers.get("Accept") or "")
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if events else "application/json")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for line in _framed(stream.results, events, stream.heartbeat_s):
+                self.wfile.write(line)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away: nothing to send it
+        except ApiError as error:  # found mid-stream: said as grpc-gateway says it, then done
+            with_error = json.dumps({"error": error.body()}) + "\n"
+            with_error = f"data: {with_error}\n" if events else with_error
+            with contextlib.suppress(OSError):
+                self.wfile.write(with_error.encode())
+        finally:
+            close = getattr(stream.results, "close", None)
+            if close is not None:
+                close()  # the generator's own clean-up (a watch's poller) runs now
 
 
-def _namespace(text: str) -> str:
-    if not re.fullmatch(_NAME, text):
-        raise invalid(f"namespace: '{text}' is not a valid Kubernetes name")
-    return text
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise invalid("body: required, a JSON object")
-    return body
-
-
-def _one(query: dict[str, list[str]], key: str) -> str:
-    values = query.get(key) or [""]
-    return values[-1]
+def _framed(results: Iterator[dict | None], events: bool, heartbeat_s: float
+            ) -> Iterator[bytes]:
+    """Each result as one line of JSON (``{"result": ...}``), or as a server-sent event; a
+    ``None`` from the results means "nothing yet": past ``heartbeat_s`` of them a comment goes
+    out (SSE), so a client and any proxy between see the stream alive."""
+    quiet_since = time.monotonic()
+    for result in results:
+        if result is None:
+            if events and time.monotonic() - quiet_since >= heartbeat_s:
+                quiet_since = time.monotonic()
+                yield b": heartbeat\n\n"
+            continue
+        quiet_since = time.monotonic()
+        line = json.dumps({"result": result})
+        yield (f"data: {line}\n\n" if events else f"{line}\n").encode()

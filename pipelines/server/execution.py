@@ -19,10 +19,11 @@ from sublimate.pipelines.runner.engine import Run, prepare_workflow
 from sublimate.pipelines.runner.records.run_folder import draw_name, settle_interrupted_runs
 
 from .errors import already_exists, invalid
+from .routing import NAME
 from .store import WorkflowStore, timestamp
 
 SERVER_STOPPED = "the sublimate server stopped while the workflow ran"
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_NAME = NAME
 _GENERATE_NAME = re.compile(r"[a-z0-9][-a-z0-9.]*")
 
 

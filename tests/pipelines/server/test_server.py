@@ -1,178 +1,26 @@
-"""`sublimate server` as a client sees it: a real server process on a free loopback port over a
-temporary SUBLIMATE_HOME, each response checked against Argo's own OpenAPI document (the
-subset in data/argo_swagger_subset.json: the paths served and the definitions they use)."""
+"""`sublimate server`'s workflows, templates and access rules, through its HTTP API, every
+body checked against Argo's own OpenAPI document (``argo_api``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import runpy
-import select
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-import requests
-from jsonschema import Draft4Validator
 
 from sublimate.pipelines.cli import main as cli_main
 from sublimate.pipelines.server.selectors import parse_selector
 
-DATA = Path(__file__).parent / "data"
-SWAGGER = json.loads((DATA / "argo_swagger_subset.json").read_text())
-# Argo's document types IntOrString as a string only, while Kubernetes' JSON (and Hera, and
-# Argo's own server) takes an integer too (``retryStrategy.backoff.factor: 2``): widened here,
-# the copy itself kept as Argo publishes it.
-SWAGGER["definitions"]["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {
-    "type": ["string", "integer"]}
-V1 = "io.argoproj.workflow.v1alpha1."
-
-
-def validate(definition: str, payload: Any) -> None:
-    schema = {"$ref": f"#/definitions/{definition}", "definitions": SWAGGER["definitions"]}
-    Draft4Validator(schema).validate(payload)
-
-
-def response_definition(method: str, path: str, status: int) -> str:
-    """The definition Argo's document gives the response to ``method path``."""
-    if status != 200:
-        return "grpc.gateway.runtime.Error"
-    parts = path.rstrip("/").split("/")  # ['', 'api', 'v1', 'workflows', ns, name?]
-    if parts[3] == "version":
-        return V1 + "Version"
-    kind = {"workflows": "Workflow", "workflow-templates": "WorkflowTemplate"}[parts[3]]
-    if method == "DELETE":
-        return V1 + kind + "DeleteResponse"
-    if method == "GET" and len(parts) == 5:
-        return V1 + kind + "List"
-    return V1 + kind
-
-
-REQUESTS = {"/submit": "WorkflowSubmitRequest", "/lint": "WorkflowLintRequest"}
-
-
-def check_request(method: str, path: str, body: bytes | str | None) -> None:
-    """A client's request body against the definition Argo's document gives it."""
-    if method not in ("POST", "PUT") or not body:
-        return
-    parts = path.rstrip("/").split("/")
-    templates = parts[3] == "workflow-templates"
-    suffix = f"/{parts[-1]}" if len(parts) == 6 and parts[-1] in ("submit", "lint") else ""
-    if templates:
-        name = {"/lint": "WorkflowTemplateLintRequest", "": "WorkflowTemplateCreateRequest"}[
-            suffix] if method == "POST" else "WorkflowTemplateUpdateRequest"
-    else:
-        name = REQUESTS.get(suffix, "WorkflowCreateRequest")
-    validate(V1 + name, json.loads(body))
-
-
-def check_response(response: requests.Response) -> Any:
-    payload = response.json()
-    url = urlsplit(response.request.url or "")
-    validate(response_definition(response.request.method or "", url.path, response.status_code),
-             payload)
-    return payload
-
-
-class Server:
-    """A `sublimate server` process; ``stop`` (SIGTERM) or ``kill`` (SIGKILL) it."""
-
-    def __init__(self, home: Path, *flags: str) -> None:
-        self.log = (home.parent / f"server-{time.monotonic_ns()}.log").open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sublimate.pipelines", "server", "--port", "0",
-             "--home", str(home), *flags],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "SUBLIMATE_HOME": str(home)})
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
-        line = self.process.stdout.readline() if ready else ""
-        if "http://" not in line:
-            self.kill()
-            raise AssertionError(f"no server: {line!r} {(home.parent / self.log.name)}")
-        self.url = line.split("on ", 1)[1].split()[0]
-
-    def call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-        response = requests.request(method, self.url + path, timeout=60, **kwargs)
-        return response.status_code, check_response(response)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        self.log.close()
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
-
-    def starter(*flags: str) -> Server:
-        servers.append(Server(tmp_path / "home", *flags))
-        return servers[-1]
-
-    yield starter
-    for server in servers:
-        server.stop()
-
-
-def workflow(name: str, command: str, **metadata: Any) -> dict:
-    return {"metadata": {"name": name, **metadata}, "spec": {
-        "entrypoint": "main",
-        "templates": [{"name": "main", "container": {"image": "alpine:3.20",
-                                                      "command": ["sh", "-c", command]}}]}}
+from .argo_api import DATA, Server, ended, on_the_wire, wait_for, workflow
 
 
 def server_home(server: Server) -> Path:
-    return Path(server.process.args[server.process.args.index("--home") + 1])
-
-
-def wait_for(server: Server, namespace: str, name: str,
-             done: Callable[[dict], bool], timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        status, body = server.call("GET", f"/api/v1/workflows/{namespace}/{name}")
-        assert status == 200, body
-        if done(body):
-            return body
-        assert time.monotonic() < deadline, body
-        time.sleep(0.1)
-
-
-def on_the_wire(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
-    """Every request a client in this process sends (Hera's, `sublimate`'s), its body and its
-    response checked against Argo's document; the list of (method, path, status) seen."""
-    seen: list[tuple[str, str, int]] = []
-    send = requests.Session.send
-
-    def checked_send(session: requests.Session, request: Any, **kwargs: Any) -> Any:
-        path = urlsplit(request.url).path
-        check_request(request.method, path, request.body)
-        response = send(session, request, **kwargs)
-        check_response(response)
-        seen.append((request.method, path, response.status_code))
-        return response
-
-    monkeypatch.setattr(requests.Session, "send", checked_send)
-    return seen
-
-
-def ended(body: dict) -> bool:
-    return body["status"].get("phase") in ("Succeeded", "Failed", "Error")
+    return server.home
 
 
 def test_hera_ci_script_runs_unchanged(start: Callable[..., Server], tmp_path: Path,
