@@ -146,7 +146,8 @@ def test_the_package_roots_import_nothing_of_their_own_at_import_time(package: s
     assert not _imports()[loader]
 
 
-RUNNER_TOP = ["__init__.py", "engine.py", "errors.py", "harness.py", "preview.py"]
+RUNNER_TOP = ["__init__.py", "engine.py", "errors.py", "harness.py", "preview.py",
+              "reruns.py"]
 
 
 def test_every_room_of_the_runner_is_one_layer_of_the_contract() -> None:
@@ -157,7 +158,7 @@ def test_every_room_of_the_runner_is_one_layer_of_the_contract() -> None:
     rooms = sorted(path.parent.name for path in runner.glob("*/__init__.py"))
     modules = sorted(path.stem for path in runner.glob("*.py") if path.name != "__init__.py")
     assert sorted(layers) == sorted(rooms + modules)
-    # only the run's top (engine, harness, preview) and its exceptions lie beside the rooms
+    # only the run's top (engine, harness, preview, reruns) and its exceptions lie beside the rooms
     assert sorted(path.name for path in runner.glob("*.py")) == RUNNER_TOP
 
 

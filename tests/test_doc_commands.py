@@ -168,6 +168,11 @@ RULES = [
     # it with `sublimate run --containers` and images/prove.sh
     Rule(r"^images/(build|prove)\.sh$", "skip", ".ci/run and tests/test_image.py"),
     Rule(r"^sublimate run --containers$", "dry-run", "tests/test_image.py"),
+    # a run of your own that failed at evaluate, retried
+    Rule(r"^sublimate run -p eval-entrypoint=my_eval\.py$", "parse",
+         "your evaluation, failing (tests/pipelines/cli/test_local.py runs one and retries it)"),
+    Rule(r"^sublimate retry \S+$", "parse",
+         "a failed run of your own (tests/pipelines/cli/test_local.py)"),
     # a suspended local run of your own
     Rule(r"^sublimate (resume|stop) RUN\b", "parse",
          "a run waiting at a suspend node (tests/pipelines/runner/templates/test_suspend.py "

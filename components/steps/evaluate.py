@@ -81,12 +81,15 @@ def own_evaluation(entrypoint: str, model_dir: Path, data_dir: Path) -> dict[str
     written = model_dir / run_files.EVALUATION
     before = written.stat().st_mtime_ns if written.is_file() else None
     user_code_ran = True
+    said = ""
     try:
         code = run(target, [])
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            said = f": {exit_.code}"  # what Python would print as it exits: the user's reason
     if code:
-        raise ValueError(f"eval-entrypoint '{entrypoint}' exited with code {code}")
+        raise ValueError(f"eval-entrypoint '{entrypoint}' exited with code {code}{said}")
     if not written.is_file() or written.stat().st_mtime_ns == before:
         raise ValueError(f"eval-entrypoint '{entrypoint}' did not write {shown_path(written)}")
     return _read_metrics(written)

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .local import add_local_commands
     from .models import add_models_commands
     from .report import add_report_command
+    from .rerun import add_rerun_commands
     from .serve import add_serve_command
     from .server import add_server_commands
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_local_commands(commands)
     add_control_commands(commands)
+    add_rerun_commands(commands)
     add_server_commands(commands)
     add_serve_command(commands)
     add_data_commands(commands)

@@ -37,6 +37,11 @@ def add_serve_command(commands: Any) -> None:
     server.add_argument("--home", type=Path, default=None,
                         help="where runs live (default $SUBLIMATE_HOME or ~/.sublimate)")
     server.add_argument("--access-log", action="store_true", help="print one line per request")
+    server.add_argument("--allow-privileged", action="store_true",
+                        help="run workflows whose pods ask for privileged, added capabilities, "
+                             "privilege escalation or sublimate.dev/local-privileged (e.g. "
+                             "-p scheduler=local_netns); refused by default, as a cluster's "
+                             "baseline Pod Security refuses them")
     server.set_defaults(handler=command_server)
 
 
@@ -68,7 +73,8 @@ def command_server(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {port}: must be between 0 and 65535")
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.access_log else None
     try:
-        server = make_server(args.home, args.host, port, token, args.namespace, log)
+        server = make_server(args.home, args.host, port, token, args.namespace, log,
+                             allow_privileged=args.allow_privileged)
     except OSError as error:
         raise UsageError(f"--host {args.host} --port {port}: cannot listen there: "
                          f"{error.strerror or error}") from error

@@ -168,7 +168,15 @@ class Run:
             self.executor = image_executor(workflow, params, options.containers)
             mounts = "image"
         home = Path(options.home)
-        self.name, self.run_dir = make_run_dir(home, workflow.get("metadata") or {})
+        if options.run_folder is not None:  # a retry: the run's own folder and name
+            self.name, self.run_dir = options.run_folder.name, options.run_folder
+        else:
+            self.name, self.run_dir = make_run_dir(home, workflow.get("metadata") or {})
+        self.carried = options.carried
+        # Cleared while the workflow is suspended (``argo suspend``: the server's PUT
+        # .../suspend): nothing new starts until it is set again; what runs goes on.
+        self.resumed = threading.Event()
+        self.resumed.set()
         if options.reporter is not None:
             reporter = options.reporter
         else:
@@ -196,6 +204,7 @@ class Run:
         self._layout: Layout | None = None
         self._home = home
         self._objects = options.objects
+        self._privileged_allowed = options.allow_privileged
         if options.objects is not None:  # every value of a Secret it names is masked from now
             from .pods.k8s_objects import referenced_secrets, secret_values
 
@@ -237,7 +246,7 @@ class Run:
                     if mode.note:
                         self.record.note("mounts", mode.note)
                     self._layout = Layout.of(self._home, self.run_dir, self.spec, mode.name,
-                                             self._objects)
+                                             self._objects, self._privileged_allowed)
         return self._layout
 
     # ------------------------------------------------------------------------ watchers
@@ -397,6 +406,14 @@ class Run:
                 parent: NodeResult | None, scope: CancelScope, extra: Vars | None = None
                 ) -> NodeResult:
         """Run a template invocation (with retries); ``arguments`` are already substituted."""
+        if self.carried is not None:  # a retry or a resubmit: what the earlier run did
+            earlier = self.carried.take(self.name, name)
+            if earlier is not None:
+                from .templates.rerun import carry
+
+                return carry(self, earlier, name, parent, self.carried)
+        while not self.resumed.wait(SIGNAL_CHECK_S) and scope.stop_reason() is None:
+            pass  # suspended: no new node until resumed (or stopped)
         template = self.templates[template_name]
         kind = template_kind(template)
         strategy = retry_strategy(template, self.spec)

@@ -56,11 +56,14 @@ class ArgoApiServer(ThreadingHTTPServer):
 
 def make_server(home: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                 token: str | None = None, namespace: str = "sublimate",
-                log: Callable[[str], None] | None = None) -> ArgoApiServer:
+                log: Callable[[str], None] | None = None,
+                allow_privileged: bool = False) -> ArgoApiServer:
     """A server bound to ``host:port`` over ``home``, the runs a previous server left settled
-    first; ``serve_forever()`` it."""
+    first; ``serve_forever()`` it. ``allow_privileged``: run workflows whose pods ask for more
+    than a container's privileges (``policy``)."""
     store = WorkflowStore(home, namespace)
     server = ArgoApiServer((host, port), store, token, log)
+    server.launcher.allow_privileged = allow_privileged
     server.launcher.settle()
     return server
 

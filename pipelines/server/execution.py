@@ -11,16 +11,21 @@ import re
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase
 from sublimate.pipelines.runner import ManifestError, ParameterError, RunOptions
 from sublimate.pipelines.runner.engine import Run, prepare_workflow
 from sublimate.pipelines.runner.records.run_folder import draw_name, settle_interrupted_runs
 
+from . import policy
 from .errors import already_exists, invalid
-from .routing import NAME
-from .store import WorkflowStore, timestamp
+
+if TYPE_CHECKING:
+    from sublimate.pipelines.runner.reruns import Rerun
+from .store import NAME, WorkflowStore, timestamp
 
 SERVER_STOPPED = "the sublimate server stopped while the workflow ran"
 _NAME = NAME
@@ -34,8 +39,10 @@ class _Live:
 
 
 class Launcher:
-    def __init__(self, store: WorkflowStore) -> None:
+    def __init__(self, store: WorkflowStore, allow_privileged: bool = False) -> None:
         self.store = store
+        # pods with more than a container's privileges, from HTTP (``policy``)
+        self.allow_privileged = allow_privileged
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
 
@@ -60,7 +67,8 @@ class Launcher:
              parameters: dict[str, str] | None = None) -> dict:
         """The workflow as the runner would run it, checked; ``ApiError`` (400) if it would not."""
         manifest = _manifest(namespace, workflow)
-        _prepare(manifest, parameters or {})
+        prepared, _ = _prepare(manifest, parameters or {})
+        policy.check(prepared, self.allow_privileged)
         return manifest
 
     def start(self, namespace: str, workflow: object, parameters: dict[str, str] | None = None,
@@ -70,6 +78,9 @@ class Launcher:
         ``workflowTemplateRef``, as Argo shows it)."""
         manifest = _manifest(namespace, workflow)
         metadata = manifest["metadata"]
+        # spec.suspend: created suspended, resumed by PUT .../resume (the runner itself has no
+        # such field: a local run has no one to resume it but the server)
+        suspended = manifest["spec"].pop("suspend", None) in (True, "true")
         with self.store.lock:
             fixed = metadata.get("name")
             if fixed:
@@ -84,9 +95,9 @@ class Launcher:
             to_run["metadata"]["name"] = name
             to_run["metadata"].pop("generateName", None)
             prepared, resolved = _prepare(to_run, parameters or {})
+            policy.check(prepared, self.allow_privileged)
             try:
-                run = Run(prepared, resolved,
-                          RunOptions(home=self.store.home, reporter=_quiet, follow_logs=False))
+                run = Run(prepared, resolved, self._options())
             except (ManifestError, ParameterError, ValueError) as error:
                 raise invalid(str(error)) from error
             record = {
@@ -99,19 +110,134 @@ class Launcher:
                 **({"generateName": metadata["generateName"]}
                    if metadata.get("generateName") else {}),
             }
-            thread = threading.Thread(target=self._run, args=(run,), daemon=True,
-                                      name=f"workflow {run.name}")
-            with self._lock:  # live before its record shows: never seen as "never started"
-                self._live[run.name] = _Live(run, thread)
-            try:
-                self.store.save(record)
-            except BaseException:
-                with self._lock:
-                    self._live.pop(run.name, None)
-                self.store.remove(run.name)  # nothing ran: as if never accepted
-                raise
-            thread.start()
+            self._launch(run, record, suspended=suspended)
         return record
+
+    def _launch(self, run: Run, record: dict, suspended: bool = False,
+                rerun: Rerun | None = None, fresh: bool = True) -> None:
+        """Save ``record`` and run ``run`` in a thread of its own (under the store's lock);
+        ``fresh``: a new run (not a retry in an earlier one's folder), removed if it cannot
+        start."""
+        if suspended:
+            run.resumed.clear()
+        thread = threading.Thread(target=self._run, args=(run, rerun), daemon=True,
+                                  name=f"workflow {run.name}")
+        with self._lock:  # live before its record shows: never seen as "never started"
+            self._live[run.name] = _Live(run, thread)
+        try:
+            self.store.save(record)
+        except BaseException:
+            with self._lock:
+                self._live.pop(run.name, None)
+            if fresh:
+                self.store.remove(run.name)  # nothing ran: as if never accepted
+            raise
+        thread.start()
+
+    def retry(self, name: str, restart_successful: bool, selector: str,
+              parameters: list[str]) -> dict:
+        """``argo retry``: the finished run ``name`` again, in its folder, its record kept."""
+        from sublimate.pipelines.runner.reruns import retry
+
+        with self.store.lock:
+            if self.is_live(name):
+                raise invalid(f"workflow {name} is running: only a finished one is retried")
+            record = self.store.record(name)
+            assert record is not None  # the caller found it
+            rerun = _rerun(lambda: retry(self.store.runs / name, self._options(),
+                                         restart_successful, selector,
+                                         _parameters(parameters), self._policy))
+            record.pop("interrupted", None)  # this run's record is the new run's
+            record["resourceVersion"] = str(int(record.get("resourceVersion", "1")) + 1)
+            if record.get("source") == "sublimate run":
+                record.pop("source")  # the server runs it now: its record is the server's
+            self._launch(rerun.run, record, rerun=rerun, fresh=False)
+        return record
+
+    def resubmit(self, name: str, memoized: bool, parameters: list[str]) -> dict:
+        """``argo resubmit [--memoized]``: a new run of the manifest ``name`` ran."""
+        from sublimate.pipelines.runner.reruns import resubmit
+
+        with self.store.lock:
+            earlier = self.store.record(name)
+            assert earlier is not None
+            rerun = _rerun(lambda: resubmit(self.store.runs / name, self._options(), memoized,
+                                            _parameters(parameters), self._policy))
+            run = rerun.run
+            metadata = run.workflow.get("metadata") or {}
+            record = {
+                "name": run.name, "namespace": earlier["namespace"],
+                "uid": run.globals.get("workflow.uid") or "",
+                "creationTimestamp": timestamp(run.record.started_at),
+                "labels": metadata.get("labels") or {},
+                "annotations": metadata.get("annotations") or {},
+                "spec": earlier.get("spec") or {},
+                "generateName": metadata.get("generateName") or f"{name}-",
+            }
+            self._launch(run, record, rerun=rerun)
+        return record
+
+    def is_suspended(self, name: str) -> bool:
+        with self._lock:
+            live = self._live.get(name)
+        return live is not None and not live.run.resumed.is_set()
+
+    def suspend(self, name: str) -> None:
+        live = self._running(name, "suspended")
+        live.run.resumed.clear()
+
+    def resume(self, name: str, selector: str) -> list[str]:
+        """``argo resume``: the workflow resumed, and its suspend nodes (those ``selector``
+        matches); the names of the nodes resumed."""
+        live = self._running(name, "resumed")
+        resumed: list[str] = []
+        if not selector:
+            live.run.resumed.set()
+        suspensions = live.run.suspensions
+        if suspensions is not None:
+            from sublimate.pipelines.runner.records.control import ControlError
+
+            try:
+                resumed = suspensions.resume(selector, {}, "the sublimate server")
+            except ControlError as error:
+                if selector:
+                    raise invalid(str(error)) from error
+        elif selector:
+            raise invalid(f"workflow {name} has no suspend node to resume")
+        return resumed
+
+    def stop(self, name: str, selector: str, message: str) -> None:
+        """``argo stop``: its running steps stopped, its exit handler run; with ``selector``,
+        only the matching suspend nodes fail."""
+        live = self._running(name, "stopped")
+        if selector:
+            from sublimate.pipelines.runner.records.control import ControlError
+
+            if live.run.suspensions is None:
+                raise invalid(f"workflow {name} has no suspend node to stop")
+            try:
+                live.run.suspensions.stop(selector, message or "stopped", "the sublimate server")
+            except ControlError as error:
+                raise invalid(str(error)) from error
+            return
+        live.run.resumed.set()  # a suspended workflow stops too
+        live.run.root_scope.stop(message or "stopped")
+
+    def _running(self, name: str, doing: str) -> _Live:
+        with self._lock:
+            live = self._live.get(name)
+        if live is None:
+            raise invalid(f"workflow {name} is not running here: only a workflow this server "
+                          f"runs is {doing} (a `sublimate run` in a terminal: sublimate stop "
+                          f"or resume there)")
+        return live
+
+    def _policy(self, workflow: dict) -> None:
+        policy.check(workflow, self.allow_privileged)
+
+    def _options(self) -> RunOptions:
+        return RunOptions(home=self.store.home, reporter=_quiet, follow_logs=False,
+                          allow_privileged=self.allow_privileged)
 
     def terminate(self, name: str, message: str, wait_s: float) -> None:
         """End a live run now (every process killed), concluded Failed with ``message``."""
@@ -131,14 +257,37 @@ class Launcher:
         for name in names:
             self.terminate(name, message, wait_s)
 
-    def _run(self, run: Run) -> None:
+    def _run(self, run: Run, rerun: Rerun | None) -> None:
         try:
             run.run()
         except Exception:  # the run's own record says Failed; the server goes on
             traceback.print_exc(file=sys.stderr)
         finally:
+            if rerun is not None:
+                rerun.close()
             with self._lock:
                 self._live.pop(run.name, None)
+
+
+def _rerun(make: Callable[[], Rerun]) -> Rerun:
+    """A retry or resubmit made; what cannot be, said as a 400 naming why."""
+    from sublimate.pipelines.runner.templates.rerun import RerunError
+
+    try:
+        return make()
+    except (RerunError, ManifestError, ParameterError, ValueError) as error:
+        raise invalid(str(error)) from error
+
+
+def _parameters(entries: list[str]) -> dict[str, str]:
+    """``parameters`` of a retry or resubmit request: ``NAME=VALUE`` each, as Argo's."""
+    parameters: dict[str, str] = {}
+    for entry in entries:
+        key, separator, value = str(entry).partition("=")
+        if not separator or not key.strip():
+            raise invalid(f"parameters: '{entry}' is not name=value")
+        parameters[key.strip()] = value
+    return parameters
 
 
 def _quiet(_event: object) -> None:

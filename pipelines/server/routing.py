@@ -10,20 +10,28 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import invalid
+from .store import NAME
 
 if TYPE_CHECKING:
-    from .app import ArgoApiServer
+    from .execution import Launcher
+    from .store import WorkflowStore
+    from .templates import TemplateStore
 
-# A Kubernetes name: DNS-1123 subdomain (what Argo accepts for a namespace and a workflow).
-NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+class ServerState(Protocol):
+    """What a handler may use of the server (``app.ArgoApiServer``)."""
+
+    store: WorkflowStore
+    launcher: Launcher
+    templates: TemplateStore
 
 
 @dataclass
 class Request:
-    server: ArgoApiServer
+    server: ServerState
     method: str
     path: str
     params: dict[str, str]  # the path's {placeholders}

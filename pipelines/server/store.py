@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import threading
 import uuid
@@ -20,6 +21,8 @@ from pathlib import Path
 from sublimate.pipelines.runner.records.run_folder import STATUS_FILE, write_durably
 
 RECORDS = Path("server") / "workflows"
+# A Kubernetes name: DNS-1123 subdomain (what Argo accepts for a namespace and a workflow).
+NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def timestamp(moment: datetime | None = None) -> str:

@@ -38,9 +38,20 @@ def find(request: Request) -> tuple[dict, dict | None]:
     return record, store.status(name)
 
 
+def shown(request: Request, name: str) -> dict:
+    """Workflow ``name`` as Argo shows it now (found by the caller)."""
+    store, launcher = request.server.store, request.server.launcher
+    record = store.record(name)
+    assert record is not None
+    workflow = to_workflow(record, store.status(name), launcher.is_live(name))
+    if launcher.is_suspended(name):
+        workflow["spec"] = {**workflow["spec"], "suspend": True}
+    return workflow
+
+
 def get(request: Request) -> tuple[int, dict]:
-    record, status = find(request)
-    return 200, to_workflow(record, status, request.server.launcher.is_live(request.name))
+    find(request)
+    return 200, shown(request, request.name)
 
 
 def listed(request: Request) -> list[dict]:
@@ -56,6 +67,8 @@ def listed(request: Request) -> list[dict]:
         if name_filter and name_filter not in name:
             continue
         workflow = to_workflow(record, store.status(name), launcher.is_live(name))
+        if launcher.is_suspended(name):
+            workflow["spec"] = {**workflow["spec"], "suspend": True}
         if selector(workflow["metadata"]["labels"]):
             items.append(workflow)
     # newest first, as Argo lists them
@@ -77,10 +90,89 @@ def delete(request: Request) -> tuple[int, dict]:
     return 200, {}
 
 
+# ------------------------------------------------------------------ acting on a workflow
+
+
+def _options(request: Request) -> dict:
+    """The action's request body (``{name, namespace, ...}``; the path's win, as Argo's)."""
+    body = request.body if request.body is not None else {}
+    if not isinstance(body, dict):
+        raise invalid("body: must be a JSON object")
+    return body
+
+
+def _text(body: dict, key: str) -> str:
+    value = body.get(key) or ""
+    if not isinstance(value, str):
+        raise invalid(f"{key}: must be a string")
+    return value
+
+
+def _entries(body: dict, key: str) -> list[str]:
+    value = body.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise invalid(f"{key}: must be a list of NAME=VALUE strings")
+    return value
+
+
+def retry(request: Request) -> tuple[int, dict]:
+    """``argo retry``: its failed nodes and what comes after them run again (a finished one)."""
+    find(request)
+    body = _options(request)
+    request.server.launcher.retry(request.name, bool(body.get("restartSuccessful")),
+                                  _text(body, "nodeFieldSelector"), _entries(body, "parameters"))
+    return 200, shown(request, request.name)
+
+
+def resubmit(request: Request) -> tuple[int, dict]:
+    """``argo resubmit [--memoized]``: a new workflow of the same spec."""
+    find(request)
+    body = _options(request)
+    record = request.server.launcher.resubmit(request.name, bool(body.get("memoized")),
+                                              _entries(body, "parameters"))
+    return 200, shown(request, record["name"])
+
+
+def stop(request: Request) -> tuple[int, dict]:
+    find(request)
+    body = _options(request)
+    request.server.launcher.stop(request.name, _text(body, "nodeFieldSelector"),
+                                 _text(body, "message"))
+    return 200, shown(request, request.name)
+
+
+def terminate(request: Request) -> tuple[int, dict]:
+    find(request)
+    launcher = request.server.launcher
+    if not launcher.is_live(request.name):
+        raise invalid(f"workflow {request.name} is not running here: nothing to terminate")
+    launcher.terminate(request.name, "terminated", wait_s=30)
+    return 200, shown(request, request.name)
+
+
+def suspend(request: Request) -> tuple[int, dict]:
+    find(request)
+    request.server.launcher.suspend(request.name)
+    return 200, shown(request, request.name)
+
+
+def resume(request: Request) -> tuple[int, dict]:
+    find(request)
+    body = _options(request)
+    request.server.launcher.resume(request.name, _text(body, "nodeFieldSelector"))
+    return 200, shown(request, request.name)
+
+
 WORKFLOW_ROUTES = [
     route("POST", _BASE, create),
     route("GET", _BASE, list_workflows),
     route("POST", f"{_BASE}/lint", lint),
     route("GET", f"{_BASE}/{{name}}", get),
     route("DELETE", f"{_BASE}/{{name}}", delete),
+    route("PUT", f"{_BASE}/{{name}}/retry", retry),
+    route("PUT", f"{_BASE}/{{name}}/resubmit", resubmit),
+    route("PUT", f"{_BASE}/{{name}}/stop", stop),
+    route("PUT", f"{_BASE}/{{name}}/terminate", terminate),
+    route("PUT", f"{_BASE}/{{name}}/suspend", suspend),
+    route("PUT", f"{_BASE}/{{name}}/resume", resume),
 ]

@@ -75,14 +75,17 @@ class Layout(NamedTuple):
     pod_security: dict | None = None
     # The Secrets and ConfigMaps pods read (env, envFrom, volumes): ``k8s_objects``.
     objects: ObjectLibrary | None = None
+    # False: a pod that asks for more than a container's privileges fails to start
+    # (``sandbox.privilege_requests``; workflows that came over HTTP: ``server.policy``).
+    privileged_allowed: bool = True
 
     @classmethod
     def of(cls, home: Path, run_dir: Path, spec: dict, mounts: str = "rewrite",
-           objects: ObjectLibrary | None = None) -> Layout:
+           objects: ObjectLibrary | None = None, privileged_allowed: bool = True) -> Layout:
         claims = tuple((c["metadata"]["name"], run_dir / "volumes" / c["metadata"]["name"])
                        for c in spec.get("volumeClaimTemplates") or [])
         return cls(home, run_dir, tuple(spec.get("volumes") or []), claims, mounts,
-                   spec.get("securityContext"), objects)
+                   spec.get("securityContext"), objects, privileged_allowed)
 
 
 class Mount(NamedTuple):
@@ -320,6 +323,13 @@ def plan_pod(template: dict, local: Vars, *, node_id: str, node_name: str, displ
         paths.mount(mount.path, mount.local)
     binds, mounts_note = namespace_binds(tmpl, body, body_key, mounts, folder, layout)
     annotations = local_annotations(template, local, where)
+    if not layout.privileged_allowed:
+        from .sandbox import privilege_requests
+
+        asked = privilege_requests(tmpl, annotations)
+        if asked:
+            raise NodeError(f"{where}.{asked[0]}: this run allows no pod more privileges than "
+                            "a container's (sublimate server without --allow-privileged)")
     view = None
     if layout.mounts == "overlay":
         from .sandbox import plan_sandbox  # deferred: only overlay mode pays for them

@@ -129,6 +129,46 @@ def plan_sandbox(body: dict, annotations: dict | None, where: str) -> Sandbox | 
                    machine_devices())
 
 
+def privilege_requests(template: dict, annotations: dict | None = None) -> list[str]:
+    """Each field of a template that asks for more than a contained pod (``privileged``,
+    ``allowPrivilegeEscalation``, ``capabilities.add``, the local runner's annotation), by its
+    path in the template; ``annotations``: the pod's, substituted (else the template's own).
+    A value that a parameter fills (``{{...}}``) is left for the pod's start, when it is
+    known: the run checks again there (``plan.plan_pod``)."""
+    if annotations is None:
+        annotations = (template.get("metadata") or {}).get("annotations") or {}
+    found = []
+    if _asks((annotations or {}).get(PRIVILEGED_ANNOTATION)):
+        found.append(f"metadata.annotations.{PRIVILEGED_ANNOTATION}")
+    bodies = [(key, template[key]) for key in ("container", "script")
+              if isinstance(template.get(key), dict)]
+    for key in ("initContainers", "sidecars"):
+        bodies += [(f"{key}[{i}]", b) for i, b in enumerate(template.get(key) or [])]
+    bodies += [(f"containerSet.containers[{i}]", b) for i, b in
+               enumerate((template.get("containerSet") or {}).get("containers") or [])]
+    for field, body in bodies:
+        context = body.get("securityContext") if isinstance(body, dict) else None
+        if not isinstance(context, dict):
+            continue
+        for key in ("privileged", "allowPrivilegeEscalation"):
+            if _asks(context.get(key)):
+                found.append(f"{field}.securityContext.{key}")
+        added = (context.get("capabilities") or {}).get("add") if isinstance(
+            context.get("capabilities"), dict) else None
+        if added and "{{" not in str(added):
+            found.append(f"{field}.securityContext.capabilities.add")
+    return found
+
+
+def _asks(value: object) -> bool:
+    """Whether a field's value asks for the privilege: anything but absent or false (a value
+    left to a parameter is decided at the pod's start)."""
+    if value is None or value is False:
+        return False
+    text = str(value).strip().lower()
+    return text != "false" and "{{" not in text
+
+
 _devices: tuple[str, ...] | None = None
 
 

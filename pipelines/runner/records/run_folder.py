@@ -265,8 +265,8 @@ class RunRecord:
         import yaml  # loaded already by whoever read the manifest
 
         manifest = copy.deepcopy(workflow)
+        # (generateName stays: a resubmitted run draws its name from it, as Argo's does)
         manifest.setdefault("metadata", {})["name"] = self.name
-        manifest["metadata"].pop("generateName", None)
         params = (manifest["spec"].get("arguments") or {}).get("parameters") or []
         for param in params:
             if param.get("name") in self.params:

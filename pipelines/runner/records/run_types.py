@@ -55,6 +55,32 @@ class SuspendAnswer:
 
 
 @dataclass
+class CarriedNodes:
+    """The nodes a run takes from an earlier one instead of running them (``sublimate retry``,
+    ``resubmit --memoized``; planned by ``templates.rerun``): the earlier run's name (node names
+    begin with it; a resubmitted run's begin with its own), its nodes by id as its
+    ``status.json`` has them, the carried ones by name, and the display names of the execution
+    nodes that run again (for the console)."""
+
+    earlier_name: str
+    earlier: dict[str, dict]
+    carried: dict[str, dict]
+    rerun: tuple[str, ...]
+    taken: set[str] = field(default_factory=set)
+
+    def take(self, run_name: str, name: str) -> dict | None:
+        """The earlier node that node ``name`` of run ``run_name`` is carried from, if any
+        (each once)."""
+        earlier_name = self.earlier_name + name[len(run_name):]
+        if earlier_name in self.taken:
+            return None
+        found = self.carried.get(earlier_name)
+        if found is not None:
+            self.taken.add(earlier_name)
+        return found
+
+
+@dataclass
 class RunOptions:
     home: Path
     parallelism: int | None = None
@@ -90,6 +116,14 @@ class RunOptions:
     # ``sublimate run --env``: variables passed to every pod (nothing else of this process's
     # environment reaches one: ``pods.environment``); their values are masked as secrets.
     env: Mapping[str, str] = field(default_factory=dict)
+    # ``sublimate retry``/``resubmit --memoized``: the nodes taken from an earlier run instead
+    # of run (``templates.rerun``); ``run_folder``: a retry runs in its run's own folder, under
+    # its name (as ``argo retry`` keeps the workflow), rather than in a new one.
+    carried: CarriedNodes | None = None
+    run_folder: Path | None = None
+    # False: a pod asking for more than a container's privileges fails to start (what comes
+    # over HTTP to ``sublimate server`` without --allow-privileged: ``server.policy``)
+    allow_privileged: bool = True
 
 
 @dataclass

@@ -32,6 +32,7 @@ class RunContext(Protocol):
 
     name: str  # the workflow's name (and its run folder's)
     params: dict[str, str]  # the workflow's parameters, resolved
+    templates: dict[str, dict]  # the workflow's templates by name
     globals: Vars  # the workflow.* variables, global outputs included (under ``lock``)
     lock: threading.RLock  # the run record's lock: nodes, phases, globals
     record: RunRecord  # the nodes, phases and outputs; status.json

@@ -317,3 +317,56 @@ def test_a_users_model_by_entry_point_trains_and_evaluates(tmp_path: Path) -> No
     # the run's last line, as the step's own message
     assert typo["_stderr"].strip().splitlines()[-1].endswith(f"Error (exit code 2): {message}")
     assert typo["message"].endswith(message)  # the step's one line is the run's final message
+
+
+def test_a_run_failed_at_evaluate_is_retried_running_evaluate_only(tmp_path: Path) -> None:
+    # the user's own evaluation fails until the user has mended what it needs (here: a file)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_eval.py").write_text(
+        "import json, os, pathlib, sys\n"
+        "if not pathlib.Path(sys.argv[0]).with_name('mended').exists():\n"
+        "    sys.exit('my_eval: the labels are not there yet')\n"
+        "out = pathlib.Path(os.environ['SUBLIMATE_RUN_DIR']) / 'metrics.json'\n"
+        "out.write_text(json.dumps({'accuracy': 0.5}))\n")
+    home = tmp_path / "home"
+    first = run_cli("run", "-q", "-o", "json", "-p", "epochs=1",
+                    "-p", "eval-entrypoint=my_eval.py", home=home, cwd=project)
+    failed = json.loads(first.stdout)
+    assert failed["phase"] == "Failed" and first.returncode == 1, first.stderr
+    before = _nodes(failed)
+    assert [before[n]["phase"] for n in ("stage-data", "train", "evaluate")] == \
+        [PASSES, PASSES, "Failed"]
+    # the user's own reason, in the run's last line (Python prints it as the script exits)
+    assert "exited with code 1: my_eval: the labels are not there yet" in \
+        first.stderr.strip().splitlines()[-1]
+
+    (project / "mended").touch()
+    second = run_cli("retry", failed["name"], "-q", "-o", "json", home=home, cwd=project)
+    assert second.returncode == 0, second.stderr
+    retried = json.loads(second.stdout)
+    after = _nodes(retried)
+    assert retried["name"] == failed["name"] and retried["phase"] == PASSES
+    assert "kept from the earlier run (not run again): stage-data, train" in second.stderr
+    assert "run again: evaluate" in second.stderr
+    # staging and training did not run again: their nodes are the earlier ones, as they ended
+    for kept in ("stage-data", "train"):
+        assert after[kept]["started_at"] == before[kept]["started_at"], kept
+        assert after[kept]["outputs"] == before[kept]["outputs"], kept
+    assert after["evaluate"]["phase"] == PASSES
+    assert after["evaluate"]["started_at"] > before["evaluate"]["finished_at"]
+    assert after["evaluate"]["outputs"]["parameters"]["accuracy"] == "0.5"
+    assert retried["outputs"]["parameters"]["accuracy"] == "0.5"
+    # the earlier attempt's status and the evaluate step's log are kept beside the run
+    folder = home / "runs" / failed["name"]
+    earlier = json.loads((folder / "retries" / "1" / "status.json").read_text())
+    assert earlier["phase"] == "Failed"
+    # (evaluate runs as attempt evaluate(0) of its retry strategy)
+    log = next(n["log"] for n in earlier["nodes"] if n["display_name"] == "evaluate(0)")
+    assert "the labels are not there yet" in Path(log).read_text()
+    # nothing left to retry: said in one line
+    again = run_cli("retry", failed["name"], home=home, cwd=project)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: run {failed['name']} succeeded: to run some of its nodes again, give "
+        "--restart-successful and --node-field-selector")

@@ -64,10 +64,10 @@ def _definition(schema: dict) -> str:
 
 def response_definition(method: str, path: str, status: int) -> str:
     """The definition Argo's document gives the response to ``method path``."""
+    if status != 200:  # every operation's "default": grpc-gateway's error (also for paths not
+        return "grpc.gateway.runtime.Error"  # served, which the document has no entry for)
     responses = operation(method, path)["responses"]
-    schema = responses.get(str(status), {}).get("schema") or responses["default"]["schema"]
-    if status != 200:
-        return _definition(responses["default"]["schema"])
+    schema = responses["200"]["schema"]
     if schema.get("title", "").startswith("Stream result of"):
         # a stream: each line's "result" is the definition; the whole is not one document
         return _definition(schema["properties"]["result"])

@@ -145,7 +145,7 @@ def test_errors_have_argo_shapes(start: Callable[..., Server]) -> None:
     assert (status, body["code"]) == (400, 3) and "labelSelector" in body["message"]
     status, body = server.call("GET", "/api/v1/workflows/Not_A_Name")
     assert (status, body["code"]) == (400, 3) and body["message"].startswith("namespace")
-    status, body = server.call("GET", "/api/v1/cron-workflows/ns")
+    status, body = server.call("GET", "/api/v1/archived-workflows")
     assert (status, body["code"]) == (501, 12)
 
     wait_for(server, "ns", "once", ended)
