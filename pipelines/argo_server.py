@@ -124,6 +124,34 @@ def install(conn: Connection, workflows: list[Any]) -> list[str]:
     return done
 
 
+def retry(conn: Connection, name: str, restart_successful: bool = False,
+          node_field_selector: str = "", parameters: dict[str, str] | None = None) -> str:
+    """``argo retry``: the workflow's failed nodes, and what comes after them, run again."""
+    from hera.workflows.models import WorkflowRetryRequest
+
+    request = WorkflowRetryRequest(
+        name=name, namespace=conn.namespace, restart_successful=restart_successful or None,
+        node_field_selector=node_field_selector or None,
+        parameters=[f"{key}={value}" for key, value in (parameters or {}).items()] or None)
+    workflow = _call(conn, f"retrying workflow '{name}'", lambda: service(conn).retry_workflow(
+        name, request, namespace=conn.namespace))
+    return workflow.metadata.name
+
+
+def resubmit(conn: Connection, name: str, memoized: bool = False,
+             parameters: dict[str, str] | None = None) -> str:
+    """``argo resubmit``: a new workflow of the same spec; its name."""
+    from hera.workflows.models import WorkflowResubmitRequest
+
+    request = WorkflowResubmitRequest(
+        name=name, namespace=conn.namespace, memoized=memoized or None,
+        parameters=[f"{key}={value}" for key, value in (parameters or {}).items()] or None)
+    workflow = _call(conn, f"resubmitting workflow '{name}'",
+                     lambda: service(conn).resubmit_workflow(name, request,
+                                                             namespace=conn.namespace))
+    return workflow.metadata.name
+
+
 def get(conn: Connection, name: str) -> dict[str, Any]:
     workflow = _call(conn, f"workflow '{name}'",
                      lambda: service(conn).get_workflow(name, namespace=conn.namespace))

@@ -6,6 +6,9 @@ under its name; the nodes that succeeded keep their outputs and are not run. ``r
 a new run of the same manifest (``--memoized``: keeping what succeeded). Both run in the
 foreground, as ``sublimate run`` does, and take its flags for what a run folder does not record
 (``--objects``, ``--env``, ``--semaphore``, ``--mounts``, ``--containers``).
+
+With ``--argo-server`` they ask an Argo Server instead (a cluster's, or ``sublimate server``),
+as ``argo retry`` and ``argo resubmit`` do; ``--wait`` waits for the workflow's end.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ def add_rerun_commands(commands: Any) -> None:
                             metavar="NAME=VALUE",
                             help="override a workflow parameter (repeatable)")
         _add_run_flags(parser)
+        remote = parser.add_argument_group("on an Argo Server instead (as argo retry/resubmit)")
+        remote.add_argument("--argo-server", help="Argo Server host:port or URL: the workflow "
+                                                  "RUN there, not a local run")
+        remote.add_argument("--token", help="bearer token ($ARGO_TOKEN)")
+        remote.add_argument("-n", "--namespace", help="namespace ($ARGO_NAMESPACE, default "
+                                                      "sublimate)")
+        remote.add_argument("-k", "--insecure", action="store_true",
+                            help="skip TLS verification ($ARGO_INSECURE_SKIP_VERIFY)")
+        remote.add_argument("-w", "--wait", action="store_true",
+                            help="wait for the workflow to end")
         parser.set_defaults(handler=handler)
 
 
@@ -109,6 +122,12 @@ def _options(args: argparse.Namespace) -> Any:
 def command_retry(args: argparse.Namespace) -> int:
     from sublimate.pipelines.runner.reruns import retry
 
+    if args.argo_server:
+        from sublimate.pipelines import argo_server
+
+        return _on_server(args, lambda conn, parameters: argo_server.retry(
+            conn, args.run, args.restart_successful, args.node_field_selector, parameters),
+            "retried")
     folder = run_folder(args.run, args.home)
     return _rerun(args, lambda options, parameters: retry(
         folder, options, args.restart_successful, args.node_field_selector, parameters),
@@ -118,9 +137,29 @@ def command_retry(args: argparse.Namespace) -> int:
 def command_resubmit(args: argparse.Namespace) -> int:
     from sublimate.pipelines.runner.reruns import resubmit
 
+    if args.argo_server:
+        from sublimate.pipelines import argo_server
+
+        return _on_server(args, lambda conn, parameters: argo_server.resubmit(
+            conn, args.run, args.memoized, parameters), "resubmitted as")  # + its new name
     folder = run_folder(args.run, args.home)
     return _rerun(args, lambda options, parameters: resubmit(
         folder, options, args.memoized, parameters), f"resubmitting run {folder.name}")
+
+
+def _on_server(args: argparse.Namespace, act: Any, done: str) -> int:
+    """The retry or resubmit asked of Argo Server; with ``--wait``, its end awaited."""
+    from sublimate.pipelines import argo_server
+
+    conn = argo_server.connection(args.argo_server, args.token, args.namespace, args.insecure)
+    name = act(conn, parse_parameter_flags(args.parameter))
+    said = done if name == args.run else f"{done} {name}"
+    print(f"{args.run}: {said} ({conn.url}/workflows/{conn.namespace}/{name})")
+    if not args.wait:
+        return 0
+    phase = argo_server.wait(conn, name, lambda change: print(f"{name}: {change}"),
+                             poll_seconds=1.0)
+    return 0 if phase == "Succeeded" else EXIT_FAILED
 
 
 def _rerun(args: argparse.Namespace, make: Any, doing: str) -> int:
@@ -129,7 +168,7 @@ def _rerun(args: argparse.Namespace, make: Any, doing: str) -> int:
 
     from .local import _signal_name, show_result
 
-    parameters = {name: value for name, value in parse_parameter_flags(args.parameter).items()}
+    parameters = parse_parameter_flags(args.parameter)
     try:
         rerun = make(_options(args), parameters)
     except (RerunError, ManifestError, ParameterError) as error:

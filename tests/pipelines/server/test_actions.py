@@ -244,3 +244,27 @@ def test_pods_with_more_than_a_containers_privileges_need_allow_privileged(
     assert trusting.call("POST", "/api/v1/workflows/ml", json={
         "workflow": asking("trusted", privileged=True)})[0] == 200
     assert wait_for(trusting, "ml", "trusted", ended)["status"]["phase"] == "Succeeded"
+
+
+def test_sublimate_retry_and_resubmit_against_an_argo_server(
+        start: Callable[..., Server], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sublimate.pipelines.cli import main as cli_main
+
+    server = start()
+    server.call("POST", "/api/v1/workflows/ml", json={"workflow": pipeline("remote")})
+    wait_for(server, "ml", "remote", ended)
+    seen = on_the_wire(monkeypatch)
+    flags = ["--argo-server", server.url, "-n", "ml"]
+    assert cli_main(["retry", "remote", *flags, "-p", "bad=none", "--wait"]) == 0
+    assert ("PUT", "/api/v1/workflows/ml/remote/retry", 200) in seen
+    out = capsys.readouterr().out
+    assert out.startswith(f"remote: retried ({server.url}/workflows/ml/remote)")
+    assert "remote: Succeeded" in out
+    assert cli_main(["resubmit", "remote", *flags, "--wait"]) == 0
+    out = capsys.readouterr().out
+    name = out.split()[3]
+    assert out.startswith("remote: resubmitted as remote-") and f"{name}: Succeeded" in out
+    # a mistake: one line naming what to fix
+    assert cli_main(["retry", "absent", *flags]) == 1
+    assert "retrying workflow 'absent': not found in namespace 'ml'" in capsys.readouterr().err
