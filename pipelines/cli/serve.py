@@ -96,6 +96,9 @@ def command_server(args: argparse.Namespace) -> int:
         # What was running ends Failed, saying why, rather than being killed unrecorded.
         from sublimate.pipelines.server.execution import SERVER_STOPPED
 
+        cron_scheduler = getattr(server, "cron_scheduler", None)
+        if cron_scheduler is not None:
+            cron_scheduler.stop()  # no schedule fires while the server ends its runs
         server.launcher.stop_all(SERVER_STOPPED, wait_s=10)
         server.server_close()
     print("sublimate server: stopped", flush=True)

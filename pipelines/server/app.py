@@ -65,6 +65,9 @@ def make_server(home: Path, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
     server = ArgoApiServer((host, port), store, token, log)
     server.launcher.allow_privileged = allow_privileged
     server.launcher.settle()
+    from .cron_server import scheduler
+
+    scheduler(server)  # CronWorkflows fire from the start; a missed schedule is caught up now
     return server
 
 

@@ -7,6 +7,7 @@ from .convert import to_workflow
 from .errors import invalid, not_found
 from .routing import NAME, Request, route
 from .selectors import parse_selector
+from .templates import resolve_references
 
 _BASE = "/api/v1/workflows/{namespace}"
 
@@ -17,14 +18,21 @@ def create(request: Request) -> tuple[int, dict]:
     options = body.get("createOptions") or {}
     if not isinstance(options, dict):
         raise invalid("createOptions: must be an object")
+    given = body.get("workflow")
+    # a workflowTemplateRef or templateRef names the server's stored templates (``templates``)
+    to_run = resolve_references(request.server, request.namespace, given)
     if body.get("serverDryRun") or "All" in (options.get("dryRun") or []):
-        return 200, launcher.lint(request.namespace, body.get("workflow"))
-    record = launcher.start(request.namespace, body.get("workflow"))
+        return 200, launcher.lint(request.namespace, to_run)
+    shown = given.get("spec") if to_run is not given and isinstance(given, dict) else None
+    record = launcher.start(request.namespace, to_run, None, shown)
     return 200, to_workflow(record, None, live=True)
 
 
 def lint(request: Request) -> tuple[int, dict]:
-    return 200, request.server.launcher.lint(request.namespace, request.object().get("workflow"))
+    namespace = request.namespace
+    given = request.object().get("workflow")
+    return 200, request.server.launcher.lint(
+        namespace, resolve_references(request.server, namespace, given))
 
 
 def find(request: Request) -> tuple[dict, dict | None]:
