@@ -255,25 +255,15 @@ def _suspended(value: bool) -> Handler:
     return handler
 
 
-def with_scheduler(handler: Handler) -> Handler:
-    """``handler``, the server's scheduler started first (``app`` starts none itself)."""
-
-    def started_first(request: Request) -> Any:
-        scheduler(request.server)
-        return handler(request)
-
-    return started_first
-
-
 CRON_ROUTES = [
-    route("POST", _BASE, with_scheduler(create)),
-    route("GET", _BASE, with_scheduler(list_crons)),
-    route("POST", f"{_BASE}/lint", with_scheduler(lint)),
-    route("GET", f"{_BASE}/{{name}}", with_scheduler(get)),
-    route("PUT", f"{_BASE}/{{name}}", with_scheduler(update)),
-    route("DELETE", f"{_BASE}/{{name}}", with_scheduler(delete)),
-    route("PUT", f"{_BASE}/{{name}}/suspend", with_scheduler(_suspended(True))),
-    route("PUT", f"{_BASE}/{{name}}/resume", with_scheduler(_suspended(False))),
+    route("POST", _BASE, create),
+    route("GET", _BASE, list_crons),
+    route("POST", f"{_BASE}/lint", lint),
+    route("GET", f"{_BASE}/{{name}}", get),
+    route("PUT", f"{_BASE}/{{name}}", update),
+    route("DELETE", f"{_BASE}/{{name}}", delete),
+    route("PUT", f"{_BASE}/{{name}}/suspend", _suspended(True)),
+    route("PUT", f"{_BASE}/{{name}}/resume", _suspended(False)),
 ]
 
 

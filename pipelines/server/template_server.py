@@ -17,7 +17,7 @@ from sublimate.pipelines.runner.manifest.library import (
 )
 
 from .convert import to_workflow
-from .cron_server import crons, scheduler, with_scheduler
+from .cron_server import crons, scheduler
 from .errors import invalid
 from .routing import Request, route
 from .selectors import parse_selector
@@ -196,17 +196,17 @@ def _from_cron(cron: dict, options: object) -> tuple[dict, dict, dict[str, str]]
 
 
 TEMPLATE_ROUTES = [
-    route("POST", _BASE, with_scheduler(create)),
-    route("GET", _BASE, with_scheduler(list_templates)),
-    route("POST", f"{_BASE}/lint", with_scheduler(lint)),
-    route("GET", f"{_BASE}/{{name}}", with_scheduler(get)),
-    route("PUT", f"{_BASE}/{{name}}", with_scheduler(update)),
-    route("DELETE", f"{_BASE}/{{name}}", with_scheduler(delete)),
-    route("POST", _CLUSTER_BASE, with_scheduler(create_cluster)),
-    route("GET", _CLUSTER_BASE, with_scheduler(list_cluster)),
-    route("POST", f"{_CLUSTER_BASE}/lint", with_scheduler(lint_cluster)),
-    route("GET", f"{_CLUSTER_BASE}/{{name}}", with_scheduler(get_cluster)),
-    route("PUT", f"{_CLUSTER_BASE}/{{name}}", with_scheduler(update_cluster)),
-    route("DELETE", f"{_CLUSTER_BASE}/{{name}}", with_scheduler(delete_cluster)),
-    route("POST", "/api/v1/workflows/{namespace}/submit", with_scheduler(submit)),
+    route("POST", _BASE, create),
+    route("GET", _BASE, list_templates),
+    route("POST", f"{_BASE}/lint", lint),
+    route("GET", f"{_BASE}/{{name}}", get),
+    route("PUT", f"{_BASE}/{{name}}", update),
+    route("DELETE", f"{_BASE}/{{name}}", delete),
+    route("POST", _CLUSTER_BASE, create_cluster),
+    route("GET", _CLUSTER_BASE, list_cluster),
+    route("POST", f"{_CLUSTER_BASE}/lint", lint_cluster),
+    route("GET", f"{_CLUSTER_BASE}/{{name}}", get_cluster),
+    route("PUT", f"{_CLUSTER_BASE}/{{name}}", update_cluster),
+    route("DELETE", f"{_CLUSTER_BASE}/{{name}}", delete_cluster),
+    route("POST", "/api/v1/workflows/{namespace}/submit", submit),
 ]
