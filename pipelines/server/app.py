@@ -29,7 +29,7 @@ from .errors import (
     invalid,
 )
 from .execution import Launcher
-from .routing import Request, Route, Stream, route
+from .routing import Raw, Request, Route, Stream, route
 from .store import WorkflowStore
 from .templates import TemplateStore
 
@@ -91,10 +91,11 @@ def _routes() -> list[Route]:
     from .cron_server import CRON_ROUTES
     from .streams import STREAM_ROUTES
     from .template_server import TEMPLATE_ROUTES
+    from .web_server import WEB_ROUTES
     from .workflow_server import WORKFLOW_ROUTES
 
     return [route("GET", "/api/v1/version", version), *WORKFLOW_ROUTES, *TEMPLATE_ROUTES,
-            *CRON_ROUTES, *STREAM_ROUTES]
+            *CRON_ROUTES, *STREAM_ROUTES, *WEB_ROUTES]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -120,10 +121,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         try:
             body = self._read_body()
-            self._check_access()
             answer = self._route(method, body)
             if isinstance(answer, Stream):
                 self._stream(answer)
+                return
+            if isinstance(answer, Raw):
+                self._raw(answer)
                 return
             status, payload = answer
         except ApiError as error:
@@ -158,7 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as error:
             raise invalid(f"body: not valid JSON: {error}") from error
 
-    def _check_access(self) -> None:
+    def _check_access(self, needs_token: bool = True) -> None:
         host = urlsplit(f"//{self.headers.get('Host') or ''}").hostname or ""
         if self.server.token is None and host not in _LOOPBACK_NAMES:
             # No token: only this machine's own names may be asked for, so that a page whose
@@ -171,26 +174,38 @@ class _Handler(BaseHTTPRequestHandler):
             # a page elsewhere driving a browser that holds the token: refused
             raise ApiError(PERMISSION_DENIED, f"requests from origin {origin} are refused")
         token = self.server.token
-        if token is None:
+        if token is None or not needs_token:
             return
         given = self.headers.get("Authorization") or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise ApiError(UNAUTHENTICATED, "token not valid: send 'Authorization: Bearer "
                                             "<token>' (the server's --auth-token)")
 
-    def _route(self, method: str, body: Any) -> tuple[int, dict] | Stream:
+    def _route(self, method: str, body: Any) -> tuple[int, dict] | Stream | Raw:
         url = urlsplit(self.path)
         path = url.path.rstrip("/") or "/"
         for candidate in self.server.routes:
             match = candidate.pattern.fullmatch(path)
             if match and candidate.method == method:
+                self._check_access(candidate.needs_token)
                 request = Request(self.server, method, path, match.groupdict(),
                                   parse_qs(url.query), body, self.headers)
                 return candidate.handler(request)
+        self._check_access()
         if path.startswith("/api/"):
             raise ApiError(UNIMPLEMENTED, f"{method} {path}: not served by sublimate server "
                                           f"(docs/local-runner.md says what is)")
         raise ApiError(NOT_FOUND, "Not Found")
+
+    def _raw(self, answer: Raw) -> None:
+        self.send_response(answer.status)
+        self.send_header("Content-Type", answer.content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        for key, value in (answer.headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(answer.body)
 
     def _stream(self, stream: Stream) -> None:
         """Send each result as it comes, then end the response by closing the connection (no

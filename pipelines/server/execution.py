@@ -206,6 +206,26 @@ class Launcher:
             raise invalid(f"workflow {name} has no suspend node to resume")
         return resumed
 
+    def set_nodes(self, name: str, selector: str, phase: str, message: str,
+                  outputs: dict[str, str]) -> list[str]:
+        """``argo node set``: the suspend nodes ``selector`` matches end with ``phase``
+        (Succeeded: resumed with the supplied ``outputs``, checked against their enums;
+        Failed or Error: stopped); the names of the nodes set."""
+        live = self._running(name, "set")
+        if live.run.suspensions is None:
+            raise invalid(f"workflow {name} has no suspend node to set")
+        from sublimate.pipelines.runner.records.control import ControlError
+
+        try:
+            if phase in ("", "Succeeded"):
+                return live.run.suspensions.resume(selector, outputs, "the sublimate server",
+                                                   message)
+            if phase in ("Failed", "Error"):
+                return live.run.suspensions.stop(selector, message, "the sublimate server")
+        except ControlError as error:
+            raise invalid(str(error)) from error
+        raise invalid(f"phase: {phase} is an invalid phase to set to")
+
     def stop(self, name: str, selector: str, message: str) -> None:
         """``argo stop``: its running steps stopped, its exit handler run; with ``selector``,
         only the matching suspend nodes fail."""

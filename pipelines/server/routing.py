@@ -83,7 +83,17 @@ class Stream:
     heartbeat_s: float = 15.0
 
 
-Handler = Callable[[Request], "tuple[int, dict] | Stream"]
+@dataclass
+class Raw:
+    """An answer that is not JSON: a file of the web page, a downloaded artifact."""
+
+    body: bytes
+    content_type: str
+    headers: dict[str, str] | None = None
+    status: int = 200
+
+
+Handler = Callable[[Request], "tuple[int, dict] | Stream | Raw"]
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,15 @@ class Route:
     method: str
     pattern: re.Pattern[str]
     handler: Handler
+    # False: served without the token (the web page's own files, which hold no data: the
+    # page asks for the token, and sends it with every request of the API)
+    needs_token: bool = True
 
 
-def route(method: str, path: str, handler: Handler) -> Route:
-    """``path`` as Argo's document writes it: ``/api/v1/workflows/{namespace}/{name}/retry``."""
-    regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
-    return Route(method, re.compile(regex), handler)
+def route(method: str, path: str, handler: Handler, needs_token: bool = True) -> Route:
+    """``path`` as Argo's document writes it: ``/api/v1/workflows/{namespace}/{name}/retry``;
+    ``{rest...}`` matches the rest of the path, slashes included."""
+    regex = re.escape(path)
+    regex = re.sub(r"\\\{(\w+)\\\.\\\.\\\.\\\}", r"(?P<\1>.+)", regex)
+    regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", regex)
+    return Route(method, re.compile(regex), handler, needs_token)

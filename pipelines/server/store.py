@@ -62,6 +62,17 @@ class WorkflowStore:
             return status if isinstance(status, dict) else None
         return None
 
+    def manifest_spec(self, name: str) -> dict | None:
+        """The spec the run ran (its ``workflow.yaml``), or None."""
+        with contextlib.suppress(OSError, ValueError, ImportError):
+            import yaml
+
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            manifest = yaml.load((self.runs / name / "workflow.yaml").read_text(), loader)
+            spec = manifest.get("spec") if isinstance(manifest, dict) else None
+            return spec if isinstance(spec, dict) else None
+        return None
+
     def names(self) -> list[str]:
         names = set()
         for folder, suffix in ((self.runs, ""), (self.records, ".json")):

@@ -3,6 +3,8 @@ over the store's records and the launcher's runs."""
 
 from __future__ import annotations
 
+import json
+
 from .convert import to_workflow
 from .errors import invalid, not_found
 from .routing import NAME, Request, route
@@ -54,6 +56,12 @@ def shown(request: Request, name: str) -> dict:
     workflow = to_workflow(record, store.status(name), launcher.is_live(name))
     if launcher.is_suspended(name):
         workflow["spec"] = {**workflow["spec"], "suspend": True}
+    if "workflowTemplateRef" in workflow["spec"]:
+        # what ran, as Argo keeps it for a workflow from a template: the page finds the
+        # templates of its nodes there (a suspend node's supplied outputs, a node's inputs)
+        stored = store.manifest_spec(name)
+        if stored is not None:
+            workflow["status"]["storedWorkflowTemplateSpec"] = stored
     return workflow
 
 
@@ -141,6 +149,27 @@ def resubmit(request: Request) -> tuple[int, dict]:
     return 200, shown(request, record["name"])
 
 
+def set_nodes(request: Request) -> tuple[int, dict]:
+    """``argo node set``: a suspend node's supplied outputs set (it resumes), or its phase."""
+    find(request)
+    body = _options(request)
+    selector = _text(body, "nodeFieldSelector")
+    if not selector:
+        raise invalid("nodeFieldSelector: required, the suspend nodes to set")
+    outputs: dict[str, str] = {}
+    if text := _text(body, "outputParameters"):
+        try:
+            outputs = json.loads(text)
+        except ValueError as error:
+            raise invalid(f"outputParameters: not a JSON object: {error}") from None
+        if not isinstance(outputs, dict) or not all(
+                isinstance(value, str) for value in outputs.values()):
+            raise invalid("outputParameters: must be a JSON object of strings")
+    request.server.launcher.set_nodes(request.name, selector, _text(body, "phase"),
+                                      _text(body, "message"), outputs)
+    return 200, shown(request, request.name)
+
+
 def stop(request: Request) -> tuple[int, dict]:
     find(request)
     body = _options(request)
@@ -183,4 +212,5 @@ WORKFLOW_ROUTES = [
     route("PUT", f"{_BASE}/{{name}}/terminate", terminate),
     route("PUT", f"{_BASE}/{{name}}/suspend", suspend),
     route("PUT", f"{_BASE}/{{name}}/resume", resume),
+    route("PUT", f"{_BASE}/{{name}}/set", set_nodes),
 ]

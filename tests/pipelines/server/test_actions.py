@@ -268,3 +268,29 @@ def test_sublimate_retry_and_resubmit_against_an_argo_server(
     # a mistake: one line naming what to fix
     assert cli_main(["retry", "absent", *flags]) == 1
     assert "retrying workflow 'absent': not found in namespace 'ml'" in capsys.readouterr().err
+
+
+def test_set_gives_a_suspend_node_its_supplied_outputs(start: Callable[..., Server]) -> None:
+    """`argo node set --output-parameter` (what Argo's UI sends to resume with values)."""
+    server = start()
+    gate = {"metadata": {"name": "chosen"}, "spec": {"entrypoint": "main", "templates": [
+        {"name": "main", "steps": [[{"name": "approve", "template": "wait"}]]},
+        {"name": "wait", "suspend": {}, "outputs": {"parameters": [{
+            "name": "env", "valueFrom": {"supplied": {}, "default": "dev"},
+            "enum": ["dev", "prod"]}]}}]}}
+    server.call("POST", "/api/v1/workflows/ml", json={"workflow": gate})
+    wait_for(server, "ml", "chosen", lambda body: any(
+        node["type"] == "Suspend" and node["phase"] == "Running"
+        for node in body["status"].get("nodes", {}).values()))
+    path = "/api/v1/workflows/ml/chosen/set"
+    status, body = put(server, path, {"nodeFieldSelector": "displayName=approve",
+                                      "outputParameters": '{"env": "staging"}'})
+    assert (status, body["code"]) == (400, 3) and "staging" in body["message"]
+    status, body = put(server, path, {"outputParameters": '{"env": "prod"}'})
+    assert (status, body["code"]) == (400, 3) and body["message"].startswith("nodeFieldSelector")
+    assert put(server, path, {"nodeFieldSelector": "displayName=approve",
+                              "outputParameters": '{"env": "prod"}'})[0] == 200
+    done = wait_for(server, "ml", "chosen", ended)
+    node = next(n for n in done["status"]["nodes"].values() if n["type"] == "Suspend")
+    assert node["phase"] == "Succeeded"
+    assert node["outputs"]["parameters"] == [{"name": "env", "value": "prod"}]

@@ -25,6 +25,7 @@ PATHS = [
     "/api/v1/workflows/{namespace}/{name}/retry",
     "/api/v1/workflows/{namespace}/{name}/resubmit",
     "/api/v1/workflows/{namespace}/{name}/resume",
+    "/api/v1/workflows/{namespace}/{name}/set",
     "/api/v1/workflows/{namespace}/{name}/stop",
     "/api/v1/workflows/{namespace}/{name}/suspend",
     "/api/v1/workflows/{namespace}/{name}/terminate",
