@@ -91,11 +91,12 @@ def _routes() -> list[Route]:
     from .cron_server import CRON_ROUTES
     from .streams import STREAM_ROUTES
     from .template_server import TEMPLATE_ROUTES
+    from .training_server import TRAINING_ROUTES
     from .web_server import WEB_ROUTES
     from .workflow_server import WORKFLOW_ROUTES
 
     return [route("GET", "/api/v1/version", version), *WORKFLOW_ROUTES, *TEMPLATE_ROUTES,
-            *CRON_ROUTES, *STREAM_ROUTES, *WEB_ROUTES]
+            *CRON_ROUTES, *STREAM_ROUTES, *TRAINING_ROUTES, *WEB_ROUTES]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -189,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
             if match and candidate.method == method:
                 self._check_access(candidate.needs_token)
                 request = Request(self.server, method, path, match.groupdict(),
-                                  parse_qs(url.query), body, self.headers)
+                                  parse_qs(url.query), body, self.headers, self.connection)
                 return candidate.handler(request)
         self._check_access()
         if path.startswith("/api/"):
@@ -215,19 +216,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream" if events else "application/json")
         self.send_header("Cache-Control", "no-cache")
+        # Chunked, as Go's net/http sends Argo Server's streams: a client reading a body with
+        # neither a length nor chunks (urllib3, under requests' iter_lines) waits to fill its
+        # buffer (512 bytes) before it hands a line over, so events came late, the last never.
+        self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Connection", "close")
         self.end_headers()
         try:
             for line in _framed(stream.results, events, stream.heartbeat_s):
-                self.wfile.write(line)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                 self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")  # the last chunk: the stream ended, whole
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away: nothing to send it
         except ApiError as error:  # found mid-stream: said as grpc-gateway says it, then done
             with_error = json.dumps({"error": error.body()}) + "\n"
-            with_error = f"data: {with_error}\n" if events else with_error
+            data = (f"data: {with_error}\n" if events else with_error).encode()
             with contextlib.suppress(OSError):
-                self.wfile.write(with_error.encode())
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         finally:
             close = getattr(stream.results, "close", None)
             if close is not None:

@@ -16,6 +16,8 @@ from .errors import invalid
 from .store import NAME
 
 if TYPE_CHECKING:
+    import socket
+
     from .execution import Launcher
     from .store import WorkflowStore
     from .templates import TemplateStore
@@ -38,6 +40,9 @@ class Request:
     query: dict[str, list[str]]
     body: Any
     headers: Any  # the request's headers (an ``email.message.Message``)
+    # The client's socket: a stream looks at it between polls, so that one whose client has
+    # gone ends then, not at its next write (``streams``)
+    connection: socket.socket | None = None
 
     def one(self, key: str, default: str = "") -> str:
         """A query parameter's last value (grpc-gateway keeps the last of repeated scalars)."""

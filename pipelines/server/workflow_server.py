@@ -8,7 +8,7 @@ import json
 from .convert import to_workflow
 from .errors import invalid, not_found
 from .routing import NAME, Request, route
-from .selectors import parse_selector
+from .selectors import workflow_selector
 from .templates import resolve_references
 
 _BASE = "/api/v1/workflows/{namespace}"
@@ -72,7 +72,8 @@ def get(request: Request) -> tuple[int, dict]:
 
 def listed(request: Request) -> list[dict]:
     """The workflows of the request's namespace its selectors choose, newest first."""
-    selector = parse_selector(request.one("listOptions.labelSelector"))
+    chosen = workflow_selector(request.one("listOptions.labelSelector"),
+                               request.one("listOptions.fieldSelector"), request.namespace)
     name_filter = request.one("nameFilter")
     store, launcher = request.server.store, request.server.launcher
     items = []
@@ -85,7 +86,7 @@ def listed(request: Request) -> list[dict]:
         workflow = to_workflow(record, store.status(name), launcher.is_live(name))
         if launcher.is_suspended(name):
             workflow["spec"] = {**workflow["spec"], "suspend": True}
-        if selector(workflow["metadata"]["labels"]):
+        if chosen(workflow):
             items.append(workflow)
     # newest first, as Argo lists them
     items.sort(key=lambda item: item["metadata"]["creationTimestamp"], reverse=True)
