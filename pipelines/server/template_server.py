@@ -8,6 +8,7 @@ resolved from the stored templates, when checked and when run."""
 from __future__ import annotations
 
 import copy
+import re
 from datetime import datetime
 
 from sublimate.pipelines.runner.manifest.library import (
@@ -147,11 +148,13 @@ def submit(request: Request) -> tuple[int, dict]:
     options = body.get("submitOptions")
     run_namespace: str | None = namespace
     if kind.lower() in _WORKFLOW_TEMPLATE:
-        workflow, shown, parameters = submitted_workflow(server.templates.get(namespace, name),
-                                                         options)
+        template = server.templates.get(namespace, name)
+        workflow, shown, parameters = submitted_workflow(template, options)
+        check_settings(template, parameters)
     elif kind.lower() in _CLUSTER_TEMPLATE:
         template = cluster_templates(server).get(None, name)
         workflow, shown, parameters = submitted_workflow(template, options, cluster_scope=True)
+        check_settings(template, parameters)
         run_namespace = None  # its own references are to ClusterWorkflowTemplates only
     elif kind.lower() in _CRON_WORKFLOW:
         workflow, shown, parameters = _from_cron(crons(server).get(namespace, name), options)
@@ -167,6 +170,41 @@ def submit(request: Request) -> tuple[int, dict]:
     if kind.lower() in _CRON_WORKFLOW:  # the cron's own: listed in its status.active now
         scheduler(server).changed(namespace, name, None)
     return 200, to_workflow(record, None, live=True)
+
+
+# A setting's refusal starts with the setting's name: "epochs: ...", "global-batch-size 63 is
+# not divisible by ...".
+_SETTING_FIRST = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)(: | )")
+
+
+def check_settings(template: dict, parameters: dict[str, str]) -> None:
+    """What ``sublimate run`` and ``sublimate submit`` check before anything runs
+    (``cli.common.check_settings``), for a template rendered from one of sublimate's pipelines
+    (its ``sublimate.dev/pipeline`` label): its parameters as the runner resolves them, then
+    the rules that tie its settings together. A refusal names the parameter as the runner's
+    own refusals do (``parameter 'global-batch-size': ...``), so that a client can show it at
+    that parameter's field; one that names no parameter is said as it is."""
+    from sublimate.pipelines.render import parameter_check
+
+    check = parameter_check({**template, "kind": "WorkflowTemplate"})
+    if check is None:
+        return
+    from sublimate.components.base.settings import SettingError
+    from sublimate.pipelines.runner import ParameterError, resolve_parameters
+
+    try:
+        check(resolve_parameters(template, parameters))
+    except ParameterError as error:
+        raise invalid(str(error)) from error
+    except SettingError as error:
+        message = str(error)
+        declared = {parameter.get("name") for parameter in
+                    (template["spec"].get("arguments") or {}).get("parameters") or []}
+        first = _SETTING_FIRST.match(message)
+        if first and first.group(1) in declared:
+            said = message[first.end():] if first.group(2) == ": " else message
+            message = f"parameter '{first.group(1)}': {said}"
+        raise invalid(message) from error
 
 
 def _from_cron(cron: dict, options: object) -> tuple[dict, dict, dict[str, str]]:

@@ -99,6 +99,7 @@ export async function route() {
 }
 
 function markCurrent(path) {
+  if (path === "/") path = "/workflows"; // the list, by another name
   for (const a of document.querySelectorAll("header nav a")) {
     const current = path.startsWith(a.getAttribute("href")) ? "page" : null;
     if (current) a.setAttribute("aria-current", current);

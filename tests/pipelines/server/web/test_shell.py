@@ -45,5 +45,8 @@ def test_the_page_asks_for_the_token_and_keeps_it_for_the_tab(
     dialog.find_element("css selector", "input").send_keys("s3cret-token")
     dialog.find_element("css selector", "button[value=ok]").click()
     tab.wait("#main [data-view]", condition=lambda e: e.is_displayed())
+    # the browser logs the 401 that made the page ask: that, and nothing else
+    errors = tab.errors()
+    assert all("status of 401 (Unauthorized)" in error for error in errors), errors
     assert tab.driver.execute_script("return sessionStorage.getItem('sublimate-token')") == \
         "s3cret-token"
