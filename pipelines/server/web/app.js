@@ -5,6 +5,7 @@ import { onTokenNeeded, settings } from "./api.js";
 import "./compare.js";
 import "./list.js";
 import "./submit.js";
+import "./training.js";
 import { askForToken, navigate, route } from "./ui.js";
 import "./workflow.js";
 
