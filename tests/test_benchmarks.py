@@ -131,6 +131,11 @@ SMOKES = [
         r"^cap 512 MB per training child", r"^streaming, whole split +\d+ +\d+",
         r"^in-memory, prefix +\d+ +\d+", r"^paired blocks \(2 pairs of 3 steps",
         r"^streaming / in-memory samples/s: median \d")),
+    Smoke("benchmarks/web_graph.py", 4, (
+        r"^graph of \d+ nodes",
+        r"^first paint \(navigation -> drawn\) +median +\d+\.\d ms .* ratio to 1 s \d+\.\d{3}$",
+        r"^live update \(written -> DOM\) +median +\d+\.\d ms .* ratio to 1 s \d+\.\d{3}$"),
+        module="selenium", install="pip install -e '.[test]' -c constraints.txt"),
     Smoke("benchmarks/torchft_step_cost.py", 3, (
         r"^  5 steps: wall \d+\.\d{3} ms, CPU", r"^per step: wall \d+\.\d{3} ms .* commit \d")),
     Smoke("experiments/diloco.py", 23, (

@@ -88,6 +88,7 @@ def version(_request: Request | None = None) -> tuple[int, dict]:
 
 
 def _routes() -> list[Route]:
+    from .artifacts_server import ARTIFACT_ROUTES
     from .cron_server import CRON_ROUTES
     from .streams import STREAM_ROUTES
     from .template_server import TEMPLATE_ROUTES
@@ -96,7 +97,7 @@ def _routes() -> list[Route]:
     from .workflow_server import WORKFLOW_ROUTES
 
     return [route("GET", "/api/v1/version", version), *WORKFLOW_ROUTES, *TEMPLATE_ROUTES,
-            *CRON_ROUTES, *STREAM_ROUTES, *TRAINING_ROUTES, *WEB_ROUTES]
+            *CRON_ROUTES, *STREAM_ROUTES, *TRAINING_ROUTES, *ARTIFACT_ROUTES, *WEB_ROUTES]
 
 
 class _Handler(BaseHTTPRequestHandler):

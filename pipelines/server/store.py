@@ -98,7 +98,8 @@ class WorkflowStore:
         with contextlib.suppress(OSError, ValueError, ImportError):
             import yaml  # only for runs the server did not start
 
-            manifest = yaml.safe_load((folder / "workflow.yaml").read_text()) or {}
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # C: a large run's manifest
+            manifest = yaml.load((folder / "workflow.yaml").read_text(), loader) or {}
             metadata = manifest.get("metadata") or {}
             spec = manifest.get("spec") or {}
         status = self.status(name) or {}
