@@ -168,6 +168,8 @@ RULES = [
     # it with `sublimate run --containers` and images/prove.sh
     Rule(r"^images/(build|prove)\.sh$", "skip", ".ci/run and tests/test_image.py"),
     Rule(r"^sublimate run --containers$", "dry-run", "tests/test_image.py"),
+    Rule(r"^SUBLIMATE_WEB_SHOTS=docs/images/web python -m pytest -q tests/pipelines/server/web$",
+         "skip", "the suite runs these tests (the variable only keeps their screenshots)"),
     # a run of your own that failed at evaluate, retried
     Rule(r"^sublimate run -p eval-entrypoint=my_eval\.py$", "parse",
          "your evaluation, failing (tests/pipelines/cli/test_local.py runs one and retries it)"),

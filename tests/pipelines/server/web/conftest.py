@@ -15,6 +15,9 @@ import pytest
 from ..argo_api import Server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# A folder: the tests' screenshots of each view land there (docs/images/web/ for the docs:
+# `SUBLIMATE_WEB_SHOTS=docs/images/web python -m pytest tests/pipelines/server/web`)
+SHOTS = os.environ.get("SUBLIMATE_WEB_SHOTS")
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
@@ -68,6 +71,11 @@ class Page:
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(path))
+
+    def shot(self, name: str) -> None:
+        """The page as it is now, as ``<SUBLIMATE_WEB_SHOTS>/<name>.png`` when that is set."""
+        if SHOTS:
+            self.screenshot(Path(SHOTS) / f"{name}.png")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ parameter."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,6 @@ from typing import Any
 from ..argo_api import Server, ended, wait_for, workflow
 
 NS = "sublimate"  # the server's default namespace: the page's own
-SHOTS = os.environ.get("SUBLIMATE_WEB_SHOTS")  # a folder: screenshots of each view land there
-
-
-def shot(tab: Any, name: str) -> None:
-    if SHOTS:
-        tab.screenshot(Path(SHOTS) / f"{name}.png")
-
-
 def refused_as_expected(tab: Any) -> None:
     """The browser logs each 400 the page asked for on purpose: those, and nothing else."""
     errors = tab.errors()
@@ -67,7 +58,7 @@ def test_a_run_submitted_from_the_form_shows_in_the_list_and_succeeds_live(
         == ["hello", "bye"]
     assert "What to say" in tab.wait('[data-parameter="message"] .help').text
     assert tab.wait('input[name="parameter-pause"]').get_attribute("value") == "1"
-    shot(tab, "submit-form")
+    tab.shot("submit-form")
     choose(select, "bye")
     tab.wait('.submit-form button[type="submit"]').click()
     tab.wait("#main", condition=lambda _: f"/workflows/{NS}/greet-" in tab.driver.current_url)
@@ -91,7 +82,7 @@ def test_a_run_submitted_from_the_form_shows_in_the_list_and_succeeds_live(
     assert tab.driver.execute_script("return window.notReloaded") is True
     link = tab.wait(f'tr[data-workflow="{name}"] a')
     assert link.get_attribute("href").endswith(f"/workflows/{NS}/{name}")
-    shot(tab, "list")
+    tab.shot("list")
 
 
 def test_a_refused_parameter_is_said_at_its_field(
@@ -127,7 +118,7 @@ def test_a_refused_parameter_is_said_at_its_field(
     assert "not divisible" in error.text
     assert batch.get_attribute("aria-invalid") == "true"
     assert tab.driver.switch_to.active_element == batch
-    shot(tab, "submit-refused")
+    tab.shot("submit-refused")
     # the next refusal is said at its own field, the earlier one cleared
     batch.clear()
     batch.send_keys("64")
@@ -175,7 +166,7 @@ def test_the_list_filters_by_phase_and_labels_kept_in_its_link(
     tab.wait('tr[data-workflow="good"]')
     assert shown() == ["good"]
     assert tab.wait('input[name="label"]').get_attribute("value") == "team=ml"
-    shot(tab, "list-filtered")
+    tab.shot("list-filtered")
     # a selector the server refuses is said at its field
     labels = tab.wait('input[name="label"]')
     labels.clear()
@@ -209,7 +200,7 @@ def test_a_suspended_step_is_resumed_from_the_page_with_a_supplied_value(
     select = tab.wait('dialog[open] select[name="env"]')
     assert select.get_attribute("value") == "dev"
     assert tab.driver.switch_to.active_element == select
-    shot(tab, "resume-dialog")
+    tab.shot("resume-dialog")
     choose(select, "prod")
     tab.wait("dialog[open] button[value=ok]").click()
     done = wait_for(server, NS, "chosen", ended, timeout=20)
@@ -236,7 +227,7 @@ def test_a_failed_run_is_retried_and_a_run_deleted_from_the_page(
     open_workflow(tab, "flaky")
     tab.wait('[data-action="delete"]').click()
     tab.wait("dialog[open]")
-    shot(tab, "delete-dialog")
+    tab.shot("delete-dialog")
     tab.wait("dialog[open] menu button:not([value=ok])").click()  # Cancel
     assert server.call("GET", f"/api/v1/workflows/{NS}/flaky")[0] == 200
     tab.wait('[data-action="delete"]').click()

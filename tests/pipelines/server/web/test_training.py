@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from ..test_training_api import NS, cli_run, submit
 
 
 def test_a_train_nodes_charts_gain_points_while_it_trains(
-        start: Callable[..., Server], page: Callable[[Server], Any], tmp_path: Path) -> None:
+        start: Callable[..., Server], page: Callable[[Server], Any]) -> None:
     server = start()
     submit(server, "live-run", epochs=300)
     tab = page(server)
@@ -34,7 +33,7 @@ def test_a_train_nodes_charts_gain_points_while_it_trains(
         assert len(tab.all(".chart[data-chart='Throughput'] .chart-series")) >= 3  # job, ranks
         assert len(tab.all(".bar-row")) == 2  # each process's compute/communication split
         tab.wait(".lane[data-lane='1'] .lane-span")  # per-step recovery's lanes, live
-        tab.screenshot(tmp_path / "training-live.png")
+        tab.shot("training-live")
         # the contract with the workflow view: null for a node that is not a train step
         workflow = requests.get(f"{server.url}/api/v1/workflows/{NS}/live-run",
                                 timeout=30).json()
@@ -69,8 +68,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server,
 
 
 def test_a_finished_run_shows_its_lanes_losses_and_plots(
-        finished: tuple[Server, str, str], page: Callable[[Server], Any],
-        tmp_path: Path) -> None:
+        finished: tuple[Server, str, str], page: Callable[[Server], Any]) -> None:
     server, a, _ = finished
     tab = page(server)
     tab.open(f"/workflows/{NS}/{a}/training")
@@ -95,12 +93,14 @@ def test_a_finished_run_shows_its_lanes_losses_and_plots(
     tip = tab.wait(".chart[data-chart='Training loss'] .chart-tip",
                    condition=lambda e: e.is_displayed())
     assert "epoch 1" in tip.text and "job:" in tip.text
-    tab.screenshot(tmp_path / "training-finished.png")
+    # for the docs: the per-step run's lanes in view
+    tab.driver.execute_script(
+        "document.querySelector('.lane').scrollIntoView({block: 'center'})")
+    tab.shot("training-timeline")
 
 
 def test_compare_shows_both_runs_and_their_differences(
-        finished: tuple[Server, str, str], page: Callable[[Server], Any],
-        tmp_path: Path) -> None:
+        finished: tuple[Server, str, str], page: Callable[[Server], Any]) -> None:
     server, a, b = finished
     tab = page(server)
     tab.open("/compare")
@@ -121,7 +121,7 @@ def test_compare_shows_both_runs_and_their_differences(
     assert lost.get_attribute("data-delta") == "better" and lost.text.startswith("\u22121")
     # both loss curves on one chart
     assert len(tab.all(".chart[data-chart='Training loss'] .chart-line")) == 2
-    tab.screenshot(tmp_path / "compare.png")
+    tab.shot("compare")
     # from the address alone, and swapped
     tab.open(f"/compare?a={b}&b={a}")
     tab.wait(f".compare-run.run-a[data-run='{b}']")
