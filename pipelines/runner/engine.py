@@ -429,6 +429,9 @@ class Run:
             inputs = resolve_inputs(template, arguments, node.id, self.live_globals())
         except NodeError as exc:
             return self.record.finish(node, NodePhase.ERROR, str(exc))
+        if template.get("inputs"):  # shown as Argo shows a node's inputs
+            node.inputs = {key[len(_INPUT_PARAMETER):]: value for key, value in inputs.items()
+                           if key.startswith(_INPUT_PARAMETER)}
         inputs.update(extra or {})
         art_args = arguments.get("artifacts") or {}
         locks: list[str] | None = []
@@ -585,6 +588,7 @@ class Run:
         return node
 
 
+_INPUT_PARAMETER = "inputs.parameters."
 STOPPED = "stopped"
 TERMINATED = "terminated"
 SIGNAL_CHECK_S = 0.25  # how late a stop signal caught by another thread may be acted on

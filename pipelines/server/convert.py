@@ -98,6 +98,12 @@ def _node(node: dict) -> dict:
             converted[argo] = node[ours]
     if node.get("daemoned"):
         converted["daemoned"] = True
+    if node.get("memoizationStatus"):  # a memoized node; ``hit``: taken from the cache
+        converted["memoizationStatus"] = dict(node["memoizationStatus"])
+    parameters = (node.get("inputs") or {}).get("parameters") or {}
+    if parameters:
+        converted["inputs"] = {"parameters": [{"name": name, "value": str(value)}
+                                              for name, value in parameters.items()]}
     outputs = _outputs(node.get("outputs") or {})
     if outputs:
         converted["outputs"] = outputs

@@ -455,6 +455,7 @@ def redact_result(result: Any, secrets: Iterable[str]) -> Any:
     def node(n: Any) -> Any:
         return replace(n, message=redact(n.message, secrets),
                        parameters={k: redact(v, secrets) for k, v in n.parameters.items()},
+                       inputs={k: redact(v, secrets) for k, v in n.inputs.items()},
                        result=None if n.result is None else redact(n.result, secrets))
 
     return replace(result, message=redact(result.message, secrets),

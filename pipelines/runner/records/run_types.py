@@ -151,6 +151,8 @@ class NodeResult:
     # A memoized template's node: Argo's ``memoizationStatus`` ({hit, key, cacheName}); a hit
     # is a node finished from the cache without running (``templates/memoize``).
     memoization: dict | None = None
+    # The input parameters it was invoked with, as resolved (Argo's ``node.inputs``)
+    inputs: dict[str, str] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float | None:
@@ -187,6 +189,7 @@ class NodeResult:
             **({"daemoned": True} if self.daemoned else {}),
             **({"pod_ip": self.pod_ip} if self.pod_ip else {}),
             **({"memoizationStatus": dict(self.memoization)} if self.memoization else {}),
+            **({"inputs": {"parameters": dict(self.inputs)}} if self.inputs else {}),
         }
 
 

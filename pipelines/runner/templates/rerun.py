@@ -286,6 +286,7 @@ def _restore_one(run: RunContext, earlier: dict, name: str, parent: NodeResult |
         node.log = Path(earlier["log"])
     if earlier.get("memoizationStatus"):
         node.memoization = dict(earlier["memoizationStatus"])
+    node.inputs = dict((earlier.get("inputs") or {}).get("parameters") or {})
     outputs = earlier.get("outputs") or {}
     declared = (run.templates.get(node.template) or {}).get("outputs") or {}
     params = {p.get("name"): p for p in declared.get("parameters") or []}

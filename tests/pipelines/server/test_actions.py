@@ -51,6 +51,8 @@ def test_retry_runs_the_failed_step_only_and_resubmit_makes_a_new_workflow(
     assert failed["status"]["phase"] == "Failed"
     before = pods(failed)
     assert before["evaluate"]["phase"] == "Failed"
+    # each node with the inputs it was invoked with, as Argo shows them
+    assert before["evaluate"]["inputs"] == {"parameters": [{"name": "who", "value": "evaluate"}]}
 
     # as `argo retry nightly -p bad=none` sends it
     status, body = put(server, "/api/v1/workflows/ml/nightly/retry",

@@ -269,3 +269,21 @@ def test_label_selectors() -> None:
     assert not parse_selector("app==train,tier notin (gpu)")(labels)
     assert parse_selector("app,!missing")(labels)
     assert not parse_selector("app!=train")(labels)
+
+
+def test_a_memoized_node_is_shown_cached(start: Callable[..., Server]) -> None:
+    """Argo 3.7's mark on a node taken from the cache: ``memoizationStatus.hit``."""
+    server = start()
+    memoized = workflow("first-memo", "date +%s%N > /tmp/v")
+    template = memoized["spec"]["templates"][0]
+    template["memoize"] = {"key": "k", "maxAge": "1h", "cache": {"configMap": {"name": "memo"}}}
+    template["outputs"] = {"parameters": [{"name": "v", "valueFrom": {"path": "/tmp/v"}}]}
+    shown = []
+    for name in ("first-memo", "second-memo"):
+        memoized["metadata"]["name"] = name
+        assert server.call("POST", "/api/v1/workflows/ns", json={"workflow": memoized})[0] == 200
+        done = wait_for(server, "ns", name, ended)
+        shown.append(next(iter(done["status"]["nodes"].values())))
+    assert shown[0]["memoizationStatus"] == {"hit": False, "key": "k", "cacheName": "memo"}
+    assert shown[1]["memoizationStatus"] == {"hit": True, "key": "k", "cacheName": "memo"}
+    assert shown[1]["outputs"] == shown[0]["outputs"]
