@@ -98,6 +98,45 @@ def submit(conn: Connection, template: str, parameters: dict[str, str],
     return workflow.metadata.name
 
 
+def create(conn: Connection, workflow: dict) -> str:
+    """Create ``workflow`` (a Workflow manifest) as ``argo submit FILE`` does; its name."""
+    from hera.workflows.models import WorkflowCreateRequest
+
+    request = WorkflowCreateRequest.model_validate({"namespace": conn.namespace,
+                                                   "workflow": workflow})
+    shown = (workflow.get("metadata") or {}).get("name") or "the workflow"
+    created = _call(conn, f"creating {shown}", lambda: service(conn).create_workflow(
+        request, namespace=conn.namespace))
+    return created.metadata.name
+
+
+def put_template(conn: Connection, template: dict) -> str:
+    """Create the WorkflowTemplate ``template``, or update the one of its name; its name."""
+    from hera.exceptions import AlreadyExists
+    from hera.workflows.models import (
+        WorkflowTemplateCreateRequest,
+        WorkflowTemplateUpdateRequest,
+    )
+
+    name = template["metadata"]["name"]
+    what = f"WorkflowTemplate '{name}'"
+
+    def create_or_update() -> Any:
+        api = service(conn)
+        try:
+            return api.create_workflow_template(WorkflowTemplateCreateRequest.model_validate(
+                {"namespace": conn.namespace, "template": template}), namespace=conn.namespace)
+        except AlreadyExists:
+            current = api.get_workflow_template(name, namespace=conn.namespace)
+            updated = {**template, "metadata": {
+                **template["metadata"], "resourceVersion": current.metadata.resource_version}}
+            return api.update_workflow_template(name, WorkflowTemplateUpdateRequest.model_validate(
+                {"namespace": conn.namespace, "name": name, "template": updated}),
+                namespace=conn.namespace)
+
+    return _call(conn, what, create_or_update).metadata.name
+
+
 def trigger_cron(conn: Connection, name: str) -> str:
     """Start the CronWorkflow ``name`` now, as ``argo submit --from cronwf/NAME`` does (Argo
     Server's ``SubmitWorkflow`` with ``resourceKind`` ``cronworkflow``: the server makes the

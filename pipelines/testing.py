@@ -9,12 +9,15 @@ pyproject.toml), so any test can take ``argo_run``; ``pytest -p no:sublimate`` t
         assert run.outputs["total"] == "5"
         assert run.node("big").phase == "Skipped"
 
-``argo_run(workflow, parameters=None, **options)`` is
+``argo_run(workflow, parameters=None, lint=True, **options)`` is
 :func:`sublimate.pipelines.runner.harness.run` with ``home`` set to a folder under the test's
 ``tmp_path`` (``argo_run.home``, shared by the test's runs); the keyword options (``timeout``,
 ``templates``, ``parallelism``, ``echo``, ``reporter``, ``home``, ``objects``: Secret and
 ConfigMap manifests, ``answers``: suspend nodes answered up front) pass through. It returns a
-``WorkflowRun``.
+``WorkflowRun``. First the workflow is linted as ``sublimate lint`` lints it (Argo's schema,
+references between templates, variables): a problem raises ``ManifestError`` listing them
+all, before anything runs, as a cluster's Argo would refuse the workflow; ``lint=False`` skips
+that (a test of what the runner does with a workflow Argo would refuse).
 
 This module is imported at the start of every pytest session wherever sublimate is installed:
 it imports the runner only when the fixture is used.
@@ -41,9 +44,18 @@ class ArgoRun:
         self.home = home
 
     def __call__(self, workflow: object, parameters: Mapping[str, object] | None = None,
-                 **options: Any) -> WorkflowRun:
-        from sublimate.pipelines.runner.harness import run
+                 lint: bool = True, **options: Any) -> WorkflowRun:
+        from sublimate.pipelines.runner.harness import as_manifest, run
 
+        if lint:
+            from sublimate.pipelines.lint import lint_document
+            from sublimate.pipelines.runner import ManifestError
+
+            manifest = as_manifest(workflow, options.get("templates", ()))
+            errors = [str(p) for p in lint_document(manifest, "the workflow") if not p.warning]
+            if errors:
+                raise ManifestError("sublimate lint: " + "; ".join(errors)
+                                    + " (argo_run(..., lint=False) runs it anyway)")
         options.setdefault("home", self.home)
         return run(workflow, parameters, **options)
 

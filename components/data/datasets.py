@@ -59,7 +59,7 @@ def sha256_of(path: Path, chunk_size: int = 1 << 20) -> str:
 
 
 def write_dataset(
-    target: Path,
+    target: str | os.PathLike[str],
     splits: dict[str, Split],
     *,
     name: str,
@@ -69,8 +69,8 @@ def write_dataset(
 ) -> Path:
     """Write ``splits`` as a complete dataset folder at ``target``, atomically.
 
-    An existing complete folder at ``target`` is left untouched (and returned): staging is
-    idempotent and never rewrites data that a running job may be reading.
+    An existing complete folder at ``target`` (a path, or its text) is left untouched (and
+    returned): staging is idempotent and never rewrites data that a running job may be reading.
     """
     def shards_of(split: Split) -> Iterator[Split]:
         count = len(split.y)
@@ -85,7 +85,7 @@ def write_dataset(
 
 
 def write_shards(
-    target: Path,
+    target: str | os.PathLike[str],
     splits: dict[str, Iterable[Split]],
     *,
     name: str,
@@ -102,6 +102,7 @@ def write_shards(
     reader can plan an epoch without opening the shards. An existing complete folder at
     ``target`` is left untouched (and returned).
     """
+    target = Path(target)  # a user's "mydata" as well as a Path
     if (target / METADATA_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -258,6 +258,16 @@ def _launch(request: TrainRequest, plan: LaunchPlan, first: specs.AppDef,
                     relaunches.append({"previous_ended_at": time.time()})
                     print(f"train: relaunching {failures.relaunch_note(run_dir)} (relaunch "
                           f"{attempt + 1} of {plan.max_restarts})", file=sys.stderr, flush=True)
+            if outcome in (STALLED, LOST):
+                # The last attempt's own line said which node was lost (or that training
+                # stalled); the step's one line says it again, with the setting that decides it.
+                left = (f"no relaunch is left ({plan.max_restarts} made)" if plan.max_restarts
+                        else "max-restarts is 0")
+                return fail(STEP, f"{_ENDED.get('why') or 'a node was lost'}; {left}: set "
+                                  "-p max-restarts=N to relaunch from the last checkpoint"
+                                  + ("" if outcome == STALLED else
+                                     ", or -p recovery=per-step to go on without the node"),
+                            code=1)
             if outcome != SUCCEEDED:
                 return 143 if outcome == STOPPED else 1
         if relaunches and not request.dryrun:
@@ -483,13 +493,10 @@ def _run_attempt(runner: JobRunner, request: TrainRequest, plan: LaunchPlan, att
         runner.cancel(handle)
         if scheduler == "local_cwd":
             end_hung_workers(run_dir, attempt_id)
-        print(f"train: error: training stalled: {stalled.message}", file=sys.stderr, flush=True)
-        return STALLED
+        return _ended(STALLED, f"training stalled: {stalled.message}")
     if lost:
         runner.cancel(handle)
-        print(f"train: error: lost {', '.join(lost)} while the job ran; stopped the others",
-              file=sys.stderr, flush=True)
-        return LOST
+        return _ended(LOST, f"lost {', '.join(lost)} while the job ran; stopped the others")
     for stream in streams:
         stream.join(timeout=5)
     lost = lost_replicas(status, ended=True)
@@ -501,9 +508,8 @@ def _run_attempt(runner: JobRunner, request: TrainRequest, plan: LaunchPlan, att
         return SUCCEEDED
     gone = _lost_first(run_dir, handle, scheduler, status, tolerated)
     if gone:
-        print(f"train: error: lost {', '.join(gone)} while the job ran; the other nodes failed "
-              "after it", file=sys.stderr, flush=True)
-        return LOST
+        return _ended(LOST, f"lost {', '.join(gone)} while the job ran; the other nodes failed "
+                            "after it")
     if status is None or status.state != AppState.SUCCEEDED:
         state = status.state.name if status else "UNKNOWN"
         runner.cancel(handle)  # stop the replicas still running
@@ -514,6 +520,18 @@ def _run_attempt(runner: JobRunner, request: TrainRequest, plan: LaunchPlan, att
     for note in failures.restarts(run_dir, handle, scheduler):
         print(f"train: {note}", file=sys.stderr, flush=True)
     return SUCCEEDED
+
+
+# Why the last attempt ended (a node lost, training stalled): said again in the step's last
+# line when no relaunch is left. One launcher per process: the train step's.
+_ENDED: dict[str, str] = {}
+
+
+def _ended(outcome: str, why: str) -> str:
+    """Say why an attempt ended (``train: error: ...``), keep it for the step's last line."""
+    print(f"train: error: {why}", file=sys.stderr, flush=True)
+    _ENDED["why"] = why
+    return outcome
 
 
 def _lost_first(run_dir: Path, handle: str, scheduler: str, status: AppStatus | None,
@@ -560,9 +578,11 @@ def _per_step_end(runner: JobRunner, handle: str, request: TrainRequest,
         stream.join(timeout=5)
     if on_kubernetes:
         runner.cancel(handle)
-    if ended != "succeeded":
-        print(f"train: error: {replacer.message}; stopped the job", file=sys.stderr, flush=True)
-        return LOST if ended == "lost" else FAILED
+    if ended == "lost":  # every node at once: relaunched, if a relaunch is left
+        return _ended(LOST, f"{replacer.message}; stopped the job")
+    if ended != "succeeded":  # a node out of replacements: the step's one line says so
+        fail(STEP, f"{replacer.message}; stopped the job", code=1)
+        return FAILED
     section = recovery.summarize(request.run_dir, replacer.losses, attempt_started,
                                  chaos.kills if chaos is not None else [], replacer.stopped,
                                  unit="step" if request.algorithm == "sync" else "round",

@@ -21,10 +21,14 @@ from .common import (
 
 def add_server_commands(commands: Any) -> None:
     """Register ``submit``, ``cron trigger``, ``install``, ``get``, ``list`` and ``logs``."""
-    submit = commands.add_parser("submit", help="run a pipeline on Argo Workflows",
-                                 description="Submit a workflow from an installed "
-                                             "WorkflowTemplate through Argo Server.")
-    submit.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE)
+    submit = commands.add_parser("submit", help="run a pipeline or your workflow on Argo Workflows",
+                                 description="Submit a workflow through Argo Server: one of "
+                                             "sublimate's pipelines from its installed "
+                                             "WorkflowTemplate, or a file of your own (a "
+                                             "Workflow or WorkflowTemplate manifest, or a Hera "
+                                             "module defining one), linted first.")
+    submit.add_argument("pipeline", nargs="?", default=DEFAULT_PIPELINE,
+                        help="a pipeline's name, or a .yaml/.json manifest or .py Hera module")
     submit.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
     submit.add_argument("--parameter-file", "-f", type=Path)
     submit.add_argument("--wait", "-w", action="store_true", help="wait for the workflow to end")
@@ -88,16 +92,28 @@ def command_submit(args: argparse.Namespace) -> int:
     from sublimate.pipelines import argo_server
     from sublimate.pipelines.render import PIPELINES, render_dict
 
-    if args.pipeline not in PIPELINES:
-        raise UsageError(f"unknown pipeline '{args.pipeline}' (known: "
-                         f"{', '.join(sorted(PIPELINES))})")
     parameters = read_parameter_file(args.parameter_file) if args.parameter_file else {}
     parameters.update(parse_parameter_flags(args.parameter))
-    template = render_dict(args.pipeline)
-    # the same checks as a local run, before anything goes over the network
-    check_settings(template, parameters)
-    conn = _connection(args)
-    name = argo_server.submit(conn, template["metadata"]["name"], parameters)
+    if args.pipeline not in PIPELINES:
+        path = Path(args.pipeline)
+        if path.suffix not in _FILE_KINDS or not path.is_file():
+            raise UsageError(f"'{args.pipeline}' is neither a pipeline (known: "
+                             f"{', '.join(sorted(PIPELINES))}) nor a manifest (.yaml, .yml, "
+                             ".json) or Hera module (.py) that exists")
+        document = _checked_file(path, parameters)
+        conn = _connection(args)
+        if document["kind"] == "WorkflowTemplate":
+            installed = argo_server.put_template(conn, document)
+            print(f"WorkflowTemplate/{installed} installed in namespace {conn.namespace}")
+            name = argo_server.submit(conn, installed, parameters)
+        else:
+            name = argo_server.create(conn, document)
+    else:
+        template = render_dict(args.pipeline)
+        # the same checks as a local run, before anything goes over the network
+        check_settings(template, parameters)
+        conn = _connection(args)
+        name = argo_server.submit(conn, template["metadata"]["name"], parameters)
     print(f"submitted {name} in namespace {conn.namespace}: "
           f"{conn.url}/workflows/{conn.namespace}/{name}")
     if not args.wait:
@@ -105,6 +121,60 @@ def command_submit(args: argparse.Namespace) -> int:
     phase = argo_server.wait(conn, name, lambda phase: print(f"{name}: {phase}", flush=True),
                              poll_seconds=args.poll_seconds)
     return 0 if phase == "Succeeded" else EXIT_FAILED
+
+
+_FILE_KINDS = (".yaml", ".yml", ".json", ".py")
+
+
+def _checked_file(path: Path, parameters: dict[str, str]) -> dict:
+    """The Workflow or WorkflowTemplate a file holds (a manifest, or a Hera module's object),
+    linted as ``sublimate lint`` lints it and its parameters checked as ``sublimate run``
+    checks them, before anything goes over the network; a Workflow's ``-p`` values are set
+    in it (a WorkflowTemplate's go with the submission). ``UsageError`` saying what to fix."""
+    from sublimate.pipelines.lint import lint_document
+    from sublimate.pipelines.runner import ParameterError, resolve_parameters
+
+    documents = _documents(path)
+    kinds = [d for d in documents if d.get("kind") in ("Workflow", "WorkflowTemplate")]
+    if len(kinds) != 1:
+        found = ", ".join(f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}"
+                          for d in documents) or "nothing"
+        raise UsageError(f"{path}: needs exactly one Workflow or WorkflowTemplate to submit "
+                         f"(found {found})")
+    document = kinds[0]
+    problems = [str(p) for p in lint_document(document, str(path)) if not p.warning]
+    if problems:
+        raise UsageError(f"{path} does not pass sublimate lint:\n  " + "\n  ".join(problems))
+    try:
+        resolved = resolve_parameters(document, parameters)
+    except ParameterError as error:
+        raise UsageError(f"{path}: {error}") from error
+    if document["kind"] == "Workflow" and parameters:
+        for given in (document["spec"].get("arguments") or {}).get("parameters") or []:
+            if given.get("name") in parameters:
+                given["value"] = resolved[given["name"]]
+    return document
+
+
+def _documents(path: Path) -> list[dict]:
+    """The documents of a manifest file, or the Hera Workflows a module defines."""
+    if path.suffix == ".py":
+        import runpy
+
+        try:
+            defined = runpy.run_path(str(path), run_name="sublimate_submit")
+        except Exception as error:  # the user's module: its own error, in one line
+            raise UsageError(f"{path}: importing it failed: {type(error).__name__}: "
+                             f"{error}") from None
+        from hera.workflows import Workflow
+
+        return [value.to_dict() for value in defined.values() if isinstance(value, Workflow)]
+    import yaml
+
+    try:
+        return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    except (OSError, yaml.YAMLError) as error:
+        raise UsageError(f"{path}: not readable YAML: {error}") from None
 
 
 def command_cron_trigger(args: argparse.Namespace) -> int:
@@ -142,6 +212,10 @@ def command_get(args: argparse.Namespace) -> int:
                                     (node.get("outputs") or {}).get("parameters") or [])
                 print(f"  {node.get('displayName', ''):<16} {node.get('phase', ''):<10} "
                       f"{outputs}")
+            elif node.get("type") == "Suspend" and node.get("phase") == "Running":
+                # a step waiting for a person: its message says how to resume it
+                print(f"  {node.get('displayName', ''):<16} {'Waiting':<10} "
+                      f"{node.get('message', '')}")
     return 0 if status.get("phase") in (None, "Running", "Pending", "Succeeded") else EXIT_FAILED
 
 

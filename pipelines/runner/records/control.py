@@ -163,9 +163,15 @@ class Waiting:
         return values
 
 
+# A waiting suspend node's message begins so: how to resume it (``suspend.resume_hint``), the
+# runner's own, never kept once it is resumed.
+WAITING = "waiting: "
+
+
 def resumed_message(node: NodeResult, by: str) -> str:
     message = f"Resumed by: {by}"
-    return f"{node.message}; {message}" if node.message else message
+    earlier = "" if node.message.startswith(WAITING) else node.message
+    return f"{earlier}; {message}" if earlier else message
 
 
 class Suspensions:

@@ -43,8 +43,9 @@ def console_reporter(
             if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
                 return  # the root node's phase is the workflow's, reported on its own
             text = f"[{elapsed:7.1f}s] {shown_name(event.node.display_name)}: {event.phase}"
-            if event.message and event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED):
-                text += f" ({event.message})"
+            if event.message and (event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED)
+                                  or event.node.type == NodeType.SUSPEND):
+                text += f" ({event.message})"  # a waiting suspend node: how to resume it
             elif _cached(event.node) and event.phase == NodePhase.SUCCEEDED:
                 text += f" (cached: {event.node.memoization['key']})"  # type: ignore[index]
         else:

@@ -22,7 +22,7 @@ from ..errors import NodeError
 from ..expressions.substitution import Vars, substitute
 from ..manifest.durations import parse_duration
 from ..pods.scope import CancelScope
-from ..records.control import ControlError, Suspensions, Waiting, node_fields
+from ..records.control import WAITING, ControlError, Suspensions, Waiting, node_fields
 from ..records.run_types import NodeResult
 from .outputs import set_param
 
@@ -30,6 +30,25 @@ if TYPE_CHECKING:
     from .context import RunContext
 
 INPUT_PREFIX = "inputs.parameters."
+
+
+def resume_hint(run_name: str, node: NodeResult, outputs: list[dict], inputs: list[dict],
+                seconds: float | None) -> str:
+    """What a person waits on a suspend node with: the command that resumes it (its supplied
+    output parameters, with their enum's values: the output's, else the input's of the same
+    name, as ``control.Waiting`` checks them), as the live output and the node's message say
+    it while it waits."""
+    enums = {param.get("name"): param.get("enum") for param in inputs if param.get("enum")}
+    supplied = []
+    for param in outputs:
+        if "supplied" in (param.get("valueFrom") or {}):
+            enum = param.get("enum") or enums.get(param["name"]) or []
+            values = "|".join(str(v) for v in enum) or "VALUE"
+            supplied.append(f" -p {param['name']}={values}")
+    selector = f" --node-field-selector displayName={node.display_name}"
+    command = f"sublimate resume {run_name}{selector}{''.join(supplied)}"
+    after = f"; resumes by itself after {seconds:g}s" if seconds is not None else ""
+    return f"{WAITING}{command} (or sublimate stop {run_name}{selector}){after}"
 
 
 def run_suspend(run: RunContext, template: dict, local: Vars, node: NodeResult,
@@ -44,10 +63,11 @@ def run_suspend(run: RunContext, template: dict, local: Vars, node: NodeResult,
         seconds = parse_duration(duration) if duration not in (None, "") else None
     except ValueError as exc:
         raise NodeError(f"{where}.suspend.duration: {exc}") from None
-    record.transition(node, NodePhase.RUNNING)
+    outputs = tmpl["outputs"].get("parameters") or []
+    record.transition(node, NodePhase.RUNNING, resume_hint(
+        run.name, node, outputs, tmpl["inputs"].get("parameters") or [], seconds))
     inputs = {k.removeprefix(INPUT_PREFIX): v for k, v in local.items()
               if k.startswith(INPUT_PREFIX) and "." not in k.removeprefix(INPUT_PREFIX)}
-    outputs = tmpl["outputs"].get("parameters") or []
     waiting = Waiting(node, node_fields(node, inputs), outputs,
                       tmpl["inputs"].get("parameters") or [])
     suspensions = run.suspensions or Suspensions()
@@ -56,8 +76,10 @@ def run_suspend(run: RunContext, template: dict, local: Vars, node: NodeResult,
     suspensions.enter(waiting)
     try:
         ends = None if seconds is None else time.monotonic() + seconds
-        if not waiting.event.wait(None if ends is None else max(ends - time.monotonic(), 0)) \
-                and scope.stop_reason() is None:
+        answered = waiting.event.wait(None if ends is None else max(ends - time.monotonic(), 0))
+        with record.lock:
+            node.message = ""  # no longer waiting: the hint goes (its end says what happened)
+        if not answered and scope.stop_reason() is None:
             try:
                 suspensions.expire(waiting)
             except ControlError as exc:

@@ -166,3 +166,18 @@ def test_mnist1d_builtin_has_50000_training_examples_and_stages_once(tmp_path: P
     assert {p.name: p.stat().st_mtime_ns for p in first.folder.iterdir()} == before
     assert time.perf_counter() - started < generation / 2
     assert build_builtin("mnist1d", first.folder) == first.folder  # kept as it is
+
+
+def test_a_dataset_is_written_where_a_plain_string_says(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # what a user writes first: a folder name as text, relative to where they are
+    from sublimate.components import Split, write_dataset
+
+    monkeypatch.chdir(tmp_path)
+    rows = np.zeros((4, 3), dtype=np.float32)
+    written = write_dataset("mydata", {"train": Split(rows, np.arange(4) % 2),
+                                       "test": Split(rows[:2], np.arange(2))},
+                            name="mine", num_classes=2)
+    assert written == Path("mydata") and (tmp_path / "mydata" / "metadata.json").is_file()
+    assert write_dataset("mydata", {"train": Split(rows, np.arange(4) % 2)},
+                         name="mine", num_classes=2) == Path("mydata")  # complete: kept

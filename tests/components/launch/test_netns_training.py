@@ -109,6 +109,23 @@ def test_a_killed_node_is_relaunched_from_the_last_checkpoint(tmp_path: Path) ->
     assert "epoch 12/12 step 276/276" in output
 
 
+def test_a_lost_node_with_no_relaunch_left_names_the_node_and_the_setting(
+        tmp_path: Path) -> None:
+    # restart mode's default: no relaunch. The run's last line says which node was lost and
+    # which setting would have gone on, not a bare "Error (exit code 1)".
+    home = tmp_path / "home"
+    process = _start(home, "-p", "epochs=12", "-p", "checkpoint-every=20",
+                     "-p", "recovery=restart")
+    run_dir, _ = first_checkpoint(home, process)
+    faults.kill_node(netns_cluster.load_running(run_dir), 1)
+    output = finish_run(process)
+    assert process.returncode == 1, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert re.search(r"lost node1 \(10\.[0-9.]+\) while the job ran", last), last
+    assert "max-restarts is 0: set -p max-restarts=N to relaunch from the last checkpoint, " \
+        "or -p recovery=per-step to go on without the node" in last, last
+
+
 def test_a_link_cut_longer_than_the_collective_timeout_fails_fast_and_resumes(
         tmp_path: Path) -> None:
     home = tmp_path / "home"

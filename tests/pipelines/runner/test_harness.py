@@ -222,6 +222,37 @@ def test_the_argo_run_fixture_comes_with_the_installed_package(
     disabled.stdout.fnmatch_lines(["*fixture 'argo_run' not found*"])
 
 
+TYPO_TEST = '''
+import pytest
+from hera.workflows import Container, DAG, Parameter, Workflow
+
+from sublimate.pipelines.runner import ManifestError
+
+with Workflow(generate_name="typo-", entrypoint="main",
+              arguments=[Parameter(name="name", value="you")]) as wf:
+    say = Container(name="say", image="alpine:3.20", command=["echo"],
+                    inputs=[Parameter(name="name")], args=["{{inputs.parameters.nmae}}"])
+    with DAG(name="main"):
+        say(name="greet", arguments={"name": "{{workflow.parameters.name}}"})
+
+
+def test_linted_first(argo_run):
+    with pytest.raises(ManifestError, match="sublimate lint: .*nmae"):
+        argo_run(wf)
+    assert not (argo_run.home / "runs").exists()  # nothing ran
+
+
+def test_or_not(argo_run):
+    assert argo_run(wf, lint=False).phase in ("Failed", "Error")  # what the runner makes of it
+'''
+
+
+def test_the_argo_run_fixture_lints_before_it_runs(pytester: pytest.Pytester) -> None:
+    # a typo that `sublimate lint` catches up front is refused before anything runs
+    pytester.makepyfile(test_typo=TYPO_TEST)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
 def test_a_workflow_from_a_template_given_as_a_hera_object_or_a_yaml_file(
         tmp_path: Path) -> None:
     from hera.workflows.models import WorkflowTemplateRef

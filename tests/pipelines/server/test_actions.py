@@ -272,7 +272,8 @@ def test_sublimate_retry_and_resubmit_against_an_argo_server(
     assert "retrying workflow 'absent': not found in namespace 'ml'" in capsys.readouterr().err
 
 
-def test_set_gives_a_suspend_node_its_supplied_outputs(start: Callable[..., Server]) -> None:
+def test_set_gives_a_suspend_node_its_supplied_outputs(
+        start: Callable[..., Server], capsys: pytest.CaptureFixture[str]) -> None:
     """`argo node set --output-parameter` (what Argo's UI sends to resume with values)."""
     server = start()
     gate = {"metadata": {"name": "chosen"}, "spec": {"entrypoint": "main", "templates": [
@@ -284,6 +285,13 @@ def test_set_gives_a_suspend_node_its_supplied_outputs(start: Callable[..., Serv
     wait_for(server, "ml", "chosen", lambda body: any(
         node["type"] == "Suspend" and node["phase"] == "Running"
         for node in body["status"].get("nodes", {}).values()))
+    # `sublimate get` says how to resume the waiting step
+    from sublimate.pipelines.cli import main as cli_main
+
+    assert cli_main(["get", "chosen", "--argo-server", server.url, "-n", "ml"]) == 0
+    waiting = capsys.readouterr().out
+    assert "approve          Waiting    waiting: sublimate resume chosen --node-field-selector " \
+        "displayName=approve -p env=dev|prod" in waiting, waiting
     path = "/api/v1/workflows/ml/chosen/set"
     status, body = put(server, path, {"nodeFieldSelector": "displayName=approve",
                                       "outputParameters": '{"env": "staging"}'})

@@ -85,6 +85,12 @@ def test_an_approval_gate_resumed_from_another_terminal(tmp_path: Path, home: Pa
         name, status = _wait_for_node(home, "approve", "Running")
         assert [n["type"] for n in status["nodes"] if n["display_name"] == "approve"] == \
             ["Suspend"]
+        # while it waits, it says how to resume it (its message, which Argo's API shows too)
+        hint = (f"waiting: sublimate resume {name} --node-field-selector displayName=approve "
+                f"-p approve=YES|NO -p note=VALUE (or sublimate stop {name} "
+                "--node-field-selector displayName=approve)")
+        assert [n["message"] for n in status["nodes"] if n["display_name"] == "approve"] == \
+            [hint]
         refused = run_cli("resume", name, "-p", "approve=maybe", home=home)
         assert refused.returncode == 1
         assert "output parameter 'approve': 'maybe' is not one of YES, NO" in refused.stderr
@@ -105,10 +111,13 @@ def test_an_approval_gate_resumed_from_another_terminal(tmp_path: Path, home: Pa
             stop_run(runner)
     assert runner.returncode == 0, output
     assert "outputs: approved=YES" in output
+    assert f"approve: Running ({hint})" in output  # said in the live output
     assert "deploy | deploying (ship it)" in output
     status = json.loads((home / "runs" / name / "status.json").read_text())
     approve = next(n for n in status["nodes"] if n["display_name"] == "approve")
     assert approve["message"] == f"Resumed by: {getpass.getuser()}"
+    soak = next(n for n in status["nodes"] if n["display_name"] == "soak")
+    assert soak["phase"] == "Succeeded" and "waiting" not in soak["message"]  # resumed itself
     assert approve["outputs"]["parameters"] == {"approve": "YES", "note": "ship it"}
     # the run is over: nothing to resume, said in one line
     late = run_cli("resume", name, home=home)
