@@ -92,11 +92,18 @@ EXAMPLES = [*markdown_examples(), *docstring_examples()]
 # The check every example gets: imports resolve, calls bind
 
 
+# Modules an example imports that another example of the docs is: the reader saves it under
+# that name (docs/pipelines.md's pipeline, imported by its test). Its own example is checked.
+DOC_MODULES = frozenset({"my_pipeline"})
+
+
 def _imported(tree: ast.Module) -> dict[str, Any]:
     import importlib
 
     names: dict[str, Any] = {}
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in DOC_MODULES:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 module = importlib.import_module(alias.name)
@@ -257,6 +264,26 @@ def run_argo_test(example: Example, tmp_path: Path, request: pytest.FixtureReque
         test(request.getfixturevalue("argo_run"))
 
 
+def run_pipeline_test(example: Example, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The test of docs/pipelines.md's own pipeline: the page's pipeline saved as the
+    ``my_pipeline.py`` the test imports, then the test, called with the real ``argo_run``."""
+    page = (REPO / "docs" / "pipelines.md").read_text()
+    pipeline = re.search(r"```python\n(from hera.workflows import DAG, Parameter, "
+                         r"WorkflowTemplate\n.*?)```", page, re.S)
+    assert pipeline, "docs/pipelines.md: the pipeline's block moved"
+    (tmp_path / "my_pipeline.py").write_text(pipeline.group(1))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        namespace = _exec(example, {}, tmp_path)
+        tests = [value for name, value in namespace.items() if name.startswith("test_")]
+        assert tests, f"{example} defines no test"
+        for test in tests:
+            test(request.getfixturevalue("argo_run"))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_pipeline", None)
+
+
 def run_shard_reader(example: Example, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     from sublimate.components.data.datasets import build_builtin
 
@@ -304,7 +331,9 @@ RUNS: dict[tuple[str, str], Runner] = {
         run_tf_config,
     ("docs/local-runner.md", "from hera.workflows import DAG, Workflow, script"): run_argo_test,
     ("pipelines/testing.py", "def test_adder(argo_run):"): run_argo_test,
-    ("docs/pipelines.md", "from hera.workflows import DAG, WorkflowTemplate"): run_plain,
+    ("docs/pipelines.md", "from hera.workflows import DAG, Parameter, WorkflowTemplate"):
+        run_plain,
+    ("docs/pipelines.md", "from my_pipeline import workflow"): run_pipeline_test,
     ("docs/datasets.md", "def build(num_features: int, num_classes: int) -> torch.nn.Module: ..."):
         run_plain,
     ("docs/datasets.md",

@@ -95,3 +95,14 @@ def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
             elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
                 broken.append(f"{where} (no such heading)")
     assert broken == [], "\n".join(broken)
+
+
+MAX_PAGE_LINES = 400
+
+
+def test_no_docs_page_is_longer_than_a_sitting() -> None:
+    """A page a person reads at one sitting: past 400 lines it is split by topic (and indexed
+    by the README, as the test above checks)."""
+    long = {path.name: lines for path in sorted((REPO / "docs").glob("*.md"))
+            if (lines := len(path.read_text().splitlines())) > MAX_PAGE_LINES}
+    assert long == {}, f"split these pages by topic: {long}"

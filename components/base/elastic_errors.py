@@ -187,5 +187,18 @@ def recorded(function: Callable[..., Any] | None = None, *,
 
 def _exit_message(code: object, said: str) -> str:
     if isinstance(code, int):
-        return f"exited with code {code}" + (f": {said}" if said else "")
+        return f"exited with code {code}" + (f": {said}" if said else "") + _quoting_hint(said)
     return f"exited: {code}"  # sys.exit("message") prints the message and exits with 1
+
+
+# argparse's words for a flag given no value: with `-p entrypoint-args="--data
+# $SUBLIMATE_DATA_DIR"` the user's own shell replaced the variable with nothing before sublimate
+# saw it (single quotes keep it for sublimate to expand).
+_NO_VALUE = "expected one argument"
+
+
+def _quoting_hint(said: str) -> str:
+    if _NO_VALUE not in said:
+        return ""
+    return (" (a $SUBLIMATE_... variable in -p entrypoint-args? Put the value in single quotes: "
+            "in double quotes your shell replaced the variable with nothing)")

@@ -367,6 +367,75 @@ def _describe(key: str, value: Any, show: Callable[[Any], str]) -> str:
         return f"{key.replace('_', ' ')} {value}"
 
 
+# The final figures two runs are compared on: (key in the report, label, which way is better).
+FINAL_FIGURES = (
+    ("final_loss", "final training loss", "lower"),
+    ("test.accuracy", "test accuracy", "higher"),
+    ("test.loss", "test loss", "lower"),
+    ("samples_per_second", "samples/s", "higher"),
+    ("train_seconds", "training time (s)", "lower"),
+    ("launch_to_first_step_seconds", "launch to first step (s)", "lower"),
+    ("steps", "steps", None),
+    ("fault_tolerance.nodes_lost", "nodes lost", "lower"),
+    ("fault_tolerance.committed_ratio", "group-steps committed", "higher"),
+)
+
+
+def _dig(report: dict[str, Any], key: str) -> Any:
+    value: Any = report
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def compare_figures(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two runs' final figures side by side (``FINAL_FIGURES``): each with both values, B - A
+    and B / A where both are numbers, and which way is better; a figure neither run has is
+    left out."""
+    figures = []
+    for key, label, better in FINAL_FIGURES:
+        first, second = _dig(a, key), _dig(b, key)
+        if first is None and second is None:
+            continue
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool)
+                      for v in (first, second))
+        delta = second - first if numbers else None
+        figures.append({"key": key, "label": label, "a": first, "b": second,
+                        "delta": None if delta is None else round(delta, 6),
+                        "ratio": round(second / first, 4) if delta is not None and first
+                        else None,
+                        "better": better})
+    return figures
+
+
+def format_comparison(reports: Sequence[dict[str, Any]]) -> str:
+    """What ``sublimate report A B`` prints after the two summaries: the final figures side by
+    side, B - A, and whether B is better or worse."""
+    labels = run_labels(reports)
+    rows = [("", f"A: {labels[0]}", f"B: {labels[1]}", "B - A")]
+    for figure in compare_figures(reports[0], reports[1]):
+        verdict = ""
+        if figure["delta"] and figure["better"]:
+            improved = (figure["delta"] > 0) == (figure["better"] == "higher")
+            verdict = " (better)" if improved else " (worse)"
+        delta = "" if figure["delta"] is None else f"{_shown(figure['delta'], '+')}{verdict}"
+        rows.append((figure["label"], _shown(figure["a"]), _shown(figure["b"]), delta))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join("  " + "  ".join(cell.ljust(width) for cell, width in
+                                       zip(row[:3], widths, strict=True)) + "  " + row[3]
+                     for row in rows).rstrip()
+
+
+def _shown(value: Any, sign: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int | float) and abs(value) >= 1000:
+        return f"{value:{sign},.0f}"  # 16,384 samples/s, not 1.638e+04
+    if isinstance(value, float):
+        return f"{value:{sign}.4g}"
+    return f"{value:{sign}}" if isinstance(value, int) else str(value)
+
+
 def run_labels(reports: Sequence[dict[str, Any]]) -> list[str]:
     """One legend label per run: what differs between them, not their (random) run ids.
 

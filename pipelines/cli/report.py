@@ -69,6 +69,11 @@ def command_report(args: argparse.Namespace) -> int:
         if report["plots"]:
             print(f"  plots: {Path(report['run_dir']) / REPORT_DIR}/"
                   f"{{{','.join(report['plots'].values())}}}")
+    if len(reports) == 2:  # the differences, side by side
+        from sublimate.components.monitoring.run_report import format_comparison
+
+        print("compared:")
+        print(format_comparison(reports))
     if comparison:
         print(f"comparison: {comparison}")
     return 0

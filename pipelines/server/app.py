@@ -196,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._check_access()
         if path.startswith("/api/"):
             raise ApiError(UNIMPLEMENTED, f"{method} {path}: not served by sublimate server "
-                                          f"(docs/local-runner.md says what is)")
+                                          f"(docs/server.md says what is)")
         raise ApiError(NOT_FOUND, "Not Found")
 
     def _raw(self, answer: Raw) -> None:

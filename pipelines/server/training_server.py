@@ -38,17 +38,6 @@ PROCESS_FIELDS = ("epoch", "step", "time", "seconds", "loss", "local_loss",
                   "compute_seconds", "comm_seconds", "test_accuracy", "learning_rate",
                   "participants", "leader", "staleness_mean")
 # What the compare view puts side by side: report key -> (what it is, which way is better).
-FINAL_FIGURES = (
-    ("final_loss", "final training loss", "lower"),
-    ("test.accuracy", "test accuracy", "higher"),
-    ("test.loss", "test loss", "lower"),
-    ("samples_per_second", "samples/s", "higher"),
-    ("train_seconds", "training time (s)", "lower"),
-    ("launch_to_first_step_seconds", "launch to first step (s)", "lower"),
-    ("steps", "steps", None),
-    ("fault_tolerance.nodes_lost", "nodes lost", "lower"),
-    ("fault_tolerance.committed_ratio", "group-steps committed", "higher"),
-)
 NOT_RECORDED = [
     "loss, accuracy and throughput per step: the workers write one record per epoch "
     "(the live per-step figures are on each process's Prometheus endpoint, "
@@ -371,13 +360,6 @@ def plot(request: Request) -> Raw:
 # Two runs side by side
 
 
-def _dig(report: dict[str, Any], key: str) -> Any:
-    value: Any = report
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
-
-
 def _run_of(request: Request, name: str) -> tuple[dict, dict[str, Any]]:
     """Workflow ``name``'s status and its training report; 404 without one."""
     record, status = _find_workflow(request, name)
@@ -395,7 +377,11 @@ def compare(request: Request) -> tuple[int, dict]:
     """``GET /api/sublimate/v1/compare/{namespace}?a=NAME&b=NAME``: what ``sublimate report A
     B`` computes for two workflows' runs (each run's report; the labels that tell them apart;
     what they share), with the settings that differ and the final figures' differences."""
-    from sublimate.components.monitoring.run_report import _shared_description, run_labels
+    from sublimate.components.monitoring.run_report import (
+        _shared_description,
+        compare_figures,
+        run_labels,
+    )
 
     names = [request.one("a"), request.one("b")]
     for key, value in zip("ab", names, strict=True):
@@ -407,17 +393,7 @@ def compare(request: Request) -> tuple[int, dict]:
     settings = [{"name": key, "a": settings_a.get(key), "b": settings_b.get(key)}
                 for key in sorted(set(settings_a) | set(settings_b))
                 if settings_a.get(key) != settings_b.get(key)]
-    figures = []
-    for key, label, better in FINAL_FIGURES:
-        a, b = _dig(report_a, key), _dig(report_b, key)
-        if a is None and b is None:
-            continue
-        delta = b - a if isinstance(a, int | float) and isinstance(b, int | float) \
-            and not isinstance(a, bool) else None
-        figures.append({"key": key, "label": label, "a": a, "b": b,
-                        "delta": None if delta is None else round(delta, 6),
-                        "ratio": round(b / a, 4) if delta is not None and a else None,
-                        "better": better})
+    figures = compare_figures(report_a, report_b)
     runs = []
     for name, status, report in zip(names, (status_a, status_b), reports, strict=True):
         runs.append({"workflow": name, "run": report["run"], "phase": status.get("phase"),

@@ -75,6 +75,27 @@ def test_an_exit_with_an_error_is_written_with_what_the_program_said(rank, tmp_p
         "exited with code 2: train.py: error: the following arguments are required: --lr"
 
 
+def test_a_flag_the_shell_emptied_says_to_quote_the_entrypoint_args(rank, tmp_path) -> None:
+    """`-p entrypoint-args="--data $SUBLIMATE_DATA_DIR"`: the user's shell emptied the
+    variable, the program got `--data` alone; the message says what to change."""
+    rank(0, 0)
+
+    @recorded
+    def main() -> int:
+        parser = argparse.ArgumentParser(prog="train.py")
+        parser.add_argument("--data")
+        parser.parse_args(["--data"])
+        return 0
+
+    with pytest.raises(SystemExit):
+        main()
+    (failure,) = read_failures(tmp_path)
+    assert failure.message.startswith(
+        "exited with code 2: train.py: error: argument --data: expected one argument")
+    assert failure.message.endswith("Put the value in single quotes: in double quotes your "
+                                    "shell replaced the variable with nothing)")
+
+
 def test_a_clean_exit_writes_nothing_and_a_failing_code_does(rank, tmp_path: Path) -> None:
     rank(0, 0)
     assert recorded(lambda: 0)() == 0

@@ -14,6 +14,7 @@ from sublimate.components.monitoring.run_report import (
     build_report,
     draw,
     draw_panel,
+    format_comparison,
     run_labels,
     write_report,
 )
@@ -502,3 +503,24 @@ def test_a_sweep_is_reported_by_any_of_its_names(
             "  p00  lr=0.5: failed: no metrics.json",
             "  p01  lr=0.1: accuracy 0.9000",
             f"  report: {sweep / 'report.md'}"]
+
+
+def test_two_runs_are_compared_side_by_side() -> None:
+    """`sublimate report A B`'s table: the final figures of both, B - A, better or worse by
+    the figure's own direction; a figure neither has is left out."""
+    a = {"run": "a", "final_loss": 0.05, "test": {"accuracy": 0.96, "loss": 0.1},
+         "samples_per_second": 16000.0, "train_seconds": 5.2, "steps": 440,
+         "algorithm": "sync", "workers": 2}
+    b = {**a, "run": "b", "final_loss": 0.09, "test": {"accuracy": 0.93, "loss": 0.2},
+         "samples_per_second": 17000.0, "train_seconds": 3.1, "steps": 220}
+    labels = run_labels([a, b])
+    table = format_comparison([a, b]).splitlines()
+    assert table[0].split() == ["A:", *labels[0].split(), "B:", *labels[1].split(), "B", "-", "A"]
+    assert [" ".join(row.split()) for row in table[1:]] == [
+        "final training loss 0.05 0.09 +0.04 (worse)",
+        "test accuracy 0.96 0.93 -0.03 (worse)",
+        "test loss 0.1 0.2 +0.1 (worse)",
+        "samples/s 16,000 17,000 +1,000 (better)",
+        "training time (s) 5.2 3.1 -2.1 (better)",
+        "steps 440 220 -220",
+    ]

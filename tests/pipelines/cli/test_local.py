@@ -104,6 +104,15 @@ def test_table_output_and_live_progress(tmp_path: Path, default_run: tuple[Path,
     volume = (_volume(home) / "runs" / name).resolve()
     assert f"  outputs/results -> {volume}  (" in completed.stdout
     assert f"report: sublimate report {folder}" in completed.stdout
+    # two runs compared: their differences side by side, not only both summaries
+    first = default_run[1]["name"]
+    compared = run_cli("report", "--no-plots", first, name, home=home)
+    assert compared.returncode == 0, compared.stderr
+    table = compared.stdout.split("compared:\n", 1)[1].splitlines()
+    assert re.fullmatch(r" +A: .+ B: .+ B - A", table[0]), table
+    accuracy = next(row for row in table if row.strip().startswith("test accuracy"))
+    assert re.fullmatch(r"  test accuracy +0\.\d+ +0\.\d+ +[+-]\S+( \((better|worse)\))?",
+                        accuracy), accuracy
 
 
 @pytest.mark.parametrize("algorithm", ["async", "bmuf", "easgd"])
