@@ -64,14 +64,19 @@ class WorkflowStore:
 
     def manifest_spec(self, name: str) -> dict | None:
         """The spec the run ran (its ``workflow.yaml``), or None."""
-        with contextlib.suppress(OSError, ValueError, ImportError):
-            import yaml
+        spec = self._manifest(name).get("spec")
+        return spec if isinstance(spec, dict) else None
 
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    def _manifest(self, name: str) -> dict:
+        """The run's ``workflow.yaml`` (the manifest as run), or ``{}`` when it cannot be read."""
+        import yaml  # only for what the server's own records do not hold
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # C: a large run's manifest
+        try:
             manifest = yaml.load((self.runs / name / "workflow.yaml").read_text(), loader)
-            spec = manifest.get("spec") if isinstance(manifest, dict) else None
-            return spec if isinstance(spec, dict) else None
-        return None
+        except (OSError, ValueError, yaml.YAMLError):
+            return {}
+        return manifest if isinstance(manifest, dict) else {}
 
     def names(self) -> list[str]:
         names = set()
@@ -93,15 +98,11 @@ class WorkflowStore:
         folder = self.runs / name
         if not folder.is_dir() or "/" in name or name.startswith("."):
             return None
-        metadata: dict = {}
-        spec: dict = {}
-        with contextlib.suppress(OSError, ValueError, ImportError):
-            import yaml  # only for runs the server did not start
-
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # C: a large run's manifest
-            manifest = yaml.load((folder / "workflow.yaml").read_text(), loader) or {}
-            metadata = manifest.get("metadata") or {}
-            spec = manifest.get("spec") or {}
+        manifest = self._manifest(name)
+        metadata = manifest.get("metadata") or {}
+        spec = manifest.get("spec") or {}
+        if not isinstance(metadata, dict) or not isinstance(spec, dict):
+            metadata, spec = {}, {}
         status = self.status(name) or {}
         created = status.get("started_at")
         if not created:

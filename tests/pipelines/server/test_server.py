@@ -287,3 +287,21 @@ def test_a_memoized_node_is_shown_cached(start: Callable[..., Server]) -> None:
     assert shown[0]["memoizationStatus"] == {"hit": False, "key": "k", "cacheName": "memo"}
     assert shown[1]["memoizationStatus"] == {"hit": True, "key": "k", "cacheName": "memo"}
     assert shown[1]["outputs"] == shown[0]["outputs"]
+
+
+def test_a_run_folder_whose_manifest_is_torn_is_still_listed(
+        start: Callable[..., Server]) -> None:
+    # a `sublimate run` folder whose workflow.yaml is not YAML (cut short by a crash, or
+    # written by hand): listed with what its status says, in the default namespace
+    server = start()
+    folder = server_home(server) / "runs" / "torn"
+    folder.mkdir(parents=True)
+    (folder / "workflow.yaml").write_text("metadata: {name: torn\nspec: [")
+    (folder / "status.json").write_text(json.dumps({
+        "name": "torn", "phase": "Succeeded", "started_at": "2026-12-06T10:00:00Z",
+        "finished_at": "2026-12-06T10:00:01Z", "nodes": []}))
+    status, listing = server.call("GET", "/api/v1/workflows/sublimate")
+    assert status == 200, listing
+    assert [item["metadata"]["name"] for item in listing["items"]] == ["torn"]
+    status, body = server.call("GET", "/api/v1/workflows/sublimate/torn")
+    assert status == 200 and body["status"]["phase"] == "Succeeded"
