@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .engine import Run, prepare_workflow
 from .pods.plan import node_folder
-from .records.run_folder import STATUS_FILE, runner_gone
+from .records.run_folder import STATUS_FILE, runner_gone, write_durably
 from .records.run_types import CarriedNodes, RunOptions
 from .templates.rerun import RerunError, called_names, plan_resubmit, plan_retry
 
@@ -171,8 +171,8 @@ def _set_aside(folder: Path, status: dict, carried: dict[str, dict]) -> Path:
             os.replace(source, kept / "nodes" / name)
             if node.get("log"):
                 node["log"] = str(kept / "nodes" / name / Path(node["log"]).name)
-    (kept / f"{STATUS_FILE}.tmp").write_text(json.dumps(archived, indent=1))
-    os.replace(kept / f"{STATUS_FILE}.tmp", kept / STATUS_FILE)
+    write_durably(kept / STATUS_FILE, json.dumps(archived, indent=1),
+                  what="the earlier status of a retried run")
     (folder / STATUS_FILE).unlink()
     return kept
 

@@ -26,9 +26,9 @@ from .errors import already_exists, invalid
 if TYPE_CHECKING:
     from sublimate.pipelines.runner.reruns import Rerun
 from .store import NAME, WorkflowStore, timestamp
+from .templates import check_string_maps, name_values
 
 SERVER_STOPPED = "the sublimate server stopped while the workflow ran"
-_NAME = NAME
 _GENERATE_NAME = re.compile(r"[a-z0-9][-a-z0-9.]*")
 
 
@@ -146,7 +146,7 @@ class Launcher:
             assert record is not None  # the caller found it
             rerun = _rerun(lambda: retry(self.store.runs / name, self._options(),
                                          restart_successful, selector,
-                                         _parameters(parameters), self._policy))
+                                         name_values(parameters, "parameters"), self._policy))
             record.pop("interrupted", None)  # this run's record is the new run's
             record["resourceVersion"] = str(int(record.get("resourceVersion", "1")) + 1)
             if record.get("source") == "sublimate run":
@@ -162,7 +162,7 @@ class Launcher:
             earlier = self.store.record(name)
             assert earlier is not None
             rerun = _rerun(lambda: resubmit(self.store.runs / name, self._options(), memoized,
-                                            _parameters(parameters), self._policy))
+                                            name_values(parameters, "parameters"), self._policy))
             run = rerun.run
             metadata = run.workflow.get("metadata") or {}
             record = {
@@ -299,17 +299,6 @@ def _rerun(make: Callable[[], Rerun]) -> Rerun:
         raise invalid(str(error)) from error
 
 
-def _parameters(entries: list[str]) -> dict[str, str]:
-    """``parameters`` of a retry or resubmit request: ``NAME=VALUE`` each, as Argo's."""
-    parameters: dict[str, str] = {}
-    for entry in entries:
-        key, separator, value = str(entry).partition("=")
-        if not separator or not key.strip():
-            raise invalid(f"parameters: '{entry}' is not name=value")
-        parameters[key.strip()] = value
-    return parameters
-
-
 def _quiet(_event: object) -> None:
     """The runner's events: the server has no console to print them to; clients poll."""
 
@@ -328,17 +317,13 @@ def _manifest(namespace: str, workflow: object) -> dict:
     if not metadata.get("name") and not metadata.get("generateName"):
         raise invalid("workflow.metadata: name or generateName is required")
     # Kubernetes' rules for an object's name (a run folder is named after it: never a path)
-    for key, pattern in (("name", _NAME), ("generateName", _GENERATE_NAME)):
+    for key, pattern in (("name", NAME), ("generateName", _GENERATE_NAME)):
         value = metadata.get(key)
         if value is not None and (not isinstance(value, str) or len(value) > 253
                                   or not pattern.fullmatch(value)):
             raise invalid(f"workflow.metadata.{key}: {value!r} is not a valid Kubernetes name "
                           f"(lower case letters, digits, '-' and '.')")
-    for key in ("labels", "annotations"):
-        values = metadata.get(key)
-        if values is not None and (not isinstance(values, dict) or not all(
-                isinstance(value, str) for value in values.values())):
-            raise invalid(f"workflow.metadata.{key}: must map names to strings")
+    check_string_maps(metadata, "workflow.metadata")
     if not isinstance(workflow.get("spec"), dict):
         raise invalid("workflow.spec: required, an object")
     manifest = copy.deepcopy(workflow)

@@ -17,7 +17,7 @@ import copy
 import json
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,11 +57,7 @@ def checked_object(body: object, field: str, kind: str, namespace: str | None,
     if not NAME.fullmatch(name) or len(name) > max_name:
         raise invalid(f"{field}.metadata.name: {name!r} is not a valid Kubernetes name (lower "
                       f"case letters, digits, '-' and '.', at most {max_name} characters)")
-    for key in ("labels", "annotations"):
-        values = metadata.get(key)
-        if values is not None and (not isinstance(values, dict) or not all(
-                isinstance(value, str) for value in values.values())):
-            raise invalid(f"{field}.metadata.{key}: must map names to strings")
+    check_string_maps(metadata, f"{field}.metadata")
     if not isinstance(body.get("spec"), dict):
         raise invalid(f"{field}.spec: required, an object")
     checked = copy.deepcopy(body)
@@ -241,6 +237,28 @@ def submitted_workflow(template: dict, options: object, cluster_scope: bool = Fa
     return workflow, shown, parameters
 
 
+def check_string_maps(metadata: dict, field: str) -> None:
+    """An object's ``labels`` and ``annotations`` map names to strings, as Kubernetes requires;
+    400 naming the one that does not."""
+    for key in ("labels", "annotations"):
+        values = metadata.get(key)
+        if values is not None and (not isinstance(values, dict) or not all(
+                isinstance(value, str) for value in values.values())):
+            raise invalid(f"{field}.{key}: must map names to strings")
+
+
+def name_values(entries: Iterable[object], field: str) -> dict[str, str]:
+    """Argo's ``parameters`` of a request (submit, retry, resubmit): ``NAME=VALUE`` each, the
+    value kept as given; 400 naming ``field`` for one that is not."""
+    values: dict[str, str] = {}
+    for entry in entries:
+        key, separator, value = str(entry).partition("=")
+        if not separator or not key.strip():
+            raise invalid(f"{field}: '{entry}' is not name=value")
+        values[key.strip()] = value
+    return values
+
+
 def submit_options(options: object, labels: dict[str, str], generate_name: str
                    ) -> tuple[dict, dict[str, str], str | None]:
     """Argo's ``ApplySubmitOpts``: the workflow's metadata (``name`` or ``generateName``, the
@@ -249,12 +267,7 @@ def submit_options(options: object, labels: dict[str, str], generate_name: str
         options = {}
     if not isinstance(options, dict):
         raise invalid("submitOptions: must be an object")
-    parameters: dict[str, str] = {}
-    for entry in options.get("parameters") or []:
-        key, separator, value = str(entry).partition("=")
-        if not separator or not key.strip():
-            raise invalid(f"submitOptions.parameters: '{entry}' is not name=value")
-        parameters[key.strip()] = value
+    parameters = name_values(options.get("parameters") or [], "submitOptions.parameters")
     labels = dict(labels)
     for entry in filter(None, str(options.get("labels") or "").split(",")):
         key, separator, value = entry.partition("=")

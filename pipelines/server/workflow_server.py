@@ -48,14 +48,21 @@ def find(request: Request) -> tuple[dict, dict | None]:
     return record, store.status(name)
 
 
-def shown(request: Request, name: str) -> dict:
-    """Workflow ``name`` as Argo shows it now (found by the caller)."""
+def _as_now(request: Request, name: str, record: dict) -> dict:
+    """The Workflow ``record`` is, with its run's status and this server's live state."""
     store, launcher = request.server.store, request.server.launcher
-    record = store.record(name)
-    assert record is not None
     workflow = to_workflow(record, store.status(name), launcher.is_live(name))
     if launcher.is_suspended(name):
         workflow["spec"] = {**workflow["spec"], "suspend": True}
+    return workflow
+
+
+def shown(request: Request, name: str) -> dict:
+    """Workflow ``name`` as Argo shows it now (found by the caller)."""
+    store = request.server.store
+    record = store.record(name)
+    assert record is not None
+    workflow = _as_now(request, name, record)
     if "workflowTemplateRef" in workflow["spec"]:
         # what ran, as Argo keeps it for a workflow from a template: the page finds the
         # templates of its nodes there (a suspend node's supplied outputs, a node's inputs)
@@ -75,7 +82,7 @@ def listed(request: Request) -> list[dict]:
     chosen = workflow_selector(request.one("listOptions.labelSelector"),
                                request.one("listOptions.fieldSelector"), request.namespace)
     name_filter = request.one("nameFilter")
-    store, launcher = request.server.store, request.server.launcher
+    store = request.server.store
     items = []
     for name in store.names():
         record = store.record(name)
@@ -83,9 +90,7 @@ def listed(request: Request) -> list[dict]:
             continue
         if name_filter and name_filter not in name:
             continue
-        workflow = to_workflow(record, store.status(name), launcher.is_live(name))
-        if launcher.is_suspended(name):
-            workflow["spec"] = {**workflow["spec"], "suspend": True}
+        workflow = _as_now(request, name, record)
         if chosen(workflow):
             items.append(workflow)
     # newest first, as Argo lists them

@@ -24,6 +24,13 @@ def iso(moment: datetime | None) -> str | None:
     return moment.isoformat().replace("+00:00", "Z") if moment else None
 
 
+def parse_iso(text: object) -> datetime:
+    """A timestamp as ``iso`` writes it (or Kubernetes', whole seconds), back; one without a
+    zone is UTC. ``ValueError`` for anything else."""
+    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 

@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +38,7 @@ from ..errors import NodeError
 from ..expressions.substitution import Vars, as_text, substitute_text
 from ..manifest.durations import parse_go_duration
 from ..manifest.template_checks import key_problems, name_problem
-from ..records.run_types import NodeResult, iso, now
+from ..records.run_types import NodeResult, iso, now, parse_iso
 
 if TYPE_CHECKING:
     from .context import RunContext
@@ -97,7 +96,7 @@ def read_entry(home: Path, memo: Memo) -> tuple[dict | None, str]:
         entry = json.loads(path.read_text())
         if not _well_formed(entry):
             raise ValueError("not a cache entry")
-        created = _parse_time(entry["creationTimestamp"])
+        created = parse_iso(entry["creationTimestamp"])
     except FileNotFoundError:
         return None, ""
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -119,10 +118,6 @@ def _well_formed(entry: object) -> bool:
                        for item in outputs.get(kind) or [])
                for kind in ("parameters", "artifacts"))
 
-
-def _parse_time(text: object) -> datetime:
-    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _stamp() -> str:

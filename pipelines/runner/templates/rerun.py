@@ -33,14 +33,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sublimate.pipelines.argo_terms import NodePhase, NodeType
 
 from ..records.control import ControlError, node_fields, parse_selector, selector_matches
-from ..records.run_types import CarriedNodes, NodeResult, RunEvent, now
+from ..records.run_types import CarriedNodes, NodeResult, RunEvent, now, parse_iso
 from .dag import DagPlan
 from .outputs import set_artifact, set_param
 
@@ -280,8 +279,8 @@ def _restore_one(run: RunContext, earlier: dict, name: str, parent: NodeResult |
                            NodeType(earlier["type"]), parent)
     node.phase = NodePhase(earlier["phase"])
     node.message = earlier.get("message") or ""
-    node.started_at = _time(earlier.get("started_at"))
-    node.finished_at = _time(earlier.get("finished_at"))
+    node.started_at = parse_iso(earlier["started_at"]) if earlier.get("started_at") else None
+    node.finished_at = parse_iso(earlier["finished_at"]) if earlier.get("finished_at") else None
     if earlier.get("log"):
         node.log = Path(earlier["log"])
     if earlier.get("memoizationStatus"):
@@ -302,11 +301,6 @@ def _restore_one(run: RunContext, earlier: dict, name: str, parent: NodeResult |
             node.exit_code = int(outputs["exitCode"])
     return node
 
-
-def _time(text: object) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
 
 
 __all__ = ["RerunError", "called_names", "carry", "plan_resubmit", "plan_retry"]
