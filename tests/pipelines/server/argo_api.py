@@ -125,9 +125,12 @@ class Server:
     def __init__(self, home: Path, *flags: str) -> None:
         self.home = home
         self.log = (home.parent / f"server-{time.monotonic_ns()}.log").open("w")
+        # SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG): a killed test or
+        # benchmark leaves no server behind, and the server ends its runs as it stops (under
+        # pytest the session's reaper, tests/conftest.py, ends it too)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "sublimate.pipelines", "server", "--port", "0",
-             "--home", str(home), *flags],
+            ["setpriv", "--pdeathsig", "TERM", "--", sys.executable, "-m", "sublimate.pipelines",
+             "server", "--port", "0", "--home", str(home), *flags],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
             env={**os.environ, "SUBLIMATE_HOME": str(home)})
         assert self.process.stdout is not None
