@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import json
 import os
 import signal
 import subprocess
@@ -20,9 +22,10 @@ from torchx.schedulers.local_scheduler import (
     LocalScheduler,
     PopenRequest,
     ReplicaParam,
+    _LocalAppDef,
     _LocalReplica,
 )
-from torchx.specs.api import AppDef, AppState
+from torchx.specs.api import NONE, AppDef, AppState
 
 from sublimate.components.base.replica_groups import volcano_hosts_env
 from sublimate.components.launch.forked_agents import AgentServers
@@ -41,6 +44,29 @@ def host_gpu_count() -> int:
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def structured_error_msg(app: _LocalAppDef) -> str:
+    """TorchX's ``get_structured_error_msg``, for an error file that is not JSON (yet).
+
+    torchrun writes a failed worker's error file in place, not by a rename: a status poll can
+    find it empty or half written, and a node killed while writing leaves it so for good.
+    TorchX's own reader raises ``JSONDecodeError`` then, out of ``describe``, which ended the
+    launcher (and failed a job that recovery would have carried on). What the file holds is
+    passed on as it is instead.
+    """
+    error_file = app._get_error_file()
+    if not error_file:
+        return NONE
+    try:
+        with open(error_file, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:  # removed between the listing and the read
+        return NONE
+    try:
+        return json.dumps(json.loads(text))
+    except ValueError:
+        return text or NONE
 
 
 class HostGpuLocalScheduler(LocalScheduler):
@@ -91,6 +117,9 @@ class HostGpuLocalScheduler(LocalScheduler):
                 params.env[MARK_ENV] = self.reaper.mark
         app_id = super().schedule(dryrun_info)
         self._requests[app_id] = dryrun_info.request
+        app = self._apps[app_id]  # TorchX's own (local_netns makes its own, reader built in)
+        app.get_structured_error_msg = functools.partial(  # type: ignore[method-assign]
+            structured_error_msg, app)
         return app_id
 
     def replica_states(self, app_id: str) -> dict[tuple[str, int], AppState]:

@@ -62,7 +62,10 @@ from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.base.replica_groups import volcano_hosts_env
 from sublimate.components.launch import cpu_cgroups, faults, netns_cluster
 from sublimate.components.launch.forked_agents import AgentServers
-from sublimate.components.launch.local_cwd_scheduler import HostGpuLocalScheduler
+from sublimate.components.launch.local_cwd_scheduler import (
+    HostGpuLocalScheduler,
+    structured_error_msg,
+)
 from sublimate.components.launch.netns_cluster import CLUSTER_FILE, Cluster, Node
 
 NAME = "local_netns"
@@ -483,6 +486,9 @@ class _NetnsApp(_LocalAppDef):
         self.node_forks: list[_NodeFork] = []  # agents to fork into nodes, before the go
         self.addresses: dict[tuple[str, int], str] = {}
         self.torn_down = False
+
+    def get_structured_error_msg(self) -> str:
+        return structured_error_msg(self)
 
     def fork_agents(self, servers: AgentServers, cluster: Cluster) -> None:
         """Ask the fork server for each new node's agent, to be forked into the node once its
