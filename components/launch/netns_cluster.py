@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base.process_identity import start_ticks
+from sublimate.components.base.replica_groups import LIGHTHOUSE_ROLE
 
 CLUSTER_FILE = "cluster.json"
 FORMAT_VERSION = 1
@@ -113,9 +114,25 @@ class Cluster:
 
     def node(self, index: int) -> Node:
         if not 0 <= index < len(self.nodes):
-            raise FaultError(f"--node {index}: the job {self.app_id} has nodes "
-                             f"0..{len(self.nodes) - 1}")
+            raise FaultError(f"--node {index}: the job {self.app_id} has {self.described()}")
         return self.nodes[index]
+
+    def services(self) -> list[Node]:
+        """The nodes that serve the job rather than train (per-step recovery's Lighthouse):
+        a namespace each like a training node, so faults reach them by index too, but counted
+        apart: a 3-node job is 3 nodes, not 4."""
+        return [node for node in self.nodes if node.role == LIGHTHOUSE_ROLE]
+
+    def described(self) -> str:
+        """``nodes 0..2 (and its lighthouse, 3)``: the indices a ``--node`` may take."""
+        services = self.services()
+        training = [node.index for node in self.nodes if node not in services]
+        said = (f"nodes {training[0]}..{training[-1]}" if len(training) > 1 else
+                f"node {training[0]}" if training else "no training node")
+        if services:
+            said += " (and its " + ", ".join(f"{node.role}, {node.index}"
+                                             for node in services) + ")"
+        return said
 
     def bridge_alive(self) -> bool:
         return start_ticks(self.bridge_pid) == self.bridge_start

@@ -255,16 +255,21 @@ def command_list(args: argparse.Namespace) -> int:
 
     cluster = _cluster(args, running=False)
     nodes = faults.list_nodes(cluster)
+    services = {node.index for node in cluster.services()}
     if args.json:
         print(json.dumps({"app_id": cluster.app_id, "state": cluster.state,
                           "subnet": cluster.subnet, "host_addr": cluster.host_addr,
-                          "nodes": [asdict(node) for node in nodes]}, indent=2))
+                          "nodes": [asdict(node) | {"training": node.index not in services}
+                                    for node in nodes]}, indent=2))
         return 0
+    training = len(nodes) - len(services)
     print(f"{cluster.app_id}: {cluster.state}, subnet {cluster.subnet}, "
-          f"host {cluster.host_addr}")
+          f"host {cluster.host_addr}; {training} training node{'s' * (training != 1)}"
+          + "".join(f" and its {node.role}" for node in nodes if node.index in services))
     print(f"{'NODE':<5} {'ROLE/REPLICA':<20} {'ADDRESS':<16} {'STATE':<8} FAULTS")
     for node in nodes:
         active = ", ".join(f"{k}={v}" for k, v in node.faults.items()) or "-"
         print(f"{node.index:<5} {f'{node.role}/{node.replica}':<20} {node.addr:<16} "
-              f"{node.state:<8} {active}")
+              f"{node.state:<8} {active}"
+              + ("   (serves the job; not a training node)" if node.index in services else ""))
     return 0

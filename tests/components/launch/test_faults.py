@@ -225,15 +225,21 @@ def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
     """``sublimate fault ...`` against a run folder whose logs/ is the job's log_dir."""
     run = tmp_path / "run"
     before = snapshot()
+    # two training nodes and a per-step job's Lighthouse, which is a node of the cluster (a
+    # namespace) but not a training node: the list counts it apart
     with runner() as r:
-        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 2)), "local_netns",
-                       cfg={"log_dir": str(run / "logs")})
+        handle = r.run(app_of(python_role(UNTIL_CANCELLED, 2),
+                              python_role(UNTIL_CANCELLED, 1, name="lighthouse")),
+                       "local_netns", cfg={"log_dir": str(run / "logs")})
         listed = sublimate("fault", "list", str(run))
         assert listed.returncode == 0, listed.stderr
         cluster = netns_cluster.Cluster.load(cluster_file(run / "logs", handle))
-        assert f"{cluster.app_id}: running, subnet {cluster.subnet}" in listed.stdout
-        assert re.search(rf"1\s+node/1\s+{re.escape(cluster.nodes[1].addr)}\s+running",
+        assert f"{cluster.app_id}: running, subnet {cluster.subnet}, host " \
+               f"{cluster.host_addr}; 2 training nodes and its lighthouse\n" in listed.stdout
+        assert re.search(rf"1\s+node/1\s+{re.escape(cluster.nodes[1].addr)}\s+running\s+-\n",
                          listed.stdout), listed.stdout
+        assert re.search(rf"2\s+lighthouse/0\s+{re.escape(cluster.nodes[2].addr)}\s+running"
+                         r"\s+-\s+\(serves the job; not a training node\)", listed.stdout)
 
         slowed = sublimate("fault", "slow", str(run), "--node", "1", "--cpu", "0.25",
                            "--for", "300ms")
@@ -243,13 +249,14 @@ def test_cli_list_slow_and_kill(netns: None, tmp_path: Path) -> None:
         bad_node = sublimate("fault", "kill", str(run), "--node", "5")
         assert bad_node.returncode == 2
         assert bad_node.stderr.strip() == f"error: --node 5: the job {cluster.app_id} has " \
-                                          "nodes 0..1"
+                                          "nodes 0..1 (and its lighthouse, 2)"
         killed = sublimate("fault", "kill", str(run), "--node", "1")
         assert killed.returncode == 0, killed.stderr
         wait_for(lambda: r.status(handle).roles[0].replicas[1].state.name == "FAILED",
                  EVENT_SECONDS, "the kill")
         listed = json.loads(sublimate("fault", "list", str(run), "--json").stdout)
-        assert [n["state"] for n in listed["nodes"]] == ["running", "killed"]
+        assert [(n["state"], n["training"]) for n in listed["nodes"]] == [
+            ("running", True), ("killed", True), ("running", False)]
         r.cancel(handle)
     ended = sublimate("fault", "cut", str(run), "--node", "0", "--for", "1s")
     assert ended.returncode == 2
