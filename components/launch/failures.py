@@ -209,6 +209,11 @@ _CPP_STACK = re.compile(r"^(Exception raised from .* \(most recent call first\):
 # c10d's reverse lookup of a peer's address, which has no name in a local_netns namespace:
 # harmless (the address is used, not the name), and printed by every node on every run.
 _HOSTNAME_WARNING = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
+# What a local_netns node's holder (util-linux's `unshare --fork --kill-child`) says when its
+# node is killed (SIGKILL to the node's init, as a fault or chaos kills it): it would die of its
+# child's signal and cannot install SIG_DFL for SIGKILL, so it prints this and exits 1. The kill
+# is reported by the launcher; this line would read like a failure of its own.
+_HOLDER_OF_A_KILLED_NODE = re.compile(r"^unshare: sigprocmask unblock failed: Invalid argument$")
 # How the exceptions of torchrun itself end: the failure it reports, the cancel it received.
 _AGENT_EXCEPTIONS = re.compile(
     r"^torch\.distributed\.elastic\.(multiprocessing\.errors\.ChildFailedError|"
@@ -290,7 +295,8 @@ def quiet(lines: Iterable[str], app_id: str = "", node: int | None = None) -> It
             in_cpp_stack = False
             continue
         in_cpp_stack = False
-        if _AGENT_NOISE.match(line) or _HOSTNAME_WARNING.search(line):
+        if _AGENT_NOISE.match(line) or _HOSTNAME_WARNING.search(line) \
+                or _HOLDER_OF_A_KILLED_NODE.match(line):
             ended = _SIGNALLED.search(line)
             if ended and node is not None:
                 with _KILLED_LOCK:

@@ -45,6 +45,7 @@ import time
 import traceback
 from typing import Any, NoReturn
 
+from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.base.termination import exit_now
 from sublimate.components.monitoring.metrics import process_start_time
 from sublimate.components.processes import forking_agent, worker
@@ -149,11 +150,20 @@ def _become_node(request: dict[str, Any], fds: list[int], own: tuple[int, ...]) 
             os._exit(125)
         os.close(mounted)
         node = request["node"]
-        if node.get("cgroup"):  # where the node's init is: a CPU cap on the node covers it
-            with open(os.path.join(node["cgroup"], "cgroup.procs"), "w") as procs:
-                procs.write(str(os.getpid()))
-        _enter_namespaces(node["init"])
-        agent = os.fork()  # the first process this one makes in the node's PID namespace
+        try:
+            if node.get("cgroup"):  # where the node's init is: a CPU cap on the node covers it
+                with open(os.path.join(node["cgroup"], "cgroup.procs"), "w") as procs:
+                    procs.write(str(os.getpid()))
+            _enter_namespaces(node["init"])
+            agent = os.fork()  # the first process this one makes in the node's PID namespace
+        except OSError:
+            if start_ticks(node["init"]) is None:
+                # The node was killed while its agent was forked in (a kill at its start):
+                # its group, its /proc/<init>/root went with it, and a fork into a PID
+                # namespace whose init is dead fails with ENOMEM. That is the kill, which the
+                # launcher reports; a traceback here would look like a crash of its own.
+                os._exit(128 + signal.SIGKILL)
+            raise
         if agent == 0:
             os.close(status)
             _become_agent(request, [stdout, stderr], ())

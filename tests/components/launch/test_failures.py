@@ -115,6 +115,15 @@ def test_an_agents_exception_printed_without_stderr_is_dropped_and_another_kept(
     assert list(quiet(users)) == users
 
 
+def test_what_the_holder_of_a_killed_node_says_is_dropped() -> None:
+    """util-linux's unshare, whose child (a local_netns node's init) a kill ended with SIGKILL,
+    cannot die of the same signal and says so: the kill is the launcher's to report."""
+    lines = ["epoch 1/2 step 22/44 loss 2.2317",
+             "unshare: sigprocmask unblock failed: Invalid argument",
+             "unshare: failed to execute python3: No such file or directory"]
+    assert list(quiet(lines)) == [lines[0], lines[2]]
+
+
 def test_a_traceback_that_is_not_a_failure_passes_whole() -> None:
     assert list(quiet(HANDLED.splitlines())) == HANDLED.splitlines()
     # at the end of a stream too (nothing after it decides)

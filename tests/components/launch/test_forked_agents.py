@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sublimate.components.base.ports import free_port
+from sublimate.components.base.process_identity import start_ticks
 from sublimate.components.data.datasets import build_builtin
 from sublimate.components.launch import forked_agents
 from sublimate.components.launch.apps import WORKER_AGENT, WORKER_MODULE
@@ -297,13 +298,16 @@ class _Init:
         # its byte is written once its signal handlers are in place (left for the server)
         assert select.select([self.mounted], [], [], 30)[0], "the init never mounted"
 
-    def fork(self, server: AgentServer, argv: list[str], log: Path) -> None:
+    def fork(self, server: AgentServer, argv: list[str], log: Path) -> int:
+        """Have ``server`` fork ``argv`` into this node; the server's child that does it."""
         with open(log, "wb") as output:
-            server.fork_into_node(argv, {**os.environ, "OMP_NUM_THREADS": "1"}, str(REPO),
-                                  (output.fileno(), output.fileno(), self.mounted,
-                                   self.status), self.pid, None)
+            waiter = server.fork_into_node(argv, {**os.environ, "OMP_NUM_THREADS": "1"},
+                                           str(REPO), (output.fileno(), output.fileno(),
+                                                       self.mounted, self.status), self.pid,
+                                           None)
         for fd in (self.mounted, self.status, self.go):
             os.close(fd)
+        return waiter
 
 
 @pytest.mark.usefixtures("netns")
@@ -313,6 +317,23 @@ def test_a_node_exits_with_its_forked_agents_status(server: AgentServer, tmp_pat
                        "--"], tmp_path / "agent.log")
     assert init.holder.wait(timeout=60) == 2  # torchrun's refusal, as the command's would be
     assert b"--no-such-flag" in (tmp_path / "agent.log").read_bytes()
+
+
+@pytest.mark.usefixtures("netns")
+def test_a_node_killed_before_its_agent_is_forked_in_says_nothing(
+        server: AgentServer, tmp_path: Path) -> None:
+    """A kill at a node's start (chaos, ``sublimate fault kill``) can land after its init
+    mounted the volume and before the server's child entered the node: the namespaces it was to
+    enter are gone (``/proc/<init>/root``; a fork into a PID namespace whose init died fails
+    with ENOMEM). That is the kill, which the launcher reports: the node's log, which the
+    console follows, shows no traceback (it showed FileNotFoundError or ENOMEM's)."""
+    init = _Init()
+    os.kill(init.pid, signal.SIGKILL)
+    init.holder.wait(timeout=30)
+    log = tmp_path / "agent.log"
+    waiter = init.fork(server, _waiting_agent(free_port()), log)
+    wait_for(lambda: start_ticks(waiter) is None, 30, "the server's child to end")
+    assert log.read_bytes() == b""
 
 
 @pytest.mark.usefixtures("netns")
