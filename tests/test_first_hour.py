@@ -116,6 +116,14 @@ def test_a_failing_script_is_named_in_one_line_with_its_rank_and_log(tmp_path: P
     tail = lines[first:]
     assert len(tail) <= 15, "\n".join(tail)
     assert not any("Traceback" in line for line in lines), result.stdout[-4000:]
+    # The cause is said once by the runner, on the last line (the step's own output, "train(0)
+    # | ...", says it too, as its log does); the lines of the nodes and the workflow above the
+    # failed one, and the table's footer, do not repeat it.
+    cause = "expected 64 features, got 10"
+    said = [line for line in lines if cause in line and not line.startswith("train(0) | ")
+            and not line.startswith(" ")]  # the table's rows, cut at 60 characters
+    assert said == [lines[-1]], "\n".join(said)
+    assert "[" in tail[1] and tail[1].endswith("train(0): Failed (Error (exit code 1))"), tail
     final = lines[-1]
     found = re.search(r"rank 1 \(node1\) failed: ValueError: expected 64 features, got 10; "
                       r"its log: (\S+)", final)

@@ -277,7 +277,8 @@ def show_result(result: Any, output: str, seconds: float) -> None:
     if output == "json":
         print(json.dumps(result.to_json(), indent=2, sort_keys=True))
     else:
-        print(format_table(result))
+        # a failed run's message is its last line (report_failures), not said twice at its end
+        print(format_table(result, with_message=result.phase == "Succeeded"))
         print(format_results(result, seconds))
     if result.phase != "Succeeded":
         report_failures(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TextIO
 
@@ -18,6 +19,36 @@ MAX_VALUE = 40
 # the whole name; the console shows its start, which holds the loop index.
 MAX_NAME = 64
 _QUIET_TYPES = frozenset({NodeType.STEP_GROUP})  # bookkeeping nodes that clutter the live view
+# How a pod's message starts (its ending), and then why, from its termination message.
+_ENDING_AND_WHY = re.compile(r"(?P<ending>(Error|Failed)( \(exit code -?\d+\))?): (?P<why>.+)",
+                             re.DOTALL)
+RECENT_LOG_LINES = 20  # per node: where its own output said why it failed
+
+
+class _SaidOnce:
+    """What the console has said, so that a failure's cause is said once: a step whose output
+    said why it failed ends as ``Failed (Error (exit code 1))``, its retry node and the
+    workflow above it say ``task 'train' failed`` without the cause again, and the one line
+    that says it all is the run's last (``error: ...``, with the node and its log)."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.recent: dict[str, deque[str]] = {}
+
+    def printed_log(self, node_id: str, line: str) -> None:
+        self.recent.setdefault(node_id, deque(maxlen=RECENT_LOG_LINES)).append(line)
+
+    def new_part(self, node_id: str | None, message: str) -> str:
+        """``message`` less what was said already ('' when all of it was)."""
+        whole = message
+        ending = _ENDING_AND_WHY.fullmatch(message)
+        if ending and any(ending["why"] in line for line in self.recent.get(node_id or "", ())):
+            self.said.append(ending["why"])
+        for said in sorted(self.said, key=len, reverse=True):
+            if said and said in message:
+                message = message.replace(said, "").rstrip(": ;")
+        self.said.append(whole)
+        return message
 
 
 def console_reporter(
@@ -26,6 +57,7 @@ def console_reporter(
     """A reporter printing phase transitions with elapsed time and, optionally, log lines."""
     lock = threading.Lock()
     start: list[float] = []
+    said = _SaidOnce()
 
     def report(event: RunEvent) -> None:
         out = stream if stream is not None else sys.stderr
@@ -39,19 +71,22 @@ def console_reporter(
             if not follow_logs or event.node is None:
                 return
             text = f"{shown_name(event.node.display_name)} | {event.line}"
+            said.printed_log(event.node.id, event.line)
         elif event.kind == "node" and event.node is not None:
             if event.node.type in _QUIET_TYPES or event.node.id == event.workflow:
                 return  # the root node's phase is the workflow's, reported on its own
             text = f"[{elapsed:7.1f}s] {shown_name(event.node.display_name)}: {event.phase}"
             if event.message and (event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED)
                                   or event.node.type == NodeType.SUSPEND):
-                text += f" ({event.message})"  # a waiting suspend node: how to resume it
+                # a waiting suspend node: how to resume it
+                if new := said.new_part(event.node.id, event.message):
+                    text += f" ({new})"
             elif _cached(event.node) and event.phase == NodePhase.SUCCEEDED:
                 text += f" (cached: {event.node.memoization['key']})"  # type: ignore[index]
         else:
             text = f"[{elapsed:7.1f}s] workflow {event.workflow}: {event.phase}"
-            if event.message:
-                text += f" ({event.message})"
+            if event.message and (new := said.new_part(None, event.message)):
+                text += f" ({new})"
         with lock:
             out.write(text + "\n")
             out.flush()
@@ -133,9 +168,10 @@ def _distinct_names(nodes: list[NodeResult]) -> dict[str, str]:
     return names
 
 
-def format_table(result: RunResult) -> str:
+def format_table(result: RunResult, with_message: bool = True) -> str:
     """The final table: one row per node, under its parent (indented by nesting), phase,
-    duration, outputs."""
+    duration, outputs; then the workflow's phase, and its message unless ``with_message`` is
+    false (``sublimate run`` ends with it, on a line of its own)."""
     depths = _depths(result.nodes)
     names = _distinct_names(result.nodes)
     rows = [("NODE", "PHASE", "DURATION", "OUTPUTS")]
@@ -158,6 +194,6 @@ def format_table(result: RunResult) -> str:
         for row in rows
     ]
     footer = f"{result.name}: {result.phase}"
-    if result.message:
+    if result.message and with_message:
         footer += f" ({result.message})"
     return "\n".join([*lines, footer])
