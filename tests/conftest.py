@@ -176,10 +176,26 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str) -> T:
 
 def run_cli(*args: str, home: Path, timeout: float = 300, cwd: Path = REPO,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real `sublimate` entry point in a child process, as a user would."""
+    """Run the real `sublimate` entry point in a child process, as a user would.
+
+    A ``sublimate run`` that succeeds must not print a traceback, whatever it went through
+    (node kills, relaunches, replacements, a sweep's points, nights of retraining): one would
+    look like a crash to its user. (None of the runs here has a step of the user's fail on
+    purpose, the one case where the user's own traceback would belong in the output.)
+    """
     env = {**os.environ, "SUBLIMATE_HOME": str(home), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run([sys.executable, "-m", "sublimate.pipelines", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if args[:1] == ("run",) and done.returncode == 0:
+        output = done.stdout + done.stderr
+        for sign in CRASH_SIGNS:
+            assert sign not in output, f"a successful run printed {sign!r}:\n{output[-4000:]}"
+    return done
+
+
+# What a crash prints (Python's traceback; the logging module's own failure; a thread's death).
+CRASH_SIGNS = ("Traceback (most recent call last)", "--- Logging error ---",
+               "Exception in thread")
 
 
 def env_flags(env: dict[str, str] | None) -> list[str]:

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from tests.components.launch.test_netns_scheduler import netns
-from tests.conftest import REPO
+from tests.conftest import CRASH_SIGNS, REPO
 
 __all__ = ["netns"]  # the fixture of the cluster on one machine's prerequisites
 
@@ -312,7 +312,8 @@ def run_group(needs: str, root: Path, context: dict[str, str]) -> list[str]:
         output = result.stdout + result.stderr
         expected = rule.exit if rule.how == "run" else 0
         assert result.returncode == expected, f"{command.where}: {text}\n{output[-3000:]}"
-        assert "Traceback" not in output, f"{command.where}: {text}\n{output[-3000:]}"
+        assert not [sign for sign in CRASH_SIGNS if sign in output], \
+            f"{command.where}: {text}\n{output[-3000:]}"
         assert rule.says in output, f"{command.where}: {text}\n{output[-3000:]}"
         done.append(re.sub(r"^(export )?([A-Z_0-9]+=\S+ )+", "", text))
     return done

@@ -232,12 +232,45 @@ _AGENT_EXCEPTION_NAMES = {
 }
 
 
+# Python's report of a logging call that raised (logging.Handler.handleError): this line, the
+# traceback, "Call stack:" and the caller's frames, then the record's "Message:" and, last,
+# "Arguments:". torchrun's agent logs its worker's death with a traceback, which torch's
+# formatter renders after importing torch._dynamo (seconds); an agent stopped meanwhile (a lost
+# node's, as it is replaced) raises SignalException inside that import, and the log showed it.
+_LOGGING_ERROR = "--- Logging error ---"
+_LOGGING_ERROR_END = "Arguments: "
+_LOGGING_ERROR_LINES = 1000  # a report longer than this is not held back: it passes as it is
+
+
+def _stopped_agents_logging_errors_dropped(lines: Iterable[str]) -> Iterator[str]:
+    """``lines`` less each logging error whose exception is torchrun's agent being stopped;
+    any other passes whole."""
+    held: list[str] = []
+    for line in lines:
+        if not held:
+            if line == _LOGGING_ERROR:
+                held = [line]
+            else:
+                yield line
+            continue
+        held.append(line)
+        if line.startswith(_LOGGING_ERROR_END) or len(held) > _LOGGING_ERROR_LINES:
+            if not (line.startswith(_LOGGING_ERROR_END)
+                    and any(_AGENT_EXCEPTIONS.match(kept) and "SignalException" in kept
+                            for kept in held)):
+                yield from held
+            held = []
+    yield from held
+
+
 def quiet(lines: Iterable[str], app_id: str = "", node: int | None = None) -> Iterator[str]:
     """``lines`` of one node's log without the noise of a failure (see the module's doc): a
-    worker's uncaught traceback, torchrun's tracebacks and reports about it, and its messages
-    about the processes it ends. A traceback that is anything else (one a program prints and
-    goes on) passes whole. A worker that torchrun saw killed by a signal, on node ``node`` of
-    the job ``app_id``, is noted for :func:`explain`."""
+    worker's uncaught traceback, torchrun's tracebacks and reports about it, its messages
+    about the processes it ends, and a log call of its that a stop interrupted. A traceback that
+    is anything else (one a program prints and goes on) passes whole. A worker that torchrun
+    saw killed by a signal, on node ``node`` of the job ``app_id``, is noted for
+    :func:`explain`."""
+    lines = _stopped_agents_logging_errors_dropped(lines)
     held: list[str] = []  # a plain traceback, until its last exception line decides
     exception = ""  # the last exception line of the held traceback ("" while inside it)
     report_rules = 0  # '=' lines left to drop of torchrun's report after ChildFailedError

@@ -115,6 +115,49 @@ def test_an_agents_exception_printed_without_stderr_is_dropped_and_another_kept(
     assert list(quiet(users)) == users
 
 
+# A lost node's agent stopped (SIGTERM) while torch's formatter imported torch._dynamo to log
+# its worker's death (torch 2.13, abridged: the frames between, in the same shapes).
+STOPPED_WHILE_LOGGING = """\
+--- Logging error ---
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 791, in _poll
+    self._pc.join(-1)
+  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 192, in join
+    raise ProcessExitedException(
+torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/logging/__init__.py", line 1110, in emit
+    msg = self.format(record)
+  File "/venv/lib/python3.11/site-packages/torch/_logging/_internal.py", line 974, in format
+    from torch._dynamo import config
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 23 got signal: 15
+Call stack:
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 836, in _poll
+    logger.exception(
+Message: 'failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)'
+Arguments: (-9, 0, 31, 'run_script_path', 'fork')
+"""
+
+
+def test_a_log_call_of_an_agent_stopped_while_it_logged_is_dropped() -> None:
+    """Python's "--- Logging error ---" report (the record, the exception, the call stack) of
+    an agent whose stop interrupted its logging; another program's logging error passes."""
+    kept = ["epoch 1/2 step 22/44 loss 2.2317"]
+    assert list(quiet([*kept, *STOPPED_WHILE_LOGGING.splitlines(), *kept])) == kept * 2
+    users = STOPPED_WHILE_LOGGING.replace(
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 23 got signal: 15",
+        "BrokenPipeError: [Errno 32] Broken pipe").splitlines()
+    assert "--- Logging error ---" in list(quiet(users))
+    # a report cut short (the process died in it) is not held back for ever
+    assert list(quiet(STOPPED_WHILE_LOGGING.splitlines()[:5])) != []
+
+
 def test_what_the_holder_of_a_killed_node_says_is_dropped() -> None:
     """util-linux's unshare, whose child (a local_netns node's init) a kill ended with SIGKILL,
     cannot die of the same signal and says so: the kill is the launcher's to report."""
