@@ -26,29 +26,36 @@ RECENT_LOG_LINES = 20  # per node: where its own output said why it failed
 
 
 class _SaidOnce:
-    """What the console has said, so that a failure's cause is said once: a step whose output
-    said why it failed ends as ``Failed (Error (exit code 1))``, its retry node and the
-    workflow above it say ``task 'train' failed`` without the cause again, and the one line
-    that says it all is the run's last (``error: ...``, with the node and its log)."""
+    """What the console has said of failures, so that a failure's cause is said once: a step
+    whose output said why it failed ends as ``Failed (Error (exit code 1))``, the retry node
+    and the workflow above it say ``task 'train' failed`` without the cause again, and the one
+    line that says it all is the run's last (``error: ...``, with the node and its log)."""
+
+    KEPT = 256  # the latest messages said: enough for a parent to find its children's
 
     def __init__(self) -> None:
-        self.said: list[str] = []
+        self.said: dict[str, None] = {}  # in the order said (a set that forgets the oldest)
         self.recent: dict[str, deque[str]] = {}
 
     def printed_log(self, node_id: str, line: str) -> None:
         self.recent.setdefault(node_id, deque(maxlen=RECENT_LOG_LINES)).append(line)
 
-    def new_part(self, node_id: str | None, message: str) -> str:
-        """``message`` less what was said already ('' when all of it was)."""
-        whole = message
-        ending = _ENDING_AND_WHY.fullmatch(message)
-        if ending and any(ending["why"] in line for line in self.recent.get(node_id or "", ())):
-            self.said.append(ending["why"])
-        for said in sorted(self.said, key=len, reverse=True):
-            if said and said in message:
-                message = message.replace(said, "").rstrip(": ;")
-        self.said.append(whole)
-        return message
+    def new_part(self, node: NodeResult | None, message: str) -> str:
+        """What to show of ``node``'s (None: the workflow's) message: a step's own whole,
+        or its ending alone when its output said the rest; a parent's, less what was said."""
+        shown = message
+        if node is not None and not node.children:
+            ending = _ENDING_AND_WHY.fullmatch(message)
+            if ending and any(ending["why"] in line for line in self.recent.get(node.id, ())):
+                shown = ending["ending"]
+        else:
+            for said in sorted(self.said, key=len, reverse=True):
+                if said in shown:
+                    shown = shown.replace(said, "").rstrip(": ;")
+        self.said[message] = None
+        while len(self.said) > self.KEPT:
+            del self.said[next(iter(self.said))]
+        return shown
 
 
 def console_reporter(
@@ -79,7 +86,7 @@ def console_reporter(
             if event.message and (event.phase not in (NodePhase.RUNNING, NodePhase.SUCCEEDED)
                                   or event.node.type == NodeType.SUSPEND):
                 # a waiting suspend node: how to resume it
-                if new := said.new_part(event.node.id, event.message):
+                if new := said.new_part(event.node, event.message):
                     text += f" ({new})"
             elif _cached(event.node) and event.phase == NodePhase.SUCCEEDED:
                 text += f" (cached: {event.node.memoization['key']})"  # type: ignore[index]

@@ -1,4 +1,5 @@
-"""The final table of a run: every node under its parent, loop children told apart."""
+"""The final table of a run: every node under its parent, loop children told apart; the live
+progress lines, a failure's cause said once."""
 
 from __future__ import annotations
 
@@ -45,3 +46,38 @@ def test_a_sweeps_table_puts_each_step_under_its_own_point() -> None:
     table = format_table(result)
     assert table.index("sweep(0:") < table.index("run=/runs/p00") < table.index("sweep(1:") \
         < table.index("run=/runs/p01")
+
+
+def test_a_failures_cause_is_shown_once_and_each_failed_step_keeps_its_ending() -> None:
+    """Two steps fail in parallel: `a` said why in its output, so its line keeps the ending
+    alone; `b` said nothing, so its line has its whole message; the DAG above them and the
+    workflow do not repeat what the steps said."""
+    import io
+
+    from sublimate.pipelines.runner.records.display import console_reporter
+    from sublimate.pipelines.runner.records.run_types import RunEvent
+
+    why = "rank 1 (node1) failed: ValueError: bad shape; its log: /runs/x/1/stderr.log"
+    a = NodeResult(id="a", name="a", display_name="a", template="a", type=NodeType.POD)
+    b = NodeResult(id="b", name="b", display_name="b", template="b", type=NodeType.POD)
+    dag = NodeResult(id="d", name="d", display_name="d", template="d", type=NodeType.DAG,
+                     children=["a", "b"])
+    out = io.StringIO()
+    report = console_reporter(out)
+    now = datetime.now(UTC)
+    for event in [
+        RunEvent("log", "wf", now, node=a, line=f"train: error: {why}"),
+        RunEvent("node", "wf", now, NodePhase.FAILED, a, message=f"Error (exit code 1): {why}"),
+        RunEvent("node", "wf", now, NodePhase.FAILED, b, message="Error (exit code 3)"),
+        RunEvent("node", "wf", now, NodePhase.FAILED, dag,
+                 message=f"task 'a' failed: Error (exit code 1): {why}"),
+        RunEvent("workflow", "wf", now, NodePhase.FAILED,
+                 message=f"task 'd' failed: task 'a' failed: Error (exit code 1): {why}"),
+    ]:
+        report(event)
+    lines = [line.split("] ", 1)[-1] for line in out.getvalue().splitlines()]
+    assert lines == [f"a | train: error: {why}",
+                     "a: Failed (Error (exit code 1))",
+                     "b: Failed (Error (exit code 3))",
+                     "d: Failed (task 'a' failed)",
+                     "workflow wf: Failed (task 'd' failed)"]
