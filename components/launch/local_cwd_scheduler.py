@@ -118,7 +118,7 @@ class HostGpuLocalScheduler(LocalScheduler):
         app_id = super().schedule(dryrun_info)
         self._requests[app_id] = dryrun_info.request
         app = self._apps[app_id]  # TorchX's own (local_netns makes its own, reader built in)
-        app.get_structured_error_msg = functools.partial(  # type: ignore[method-assign]
+        app.get_structured_error_msg = functools.partial(
             structured_error_msg, app)
         return app_id
 
