@@ -25,11 +25,14 @@ def test_diloco_on_two_nodes_trains_digits_one_outer_step_per_round(tmp_path: Pa
     assert summary["communication_ops_per_worker"] == rounds
 
 
-def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path, codec: str) -> None:
     # nodes=2:2: a round needs both groups, so node 0 waits at its next round for node 1's
-    # replacement, which copies its state (the global weights and outer momentum with it).
+    # replacement, which copies its state (the global weights and outer momentum with it; with
+    # int8, the error-feedback residual too, and the all-gather between the groups is what
+    # the kill breaks and the replacement joins).
     output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2:2",
-                           "-p", "epochs=10",
+                           "-p", "epochs=10", "-p", f"outer-codec={codec}",
                            faults={"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "1"})
     assert "relaunching" not in output, output[-3000:]
     (failure,) = _failures(summary)
