@@ -345,9 +345,9 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("float32", "bfloat16"), paradigms=_DILOCO),
     Setting("outer-codec", "none", "diloco: how the pseudo-gradient is sent (none: float32; "
             "bf16: bfloat16; int8: 8-bit, a scale per 256 values, a quarter of the bytes at 2 "
-            "nodes; topk: the outer-codec-topk largest values at 2 bits and their indices, as "
-            "SparseLoCo). int8 and topk keep what they drop and send it with the next rounds "
-            "(error feedback), and are all-gathered (docs/paradigms.md).",
+            "nodes; topk: the outer-codec-topk largest values of each 4096 at 2 bits, with "
+            "their positions, as SparseLoCo). int8 and topk keep what they drop and send it "
+            "with the next rounds (error feedback), and are all-gathered (docs/paradigms.md).",
             choices=OUTER_CODECS, paradigms=_DILOCO),
     Setting("outer-codec-topk", 0.03, "diloco with outer-codec topk: the fraction of the "
             "pseudo-gradient's values each round sends (above 0, at most 1).", kind="number",

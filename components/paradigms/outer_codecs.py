@@ -7,9 +7,10 @@ codec       on the wire                          how the workers average it   er
 ``bf16``    bfloat16                             all-reduce (sum)             no
 ``int8``    int8, one float32 scale per block    all-gather, decoded, summed  yes
             of ``block`` values (absmax / 127)
-``topk``    the k largest magnitudes: int32      all-gather, decoded, summed  yes
-            indices and ``bits``-bit values
-            (SparseLoCo, arXiv 2508.15706)
+``topk``    per chunk of 4096, the k largest     all-gather, decoded, summed  yes
+            magnitudes: int16 positions and
+            ``bits``-bit values (SparseLoCo,
+            arXiv 2508.15706)
 ==========  ===================================  ===========================  ===============
 
 ``none`` and ``bf16`` (:class:`SummedCodec`) are summed by the collective itself. The others
@@ -117,16 +118,22 @@ class Int8Codec:
 
 @dataclass(frozen=True)
 class TopKCodec:
-    """SparseLoCo's compressor: the ``k = round(fraction x n)`` values of largest magnitude (at
-    least one), their positions as int32, their values quantised to ``bits`` bits on the
-    2^bits evenly spaced levels from ``-a`` to ``a``, ``a`` the largest magnitude sent (float32):
-    with 2 bits, -a, -a/3, a/3, a. Payload: ``a``, the indices (ascending), then the levels'
-    numbers packed 8 / bits to a byte, the first in the lowest bits."""
+    """SparseLoCo's compressor: the values cut into chunks of ``chunk`` (the last one padded
+    with zeros; a tensor smaller than a chunk is one chunk), and in each chunk the
+    ``k = round(fraction x chunk)`` values of largest magnitude (at least one), their
+    positions in the chunk as int16, their values quantised to ``bits`` bits on the 2^bits
+    evenly spaced levels from ``-a`` to ``a``, ``a`` the chunk's largest magnitude sent
+    (float32): with 2 bits, -a, -a/3, a/3, a. A top-k per chunk reaches every part of the
+    model, and its positions fit in 2 bytes. Payload: each chunk's ``a``, the positions
+    (ascending in each chunk), then the levels' numbers packed 8 / bits to a byte, the first
+    in the lowest bits."""
 
     fraction: float
     bits: int = 2
+    chunk: int = 4096  # SparseLoCo's
     gathered: ClassVar[bool] = True
     error_feedback: ClassVar[bool] = True
+    LARGEST_CHUNK: ClassVar[int] = 1 << 15  # a position in it fits an int16
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) \
@@ -135,41 +142,51 @@ class TopKCodec:
         if self.bits not in (1, 2, 4, 8):
             raise ValueError(f"topk codec: bits must be 1, 2, 4 or 8 (a whole number to a "
                              f"byte), not {self.bits!r}")
+        if not isinstance(self.chunk, int) or isinstance(self.chunk, bool) \
+                or not 1 <= self.chunk <= self.LARGEST_CHUNK:
+            raise ValueError(f"topk codec: chunk must be an integer from 1 to "
+                             f"{self.LARGEST_CHUNK}, not {self.chunk!r}")
 
-    def kept(self, numel: int) -> int:
-        return max(1, min(numel, round(self.fraction * numel)))
+    def shape(self, numel: int) -> tuple[int, int, int]:
+        """(the chunk's size, the chunks, the values kept in each) for ``numel`` values."""
+        size = max(1, min(self.chunk, numel))
+        return size, math.ceil(numel / size), max(1, min(size, round(self.fraction * size)))
 
     def payload_bytes(self, numel: int) -> int:
-        kept = self.kept(numel)
-        return 4 + 4 * kept + math.ceil(kept * self.bits / 8)
+        _, chunks, kept = self.shape(numel)
+        return 4 * chunks + 2 * chunks * kept + math.ceil(chunks * kept * self.bits / 8)
 
-    def _step(self, largest: torch.Tensor) -> torch.Tensor:
+    def _steps(self, largest: torch.Tensor) -> torch.Tensor:
         return 2 * largest / (2 ** self.bits - 1)
 
     def encode(self, tensor: torch.Tensor) -> torch.Tensor:
         values = _flat_float(tensor)
-        kept = self.kept(values.numel())
-        indices = torch.topk(values.abs(), kept, sorted=False).indices.sort().values
-        chosen = values[indices]
-        largest = chosen.abs().max()
-        step = self._step(largest)
-        levels = 2 ** self.bits - 1
-        if largest > 0:
-            numbers = ((chosen + largest) / step).round().clamp(0, levels)
-        else:
-            numbers = torch.zeros_like(chosen)
-        return torch.cat([_scalars_bytes(largest.reshape(1)),
-                          _scalars_bytes(indices.to(torch.int32)),
-                          self._pack(numbers.to(torch.int32))])
+        numel = values.numel()
+        size, chunks, kept = self.shape(numel)
+        padded = torch.zeros(chunks * size, dtype=FLOAT, device=values.device)
+        padded[:numel] = values
+        rows = padded.view(chunks, size)
+        indices = torch.topk(rows.abs(), kept, dim=1, sorted=False).indices.sort(dim=1).values
+        chosen = rows.gather(1, indices)
+        largest = chosen.abs().amax(dim=1)
+        steps = self._steps(largest)
+        safe = torch.where(steps > 0, steps, torch.ones_like(steps))
+        numbers = ((chosen + largest[:, None]) / safe[:, None]).round()
+        numbers = torch.where(largest[:, None] > 0, numbers.clamp(0, 2 ** self.bits - 1), 0)
+        positions = indices.to(torch.int16).reshape(-1)
+        return torch.cat([_scalars_bytes(largest), _scalars_bytes(positions),
+                          self._pack(numbers.to(torch.int32).reshape(-1))])
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        kept = self.kept(numel)
-        largest = _from_bytes(payload, 0, 1, FLOAT)[0]
-        indices = _from_bytes(payload, 4, kept, torch.int32).to(torch.int64)
-        numbers = self._unpack(payload[4 + 4 * kept:], kept)
-        decoded = torch.zeros(numel, dtype=FLOAT, device=payload.device)
-        decoded[indices] = numbers.to(FLOAT) * self._step(largest) - largest
-        return decoded
+        size, chunks, kept = self.shape(numel)
+        largest = _from_bytes(payload, 0, chunks, FLOAT)
+        indices = _from_bytes(payload, 4 * chunks, chunks * kept, torch.int16)
+        numbers = self._unpack(payload[4 * chunks + 2 * chunks * kept:], chunks * kept)
+        values = numbers.view(chunks, kept).to(FLOAT) * self._steps(largest)[:, None] \
+            - largest[:, None]
+        rows = torch.zeros(chunks, size, dtype=FLOAT, device=payload.device)
+        rows.scatter_(1, indices.to(torch.int64).view(chunks, kept), values)
+        return rows.reshape(-1)[:numel]
 
     def _pack(self, numbers: torch.Tensor) -> torch.Tensor:
         per_byte = 8 // self.bits

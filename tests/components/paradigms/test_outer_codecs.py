@@ -48,14 +48,30 @@ def test_topk_sends_the_largest_values_at_two_bits_with_their_indices() -> None:
     codec = TopKCodec(fraction=0.5, bits=2)
     values = torch.tensor([0.5, 3.0, -1.8, 0.25, -1.0, 0.0])
     payload = codec.encode(values)
-    # k = 3: indices 1, 2, 4 (|3|, |-1.8|, |-1|); a = 3, levels -3, -1, 1, 3 numbered 0..3:
-    # 3 -> 3, -1.8 -> 1 (nearest -1), -1 -> 1; packed first-lowest: 3 + 1 * 4 + 1 * 16 = 23
+    # one chunk (6 values, fewer than a chunk), k = 3: positions 1, 2, 4 (|3|, |-1.8|, |-1|);
+    # a = 3, levels -3, -1, 1, 3 numbered 0..3: 3 -> 3, -1.8 -> 1 (nearest -1), -1 -> 1;
+    # packed first-lowest: 3 + 1 * 4 + 1 * 16 = 23
     assert torch.equal(payload, _bytes(torch.tensor([3.0]),
-                                       torch.tensor([1, 2, 4], dtype=torch.int32),
+                                       torch.tensor([1, 2, 4], dtype=torch.int16),
                                        torch.tensor([23], dtype=torch.uint8)))
-    assert payload.numel() == codec.payload_bytes(6) == 4 + 3 * 4 + 1
+    assert payload.numel() == codec.payload_bytes(6) == 4 + 3 * 2 + 1
     assert torch.equal(codec.decode(payload, 6), torch.tensor([0.0, 3.0, -1.0, 0.0, -1.0, 0.0]))
     assert torch.equal(codec.decode(torch.zeros_like(payload), 6), torch.zeros(6))
+
+
+def test_topk_takes_its_largest_values_in_each_chunk() -> None:
+    codec = TopKCodec(fraction=1 / 3, bits=2, chunk=3)
+    payload = codec.encode(torch.tensor([0.5, -2.0, 1.0, 0.0, 0.25, 4.0]))
+    # chunks [0.5, -2, 1] and [0, 0.25, 4], one value each: -2 at 1 (a = 2, level 0) and 4 at
+    # 2 (a = 4, level 3); the levels packed 0 + 3 * 4 = 12
+    assert torch.equal(payload, _bytes(torch.tensor([2.0, 4.0]),
+                                       torch.tensor([1, 2], dtype=torch.int16),
+                                       torch.tensor([12], dtype=torch.uint8)))
+    assert payload.numel() == codec.payload_bytes(6) == 2 * 4 + 2 * 2 + 1
+    assert torch.equal(codec.decode(payload, 6), torch.tensor([0.0, -2.0, 0.0, 0.0, 0.0, 4.0]))
+    # a partial last chunk is padded with zeros, which are never sent
+    assert torch.equal(codec.decode(codec.encode(torch.tensor([1.0, 0.0, 0.0, -3.0])), 4),
+                       torch.tensor([1.0, 0.0, 0.0, -3.0]))
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
@@ -66,7 +82,7 @@ def test_topk_levels_span_the_largest_magnitude_at_every_width(bits: int) -> Non
     step = 2 * torch.tensor(7.0) / levels
     values = torch.arange(levels + 1, dtype=torch.float32).flip(0) * step - 7.0
     payload = codec.encode(values)
-    assert payload.numel() == 4 + 4 * (levels + 1) + max(1, (levels + 1) * bits // 8)
+    assert payload.numel() == 4 + 2 * (levels + 1) + max(1, (levels + 1) * bits // 8)
     assert torch.equal(codec.decode(payload, values.numel()), values)
 
 
@@ -106,6 +122,9 @@ def test_codecs_check_their_arguments_on_entry() -> None:
             TopKCodec(fraction)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="topk codec: bits must be 1, 2, 4 or 8"):
         TopKCodec(0.1, bits=3)
+    for chunk in (0, 1 << 15 | 1, 2.0):
+        with pytest.raises(ValueError, match="topk codec: chunk must be an integer from 1 to"):
+            TopKCodec(0.1, chunk=chunk)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="int8 codec: block must be a positive integer"):
         Int8Codec(block=0)
     with pytest.raises(ValueError, match="a summed outer codec sends float32 or bfloat16"):
@@ -123,7 +142,7 @@ WORLD = 3
 INT8_SENT = {0: ([127.0, -3.0, 63.5, 0.5], [127.0, -3.0, 63.5, 0.5]),  # scales 1, 0.5
              1: ([-127.0, 1.4, 0.0, 0.0], [-127.0, 1.0, 0.0, 0.0]),  # scales 1, 0
              2: ([31.75, 0.3, -63.5, 20.1], [31.75, 0.25, -63.5, 20.0])}  # 0.25, 0.5
-# topk, half of 4 values at 2 bits: rank 0 sends 4 at index 0, -4 at 3; rank 1 2 at 1, -2 at 2
+# topk, half of 4 values (one chunk) at 2 bits: rank 0 sends 4 at 0, -4 at 3; rank 1 2 at 1, -2 at 2
 # (a = 2: levels -2, -2/3, 2/3, 2, -1.9 -> -2); rank 2 3 at 0 and 3 at 2
 TOPK_SENT = {0: ([4.0, 0.1, 0.2, -4.0], [4.0, 0.0, 0.0, -4.0]),
              1: ([0.0, 2.0, -1.9, 0.5], [0.0, 2.0, -2.0, 0.0]),
@@ -155,9 +174,9 @@ def test_every_worker_gets_the_mean_of_the_decoded_payloads_and_counts_its_bytes
         for name, sent in (("int8", INT8_SENT), ("topk", TOPK_SENT)):
             decoded_sum = sum(torch.tensor(sent[r][1]) for r in range(WORLD))
             assert torch.equal(record["averaged"][name], decoded_sum / WORLD), (name, rank)
-        # int8: 2 scales + 4 values = 12 bytes; topk: a, 2 indices, 1 byte = 13 bytes; an
+        # int8: 2 scales + 4 values = 12 bytes; topk: a, 2 positions, 1 byte = 9 bytes; an
         # all-gather sends each to the N - 1 = 2 others
-        assert record["traffic"] == {"payload_bytes": 12 + 13, "wire_bytes": 2.0 * (12 + 13),
+        assert record["traffic"] == {"payload_bytes": 12 + 9, "wire_bytes": 2.0 * (12 + 9),
                                      "collectives": 2}
     assert torch.equal(torch.load(tmp_path / "rank-0.pt")["averaged"]["int8"],
                        torch.tensor([31.75, -1.75, 0.0, 20.5]) / 3)
