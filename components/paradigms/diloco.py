@@ -53,8 +53,6 @@ from torch import nn
 from .base import ParadigmConfig, PeriodicAveraging, PeriodicConfig, Replicas
 from .outer_codecs import SummedCodec, encode_with_feedback, make_codec
 
-OUTER_GRADIENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def outer_codec_name(codec: str, gradient_dtype: str) -> str:
     """The codec ``outer-codec`` and the older ``outer-gradient-dtype`` ask for together:
