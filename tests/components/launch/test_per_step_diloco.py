@@ -52,9 +52,13 @@ def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path, codec:
 FRAGMENT_VALUES = (64 * 128 + 128 + 128 * 128 + 128, 128 * 10 + 10)
 
 
+# procs-per-node 2: a node's two processes average their decoded payloads between themselves
+# after the all-gather between the groups (FaultTolerance.average_encoded), each counting its own
+@pytest.mark.parametrize("procs", [1, 2])
 def test_diloco_with_int8_outer_gradients_trains_digits_on_a_quarter_of_the_bytes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, procs: int) -> None:
     output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2",
+                           "-p", f"procs-per-node={procs}",
                            "-p", "fragments=2", "-p", "outer-codec=int8")
     assert float(run_outputs(output)["accuracy"]) >= 0.93
     # 440 steps, a round every 8 / 2 steps: 110 rounds, 55 of each fragment, each an
