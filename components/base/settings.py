@@ -200,6 +200,8 @@ def _number(value: float) -> str:
 
 _PERIODIC = frozenset({"bmuf", "easgd", "diloco"})
 _DILOCO = frozenset({"diloco"})
+# diloco's outer-codec choices (components/paradigms/outer_codecs.py's CODEC_NAMES)
+OUTER_CODECS = ("none", "bf16", "int8", "topk")
 # The paradigms whose workers run one shared step loop under torchrun (processes.worker): all
 # but the parameter server, whose processes TorchX starts as an app of their own.
 COLLECTIVE_PARADIGMS = tuple(name for name in PARADIGM_NAMES if name != "async")
@@ -339,8 +341,17 @@ SETTINGS: tuple[Setting, ...] = (
             "each every sync-period steps (1: plain DiLoCo).", kind="integer", minimum=1,
             paradigms=_DILOCO),
     Setting("outer-gradient-dtype", "float32", "diloco: the pseudo-gradients' type on the "
-            "wire (bfloat16: half the bytes; torchft's 8-bit quantisation needs Triton on a "
-            "GPU).", choices=("float32", "bfloat16"), paradigms=_DILOCO),
+            "wire (bfloat16: half the bytes, the same as outer-codec bf16).",
+            choices=("float32", "bfloat16"), paradigms=_DILOCO),
+    Setting("outer-codec", "none", "diloco: how the pseudo-gradient is sent (none: float32; "
+            "bf16: bfloat16; int8: 8-bit, a scale per 256 values, a quarter of the bytes at 2 "
+            "nodes; topk: the outer-codec-topk largest values of each 4096 at 2 bits, with "
+            "their positions, as SparseLoCo). int8 and topk keep what they drop and send it "
+            "with the next rounds (error feedback), and are all-gathered (docs/paradigms.md).",
+            choices=OUTER_CODECS, paradigms=_DILOCO),
+    Setting("outer-codec-topk", 0.03, "diloco with outer-codec topk: the fraction of the "
+            "pseudo-gradient's values each round sends (above 0, at most 1).", kind="number",
+            minimum=0, maximum=1, paradigms=_DILOCO),
     Setting("block-momentum", AUTO, "bmuf: block momentum eta (auto: 1 - 1/N for N workers).",
             kind="number", minimum=0, auto=True, paradigms=frozenset({"bmuf"})),
     Setting("block-lr", 1.0, "bmuf: block learning rate zeta.", kind="number", minimum=0,
@@ -572,6 +583,13 @@ def _check_diloco(values: Mapping[str, Any]) -> None:
         raise SettingError(f"fragments {fragments}: sync-period {period} must be a multiple of "
                            "fragments (each fragment is synced every sync-period steps, one "
                            "every sync-period / fragments steps)")
+    codec = values["outer_codec"]
+    if values["outer_gradient_dtype"] == "bfloat16" and codec not in ("none", "bf16"):
+        raise SettingError(f"outer-gradient-dtype bfloat16 contradicts outer-codec {codec}: "
+                           "drop outer-gradient-dtype (outer-codec bf16 is bfloat16)")
+    if codec == "topk" and not values["outer_codec_topk"] > 0:
+        raise SettingError(f"outer-codec-topk {values['outer_codec_topk']}: topk must send "
+                           "some values; give a fraction above 0 (e.g. 0.03)")
 
 
 def recovery_mode(values: Mapping[str, Any], streamed: bool = False) -> str:

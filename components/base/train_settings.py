@@ -63,6 +63,8 @@ class TrainSettings:
     outer_momentum: float = 0.9
     fragments: int = 1
     outer_gradient_dtype: str = "float32"
+    outer_codec: str = "none"
+    outer_codec_topk: float = 0.03
     block_momentum: float | None = None
     block_lr: float = 1.0
     nesterov: bool = True

@@ -14,6 +14,10 @@ all-reduce      2 (N - 1) / N x payload         a ring all-reduce (gloo's and NC
                                                 each sending (N - 1) / N of the tensor
 broadcast       (N - 1) / N x payload           the average over the N processes (the root
                                                 sends the most)
+all-gather      (N - 1) x payload               a ring all-gather: each process's payload
+                                                reaches the N - 1 others (diloco's int8 and
+                                                top-k outer codecs: the payload is the bytes
+                                                they encode, paradigms/outer_codecs.py)
 RPC message     payload                         point to point (async's push and pull)
 ==============  ==============================  ===============================================
 
@@ -48,6 +52,14 @@ class Traffic:
             return  # nothing leaves the process
         self.payload_bytes += payload
         self.wire_bytes += ring_all_reduce_bytes(payload, parties)
+        self.collectives += 1
+
+    def all_gather(self, payload: int, parties: int) -> None:
+        """This process's ``payload`` bytes sent to every other of ``parties`` processes."""
+        if parties <= 1:
+            return
+        self.payload_bytes += payload
+        self.wire_bytes += float((parties - 1) * payload)
         self.collectives += 1
 
     def send(self, payload: int) -> None:

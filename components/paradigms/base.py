@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -45,6 +45,10 @@ class Replicas(Protocol):
     def finish_averages(self, works: list[Any]) -> None: ...
 
     def participating_workers(self) -> int: ...
+
+    def average_encoded(self, payload: torch.Tensor,
+                        decode: Callable[[torch.Tensor], torch.Tensor],
+                        out: torch.Tensor) -> None: ...
 
     def commit(self) -> bool: ...
 
@@ -121,6 +125,30 @@ class Paradigm:
         dist.all_reduce(tensor)
         self.traffic.all_reduce(tensor_bytes(tensor), dist.get_world_size())
         tensor /= dist.get_world_size()
+
+    def average_encoded_(self, payload: torch.Tensor,
+                         decode: Callable[[torch.Tensor], torch.Tensor],
+                         out: torch.Tensor) -> None:
+        """Set ``out`` to the mean over the workers of ``decode(payload)``: the payloads
+        (encoded bytes, the same size on every worker, that a sum cannot combine: int8 values of
+        different scales, top-k values at different indices) all-gathered, then decoded and
+        summed in rank order, so that every worker holds the same bits. Under per-step
+        recovery, over the participating groups; a failure there leaves ``out`` as it was and
+        the round uncommitted."""
+        if self.replicas is not None:
+            self.replicas.average_encoded(payload, decode, out)
+            return
+        import torch
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        gathered = [torch.empty_like(payload) for _ in range(world)]
+        dist.all_gather(gathered, payload)
+        self.traffic.all_gather(tensor_bytes(payload), world)
+        total = decode(gathered[0])
+        for other in gathered[1:]:
+            total += decode(other)
+        out.copy_((total / world).view_as(out))
 
     def sum_(self, tensor: torch.Tensor) -> None:
         """Replace ``tensor`` by its sum over the workers (as :meth:`average_`)."""

@@ -30,8 +30,14 @@ A discarded round (a group lost mid-round) leaves everything as it was before it
 weights, the BatchNorm buffers, the global weights and the outer optimizers' state (torchft's
 DiLoCo would instead reset the local weights to the global ones, dropping H steps of work).
 
-torchft's quantised all-reduce (``should_quantize``) needs Triton on a GPU; on a CPU it quietly
-sends full precision. ``outer-gradient-dtype=bfloat16`` halves the bytes on any device.
+The pseudo-gradient travels as ``outer-codec`` says (:mod:`.outer_codecs`): float32 or
+bfloat16 all-reduced, or int8 or top-k encoded and all-gathered, with error feedback: each
+worker's residual (what its codec dropped) is added to its next round's pseudo-gradient of the
+same fragment, and is part of :meth:`DiLoCo.state_dict`, so that a checkpoint, a replacement's
+healing and a discarded round's rollback all carry it. torchft's quantised all-reduce
+(``should_quantize``) needs Triton on a GPU, and on a CPU quietly sends full precision; it is
+not used: the groups between replicas are gloo on every device, and it was not tested here.
+``outer-gradient-dtype=bfloat16`` is ``outer-codec=bf16``.
 """
 
 from __future__ import annotations
@@ -45,8 +51,19 @@ import torch
 from torch import nn
 
 from .base import ParadigmConfig, PeriodicAveraging, PeriodicConfig, Replicas
+from .outer_codecs import SummedCodec, encode_with_feedback, make_codec
 
-OUTER_GRADIENT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+def outer_codec_name(codec: str, gradient_dtype: str) -> str:
+    """The codec ``outer-codec`` and the older ``outer-gradient-dtype`` ask for together:
+    ``outer-gradient-dtype=bfloat16`` is ``outer-codec=bf16``; with int8 or topk it is a
+    contradiction (settings.check refuses it before any worker starts)."""
+    if gradient_dtype == "bfloat16" and codec in ("none", "bf16"):
+        return "bf16"
+    if gradient_dtype == "bfloat16":
+        raise ValueError(f"outer-gradient-dtype bfloat16 contradicts outer-codec {codec}: "
+                         "drop outer-gradient-dtype (outer-codec bf16 is bfloat16)")
+    return codec
 
 
 class _RoundChannel:
@@ -98,7 +115,9 @@ class DilocoConfig(PeriodicConfig):
     outer_lr: float
     outer_momentum: float  # Nesterov
     fragments: int  # Streaming DiLoCo's; 1: the whole model each round
-    outer_gradient_dtype: str  # the pseudo-gradients' type on the wire
+    outer_gradient_dtype: str  # the pseudo-gradients' type on the wire (float32, bfloat16)
+    outer_codec: str  # none, bf16, int8, topk (outer_codecs.py)
+    outer_codec_topk: float  # topk's fraction of the values sent
 
 
 class DiLoCo(PeriodicAveraging):
@@ -119,7 +138,13 @@ class DiLoCo(PeriodicAveraging):
             torch.optim.SGD(fragment.parameters(), lr=config.outer_lr, momentum=momentum,
                             nesterov=momentum > 0)  # torch refuses Nesterov without momentum
             for fragment in fragments]
-        self.wire_dtype = OUTER_GRADIENT_DTYPES[config.outer_gradient_dtype]
+        self.codec = make_codec(outer_codec_name(config.outer_codec,
+                                                 config.outer_gradient_dtype),
+                                config.outer_codec_topk)
+        # each fragment's error-feedback residual (what the codec dropped of its last rounds)
+        self.residuals = [
+            torch.zeros(sum(p.numel() for p in fragment.parameters()), device=self.device)
+            for fragment in fragments] if self.codec.error_feedback else []
         self.rounds = 0  # rounds committed: round r syncs fragment r % F
         # torchft checks the schedule (sync-period a multiple of fragments, ...) and backs up
         # the global weights; settings.check refused a bad schedule before any worker started.
@@ -136,13 +161,22 @@ class DiLoCo(PeriodicAveraging):
         self.global_parameters = [by_parameter[id(parameter)] for parameter in model.parameters()]
 
     def average_outer_gradient(self, tensor: torch.Tensor) -> None:
-        """The round's all-reduce, in outer-gradient-dtype on the wire."""
-        if tensor.dtype == self.wire_dtype:
-            self.average_(tensor)
+        """The round's average of the pseudo-gradient (torchft's flat bucket of the fragment
+        whose turn it is), through the outer codec."""
+        codec = self.codec
+        if isinstance(codec, SummedCodec):  # an all-reduce, in the codec's type on the wire
+            if tensor.dtype == codec.dtype:
+                self.average_(tensor)
+                return
+            wire = tensor.to(codec.dtype)
+            self.average_(wire)
+            tensor.copy_(wire)
             return
-        wire = tensor.to(self.wire_dtype)
-        self.average_(wire)
-        tensor.copy_(wire)
+        fragment = self.rounds % len(self.outer_optimizers)
+        residual = self.residuals[fragment] if codec.error_feedback else None
+        payload = encode_with_feedback(codec, tensor, residual)
+        numel = tensor.numel()
+        self.average_encoded_(payload, lambda sent: codec.decode(sent, numel), tensor)
 
     def sync_round(self, step: int) -> bool:
         if self.replicas is not None:
@@ -200,7 +234,8 @@ class DiLoCo(PeriodicAveraging):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "rounds": self.rounds,
                 "global_parameters": [weights.clone() for weights in self.global_parameters],
-                "outer_optimizers": [outer.state_dict() for outer in self.outer_optimizers]}
+                "outer_optimizers": [outer.state_dict() for outer in self.outer_optimizers],
+                "outer_residuals": [residual.clone() for residual in self.residuals]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -211,4 +246,16 @@ class DiLoCo(PeriodicAveraging):
                 weights.copy_(saved)
         for outer, saved in zip(self.outer_optimizers, state["outer_optimizers"], strict=True):
             outer.load_state_dict(saved)
+        # a checkpoint of an earlier release, or of a codec without error feedback, has none:
+        # nothing dropped yet
+        residuals = state.get("outer_residuals") or []
+        if self.residuals and len(residuals) not in (0, len(self.residuals)):
+            raise ValueError(f"the checkpoint holds {len(residuals)} outer residual(s), this "
+                             f"run's codec keeps {len(self.residuals)} (one per fragment)")
+        with torch.no_grad():
+            for index, residual in enumerate(self.residuals):
+                if residuals:
+                    residual.copy_(residuals[index])
+                else:
+                    residual.zero_()
 

@@ -309,6 +309,44 @@ class FaultTolerance:
         if manager.errored() is not None:
             self.process_group.close_after_error()  # its peers fail too, at once
 
+    def average_encoded(self, payload: torch.Tensor,
+                        decode: Callable[[torch.Tensor], torch.Tensor],
+                        out: torch.Tensor) -> None:
+        """Set ``out`` to the mean over every process of the participating groups of
+        ``decode(payload)`` (diloco's int8 and top-k outer codecs, whose payloads a sum cannot
+        combine): the payloads all-gathered between the groups, decoded and summed in the
+        group order, so that every group holds the same bits; then averaged within the node
+        (not counted: it does not leave the node). A group that is healing sends zeros (which
+        decode to zeros). An error between groups is not raised: ``out`` is left as it was,
+        and :meth:`commit` says False."""
+        manager = self.manager
+        mean: torch.Tensor | None = None
+        if manager.errored() is None:
+            manager.wait_quorum()
+            participants = manager.num_participants()
+            if not manager.is_participating():
+                payload = torch.zeros_like(payload)
+            parties = self.process_group.size()
+            gathered = [torch.empty_like(payload) for _ in range(parties)]
+            self.traffic.all_gather(tensor_bytes(payload), parties)
+            try:
+                self.process_group.allgather([gathered], [payload], AllgatherOptions()).wait()
+            except Exception as error:  # gloo's error: a peer's loss
+                manager.report_error(error)
+                self.process_group.close_after_error()  # its peers fail too, at once
+            else:
+                mean = decode(gathered[0])
+                for other in gathered[1:]:
+                    mean += decode(other)
+                mean /= participants
+        if self.group_world > 1:  # every process of the node takes part, failed or not
+            within = out.reshape(-1).clone() if mean is None else mean
+            dist.all_reduce(within)
+            within /= self.group_world
+            mean = within if mean is not None else None
+        if mean is not None:
+            out.copy_(mean.view_as(out))
+
     def gather(self, rows: torch.Tensor) -> torch.Tensor | None:
         """Every participating group's ``rows`` (the same shape on each: one row per process of
         a node), stacked; None when a group is missing. For what a node cannot see alone (the

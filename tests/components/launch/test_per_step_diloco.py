@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.components.launch.test_per_step_recovery import _failures, _run
 from tests.conftest import run_outputs
 
@@ -23,11 +25,14 @@ def test_diloco_on_two_nodes_trains_digits_one_outer_step_per_round(tmp_path: Pa
     assert summary["communication_ops_per_worker"] == rounds
 
 
-def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path, codec: str) -> None:
     # nodes=2:2: a round needs both groups, so node 0 waits at its next round for node 1's
-    # replacement, which copies its state (the global weights and outer momentum with it).
+    # replacement, which copies its state (the global weights and outer momentum with it; with
+    # int8, the error-feedback residual too, and the all-gather between the groups is what
+    # the kill breaks and the replacement joins).
     output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2:2",
-                           "-p", "epochs=10",
+                           "-p", "epochs=10", "-p", f"outer-codec={codec}",
                            faults={"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "1"})
     assert "relaunching" not in output, output[-3000:]
     (failure,) = _failures(summary)
@@ -40,3 +45,30 @@ def test_a_lost_node_heals_at_a_round_and_the_job_goes_on(tmp_path: Path) -> Non
     assert section["steps_committed"] == section["steps_attempted"] == 2 * 28, section
     assert summary["steps"] == 10 * DIGITS_STEPS_PER_EPOCH
     assert float(run_outputs(output)["accuracy"]) >= 0.9
+
+
+# the digits MLP's parameters (64 -> 128 -> 128 -> 10) in Streaming DiLoCo's two fragments:
+# its first two Linear layers, then the last
+FRAGMENT_VALUES = (64 * 128 + 128 + 128 * 128 + 128, 128 * 10 + 10)
+
+
+# procs-per-node 2: a node's two processes average their decoded payloads between themselves
+# after the all-gather between the groups (FaultTolerance.average_encoded), each counting its own
+@pytest.mark.parametrize("procs", [1, 2])
+def test_diloco_with_int8_outer_gradients_trains_digits_on_a_quarter_of_the_bytes(
+        tmp_path: Path, procs: int) -> None:
+    output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=2",
+                           "-p", f"procs-per-node={procs}",
+                           "-p", "fragments=2", "-p", "outer-codec=int8")
+    assert float(run_outputs(output)["accuracy"]) >= 0.93
+    # 440 steps, a round every 8 / 2 steps: 110 rounds, 55 of each fragment, each an
+    # all-gather of int8 values and a float32 scale per 256 of them; with 2 workers each
+    # sends its payload once (N - 1 = 1), as a ring all-reduce sends 2 (N - 1) / N = 1 tensor
+    rounds = 20 * DIGITS_STEPS_PER_EPOCH // 4
+    assert summary["communication_ops_per_worker"] == rounds
+    int8 = sum(rounds // 2 * (values + 4 * -(-values // 256)) for values in FRAGMENT_VALUES)
+    float32 = sum(rounds // 2 * 4 * values for values in FRAGMENT_VALUES)
+    assert summary["sent_payload_bytes_per_worker"] == int8
+    assert summary["sent_wire_bytes_per_worker"] == int8
+    # a quarter, and a scale per 256 values: (1 + 4 / 256) / 4
+    assert int8 / float32 == pytest.approx((1 + 4 / 256) / 4, rel=0.01)

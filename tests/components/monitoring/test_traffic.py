@@ -52,11 +52,17 @@ def test_counted_bytes_match_what_the_namespaces_sent(tmp_path: Path) -> None:
     sync, sync_report = _run(tmp_path / "sync", "-p", "algorithm=sync")
     diloco, diloco_report = _run(tmp_path / "diloco", "-p", "algorithm=diloco",
                                  "-p", "outer-gradient-dtype=bfloat16")
+    int8, int8_report = _run(tmp_path / "int8", "-p", "algorithm=diloco",
+                             "-p", "outer-codec=int8")
     # counted: every step's gradient buckets (DDP's comm hook); every round's pseudo-gradient,
-    # sent in bfloat16 (FaultTolerance.average); with 2 workers the ring sends 2(2-1)/2 = 1x
+    # sent in bfloat16 (FaultTolerance.average); with 2 workers the ring sends 2(2-1)/2 = 1x;
+    # int8 all-gathered (FaultTolerance.average_encoded): a byte per value and a float32 scale
+    # per 256 of them, sent once to the one other worker
     assert sync["sent_payload_bytes_per_worker"] == 88 * MLP_BYTES
     assert diloco["sent_payload_bytes_per_worker"] == 11 * MLP_BYTES // 2
-    for summary, report in ((sync, sync_report), (diloco, diloco_report)):
+    values = MLP_BYTES // 4
+    assert int8["sent_payload_bytes_per_worker"] == 11 * (values + 4 * -(-values // 256))
+    for summary, report in ((sync, sync_report), (diloco, diloco_report), (int8, int8_report)):
         counted = summary["sent_wire_bytes_per_worker"]
         assert counted == summary["sent_payload_bytes_per_worker"]
         for process, sent in report["net_sent_bytes"].items():

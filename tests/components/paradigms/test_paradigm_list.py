@@ -11,7 +11,7 @@ from sublimate.components import paradigms
 from sublimate.components.base import settings
 
 # Modules of components/paradigms/ that are not a paradigm of their own.
-NOT_PARADIGMS = {"__init__", "base", "lr_schedule", "gradient_buckets"}
+NOT_PARADIGMS = {"__init__", "base", "lr_schedule", "gradient_buckets", "outer_codecs"}
 
 
 def test_the_registry_and_the_algorithm_choices_come_from_the_one_list() -> None:

@@ -7,6 +7,7 @@ tests/components/training/test_fault_tolerance.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,16 @@ class VetoingReplicas:
 
     def participating_workers(self) -> int:
         return self.workers
+
+    def average_encoded(self, payload: torch.Tensor,
+                        decode: Callable[[torch.Tensor], torch.Tensor],
+                        out: torch.Tensor) -> None:
+        gathered = [torch.empty_like(payload) for _ in range(self.workers)]
+        dist.all_gather(gathered, payload)
+        total = decode(gathered[0])
+        for other in gathered[1:]:
+            total += decode(other)
+        out.copy_((total / self.workers).view_as(out))
 
     def commit(self) -> bool:
         return self.rounds not in self.vetoed
