@@ -219,6 +219,8 @@ _AGENT_EXCEPTIONS = re.compile(
     r"^torch\.distributed\.elastic\.(multiprocessing\.errors\.ChildFailedError|"
     r"multiprocessing\.api\.SignalException|rendezvous\.api\.RendezvousConnectionError)")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# The exception torchrun's agent raises in itself on SIGTERM (its launcher stopping it).
+_AGENT_STOPPED = "torch.distributed.elastic.multiprocessing.api.SignalException: "
 # CPython's last resort when a traceback's exception cannot be printed because the process is
 # losing its stderr (a cancelled agent at exit): the exception described field by field.
 _LOST_STDERR = re.compile(r"^(object (address|refcount|type|type name|repr) *: |lost sys\.stderr$)")
@@ -347,5 +349,12 @@ def _is_rule(line: str) -> bool:
 
 
 def _settle(held: list[str], exception: str) -> list[str]:
-    """A finished plain traceback: dropped when torchrun's own, kept otherwise."""
-    return [] if exception and _AGENT_EXCEPTIONS.match(exception) else held
+    """A finished plain traceback: dropped when torchrun's own, or when torchrun's agent was
+    being stopped anywhere in its chain (a stop that lands in the agent's own bookkeeping
+    ends in whatever that raises, e.g. multiprocessing's "semaphore or lock released too many
+    times"); kept otherwise."""
+    if exception and _AGENT_EXCEPTIONS.match(exception):
+        return []
+    if any(line.startswith(_AGENT_STOPPED) for line in held):
+        return []
+    return held

@@ -158,6 +158,39 @@ def test_a_log_call_of_an_agent_stopped_while_it_logged_is_dropped() -> None:
     assert list(quiet(STOPPED_WHILE_LOGGING.splitlines()[:5])) != []
 
 
+# A node's agent stopped (SIGTERM) at the end of a successful run, inside its own
+# multiprocessing bookkeeping: the chain ends in what that raised (torch 2.13, abridged).
+STOPPED_IN_ITS_BOOKKEEPING = """\
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/synchronize.py", line 345, in set
+    self._cond.notify_all()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 9 got signal: 15
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 807, in _poll
+    self._worker_finished_event.set()
+  File "/usr/lib/python3.11/multiprocessing/synchronize.py", line 98, in __exit__
+    return self._semlock.__exit__(*args)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ValueError: semaphore or lock released too many times
+"""
+
+
+def test_an_agent_stopped_in_its_own_bookkeeping_says_nothing() -> None:
+    """The chain holds the agent's SignalException: the stop, not a failure, whatever the
+    chain's last exception; a chain without it passes whole."""
+    kept = ["training finished: 22 steps in 0.2s"]
+    assert list(quiet([*kept, *STOPPED_IN_ITS_BOOKKEEPING.splitlines(), *kept])) == kept * 2
+    other = STOPPED_IN_ITS_BOOKKEEPING.replace(
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 9 got signal: 15",
+        "KeyError: 'x'").splitlines()
+    assert list(quiet(other)) == other
+
+
 def test_what_the_holder_of_a_killed_node_says_is_dropped() -> None:
     """util-linux's unshare, whose child (a local_netns node's init) a kill ended with SIGKILL,
     cannot die of the same signal and says so: the kill is the launcher's to report."""
