@@ -96,9 +96,13 @@ def _add_registry_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> Registry:
+    from sublimate.components.model.mlflow_registry import MlflowRegistry, is_mlflow
     from sublimate.components.model.registry import Registry
 
-    return Registry(args.registry or default_registry())
+    location = args.registry or default_registry()
+    if is_mlflow(location):  # MLflow's Model Registry, the champion its alias
+        return MlflowRegistry(location.partition(":")[2])  # type: ignore[return-value]
+    return Registry(location)
 
 
 def _refuse(error: Exception) -> UsageError:
@@ -119,7 +123,10 @@ def _resolve(registry: Registry, reference: str, allow_champion: bool = False) -
         return champion
     if version_started(reference) is not None:
         return registry.get(reference)
-    matches = [v for v in registry.versions() if v.id.startswith(reference)] if reference else []
+    versions = registry.versions() if reference else []
+    # an id in full first: MLflow's versions are numbers, and "1" begins "10" too
+    matches = [v for v in versions if v.id == reference] \
+        or [v for v in versions if v.id.startswith(reference)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
