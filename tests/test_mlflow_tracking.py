@@ -220,6 +220,29 @@ def test_a_retried_train_step_logs_into_the_same_run_once(tracking: str,
     assert len(_client(tracking).get_metric_history(run.info.run_id, "eval_accuracy")) == 1
 
 
+def test_a_lost_node_is_an_event_and_the_credentials_are_written_nowhere(
+        tracking: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    password = "Pw-do-not-print-77"  # distinctive, so that a leak anywhere is found
+    credentials = {"MLFLOW_TRACKING_URI": tracking, "MLFLOW_TRACKING_USERNAME": "alice",
+                   "MLFLOW_TRACKING_PASSWORD": password}
+    # per-step recovery (the default): node 1 killed at step 100, replaced, training goes on
+    fault = {"SUBLIMATE_FAIL_AT_STEP": "100", "SUBLIMATE_FAIL_RANK": "1"}
+    code, result, stderr = _run(home, *env_flags(fault), "-p", "epochs=6", *QUICK,
+                                env=credentials)
+    assert code == 0, stderr
+    (run,) = _runs(tracking, **{"sublimate.workflow": result["name"]})
+    lost = _client(tracking).get_metric_history(run.info.run_id, "recovery_node_lost")
+    # at the last step its counters recorded (the kill comes after step 100's update)
+    assert [m.value for m in lost] == [1.0] and 0 < lost[0].step <= 100
+    assert run.data.metrics["recovery_nodes_lost"] == 1
+    # the password reached MLflow's client from the Secret's variables, and no file: not a
+    # log, the status, the run folder's record or the report
+    leaks = [str(path) for path in home.rglob("*") if path.is_file()
+             and password.encode() in path.read_bytes()]
+    assert leaks == [] and password not in stderr
+
+
 def test_a_server_that_is_down_fails_the_step_in_one_line(tmp_path: Path) -> None:
     down = f"http://127.0.0.1:{closed_port()}"
     code, result, stderr = _run(tmp_path / "home", "-p", "epochs=1", *QUICK,

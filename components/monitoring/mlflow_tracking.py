@@ -6,9 +6,9 @@ the run's MLflow run, logs every setting as a parameter and the run's tags, then
 per-epoch records the loop already writes (``metrics/rank-0.jsonl``; ``ps.jsonl`` for async)
 and logs each new epoch in one ``log_batch``, with the epoch as the step. When the job ends it
 logs the training summary, the model and a per-step run's failures (each lost node a point of
-``recovery_node_lost`` at the step it was lost, with the time it was lost). The evaluate step
-then logs the test metrics, ``metrics.json`` and the report into the same run and ends it
-(:func:`log_evaluation`), found through ``mlflow-run.json`` in the run folder.
+``recovery_node_lost`` at the last step its counters recorded, timed when it was lost). The
+evaluate step then logs the test metrics, ``metrics.json`` and the report into the same run and
+ends it (:func:`log_evaluation`), found through ``mlflow-run.json`` in the run folder.
 
 Nothing is logged twice when a step is retried. The MLflow run is the one tagged with the
 workflow's name and the run folder's (``sublimate.workflow``, ``sublimate.run-id``): a retried
