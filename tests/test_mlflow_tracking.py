@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +119,10 @@ def test_a_default_run_logs_its_settings_epochs_results_and_tags(tracking: str,
     metadata = home / "volumes" / "sublimate-data" / "datasets" / "digits" / "metadata.json"
     assert tags["sublimate.nodes"] == "2" and tags["sublimate.dataset"] == "digits"
     assert tags["sublimate.dataset-digest"] == hashlib.sha256(metadata.read_bytes()).hexdigest()
+    # the code's version: the commit of the repository `sublimate run` started in
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head
     # the run folder says which MLflow run it is
     record = json.loads((results_folder(home) / "mlflow-run.json").read_text())
     assert record["run_id"] == run_id and record["uri"] == tracking

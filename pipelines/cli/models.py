@@ -3,7 +3,8 @@
 The registry is a folder or an fsspec URL (docs/registry.md): ``--registry URL``, else
 ``$SUBLIMATE_REGISTRY``, else the local shared volume's ``registry/`` folder, the one that a
 local pipeline run writes as ``/mnt/sublimate/registry``. S3 credentials and endpoint come from
-the standard AWS variables and profiles, as for ``sublimate data``.
+the standard AWS variables and profiles, as for ``sublimate data``. ``--registry mlflow`` (or
+``mlflow:NAME``) is MLflow's Model Registry on ``$MLFLOW_TRACKING_URI`` (docs/mlflow.md).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def add_models_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_registry_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", metavar="URL",
-                        help=f"folder or fsspec URL of the registry (default: ${REGISTRY_ENV}, "
+                        help=f"folder or fsspec URL of the registry, or mlflow[:NAME] for "
+                             f"MLflow's on $MLFLOW_TRACKING_URI (default: ${REGISTRY_ENV}, "
                              "else $SUBLIMATE_HOME/volumes/sublimate-data/registry)")
 
 
