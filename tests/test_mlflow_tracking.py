@@ -248,16 +248,36 @@ def test_a_lost_node_is_an_event_and_the_credentials_are_written_nowhere(
     assert leaks == [] and password not in stderr
 
 
-def test_a_server_that_is_down_fails_the_step_in_one_line(tmp_path: Path) -> None:
+def test_a_server_that_is_down_is_refused_before_anything_runs(tmp_path: Path) -> None:
     down = f"http://127.0.0.1:{closed_port()}"
-    code, result, stderr = _run(tmp_path / "home", "-p", "epochs=1", *QUICK,
-                                "-p", f"tracking={down}")
-    assert code == 1 and result["phase"] == "Failed"
-    nodes = {node["display_name"]: node for node in result["nodes"]}
-    assert nodes["train"]["phase"] == "Failed" and nodes["evaluate"]["phase"] == "Omitted"
-    line = stderr.strip().splitlines()[-1]
-    assert f"tracking {down}: unreachable" in line and "tracking-required=false" in line, line
-    assert "Traceback" not in stderr
+    for how in (["-p", f"tracking={down}"], []):  # named, or from this shell's environment
+        done = run_cli("run", "-p", "epochs=1", *how, home=tmp_path / "home",
+                       env={"MLFLOW_TRACKING_URI": down})
+        assert done.returncode == 2, done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        assert line == (f"error: tracking {down}: unreachable ([Errno 111] Connection refused) "
+                        "(set -p tracking-required=false to train without it)")
+        assert not (tmp_path / "home").exists(), "no step ran, no run folder was made"
+
+
+def test_the_train_step_refuses_a_server_that_is_down_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a cluster (`sublimate submit`) the train step is where the server is first asked."""
+    from sublimate.components.base.mlflow_connection import TrackingError
+    from sublimate.components.base.train_settings import TrainSettings
+    from sublimate.components.monitoring.mlflow_tracking import TrainingTracker
+
+    down = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(TrackingError) as refused:
+        TrainingTracker.start(TrainSettings(tracking=down), tmp_path / "run", tmp_path, "wf")
+    assert str(refused.value) == (f"tracking {down}: unreachable ([Errno 111] Connection "
+                                  "refused) (set -p tracking-required=false to train without it)")
+    optional = TrainSettings(tracking=down, tracking_required=False)
+    assert TrainingTracker.start(optional, tmp_path / "run", tmp_path, "wf") is None
+    assert capsys.readouterr().err == (
+        f"tracking: warning: tracking {down}: unreachable ([Errno 111] Connection refused); "
+        "training goes on without tracking (tracking-required false)\n")
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_optional_server_that_is_down_is_a_warning(tmp_path: Path) -> None:
