@@ -1,6 +1,7 @@
 """MLflow tracking (issue 45), against a real tracking server the module starts on 127.0.0.1
-with a SQLite store: a default run, a sweep, a retried run and servers that are down, each read
-back through MLflow's own client."""
+with a SQLite store: a default run, a sweep (and MLflow's UI of it, in a real browser), a
+retried run, a lost node, servers that are down, and two nights of retraining on MLflow's Model
+Registry, each read back through MLflow's own client."""
 
 from __future__ import annotations
 
