@@ -141,6 +141,17 @@ RULES = [
          "dry-run", "tests/components/steps/test_staging_local.py stages it"),
     # sweeps: four trainings; tests/pipelines/test_sublimate_sweep.py runs sweeps end to end
     Rule(r"^sublimate run sweep ", "dry-run", "tests/pipelines/test_sublimate_sweep.py"),
+    # MLflow (docs/mlflow.md): a tracking server; tests/test_mlflow_tracking.py starts one and
+    # runs each of these against it
+    Rule(r"^MLFLOW_TRACKING_URI=\S+ sublimate run$", "dry-run",
+         "tests/test_mlflow_tracking.py (a default run logged to a real MLflow server)"),
+    Rule(r"^sublimate run -p tracking=\S+ -p tracking-required=false$", "dry-run",
+         "tests/test_mlflow_tracking.py (an optional server that is down: a warning)"),
+    Rule(r"^MLFLOW_TRACKING_URI=\S+ sublimate run argo/sublimate-retrain\.yaml "
+         r"-p registry=mlflow$", "dry-run",
+         "tests/test_mlflow_tracking.py (two nights of retraining on MLflow's registry)"),
+    Rule(r"^sublimate models \w+ --registry mlflow\b", "parse",
+         "an MLflow server (tests/test_mlflow_tracking.py lists, rolls back, shows the history)"),
     # retraining and the registry
     Rule(r"^sublimate run argo/sublimate-retrain\.yaml -p epochs=\d+$", "run"),
     Rule(r"^SUBLIMATE_NOTIFY_URL=\S+ sublimate run argo/sublimate-retrain\.yaml$", "dry-run",

@@ -16,6 +16,8 @@ step and the report, and read by all of them, ``sublimate report`` and the noteb
     fault-tolerance/               FAULT_TOLERANCE    per-step recovery: each node's events
                                                       and step counters, per process start
     report/                        REPORT             report.json and the plots
+    mlflow-run.json                MLFLOW_RUN         the MLflow run the train step logs to
+                                                      (tracking on): evaluate ends it
     etcd/                          ETCD               rendezvous etcd-v2 on one machine: the
                                                       etcd server's data, while the job runs
 """
@@ -38,6 +40,7 @@ LOGS = "logs"
 FAULT_TOLERANCE = "fault-tolerance"
 REPORT = "report"
 ETCD = "etcd"
+MLFLOW_RUN = "mlflow-run.json"  # the run's MLflow run (tracking): server, run id
 LAUNCHER_LOCK = "launcher.lock"  # the launcher training in this folder (one at a time)
 
 

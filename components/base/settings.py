@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sublimate.components.base.mlflow_connection import URI_PATTERN as TRACKING_URI_PATTERN
 from sublimate.components.base.runtime import DEFAULT_IMAGE, SHARED_VOLUME_PATH
 
 Kind = Literal["string", "integer", "number", "boolean"]
@@ -413,6 +414,15 @@ SETTINGS: tuple[Setting, ...] = (
             reader="launcher"),
     Setting("image", DEFAULT_IMAGE, "Container image of the training workers (kubernetes; the "
             "steps' own image is set at install).", reader="launcher"),
+    Setting("tracking", "", "MLflow tracking server the run logs to (docs/mlflow.md): every "
+            "setting as a parameter, the per-epoch metrics as they happen, the model, "
+            "metrics.json, the report and the summary as artifacts; a sweep as a parent run "
+            "with a child per point. A URI (http://mlflow:5000); empty: $MLFLOW_TRACKING_URI "
+            "(on a cluster from the Secret sublimate-mlflow, with its credentials), no tracking "
+            "without it; off: no tracking.", pattern=TRACKING_URI_PATTERN, reader="launcher"),
+    Setting("tracking-required", True, "With tracking: a server that cannot be reached fails "
+            "the step in one line (true), or the step warns once and goes on without tracking "
+            "(false).", kind="boolean", reader="launcher"),
     Setting("eval-entrypoint", "", "Your own evaluation, run once after training: a module, "
             "module:function or script that writes metrics.json (any named metrics) into "
             "$SUBLIMATE_RUN_DIR. Empty: the built-in evaluation (accuracy, loss), or the "
@@ -424,7 +434,9 @@ SETTINGS: tuple[Setting, ...] = (
     # The retraining pipeline (sublimate-retrain) only: its gate and publish steps.
     Setting("registry", f"{SHARED_VOLUME_PATH}/registry", "The model registry every "
             "challenger is published to and whose champion it must beat: a path (default: on "
-            "the shared volume) or fsspec URL (s3://bucket/models).", reader="launcher",
+            "the shared volume), an fsspec URL (s3://bucket/models), or mlflow: MLflow's Model "
+            "Registry on the tracking server, the champion its alias `champion` (mlflow:NAME "
+            "for a registered model other than `sublimate`).", reader="launcher",
             step="gate"),
     Setting("promote-margin", 0.0, "The challenger replaces the champion only when it beats "
             "it on `metric`, both evaluated on this run's test split, by more than this, in the "

@@ -88,6 +88,8 @@ class TrainSettings:
     memory_mb_per_node: int = 2048
     queue: str = "default"
     image: str = DEFAULT_IMAGE
+    tracking: str = ""
+    tracking_required: bool = True
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> Self:

@@ -624,6 +624,12 @@ def main(argv: list[str] | None = None) -> int:
     document = compare(points, args.runs_root, args.sweep_dir, args.metric, args.metric_goal,
                        target)
     report = args.sweep_dir / REPORT
+    if (args.sweep_dir / run_files.MLFLOW_RUN).is_file():  # sweep-grid opened an MLflow run
+        from sublimate.components.monitoring.mlflow_tracking import finish_sweep
+
+        problem = finish_sweep(args.sweep_dir, document["best"], args.metric)
+        if problem is not None:
+            return fail(STEP, problem)
     failed = [point for point in document["points"] if point["status"] != "ok"]
     for point in failed:
         print(f"compare: point {point['id']} failed: {point['problem']}", flush=True)
@@ -648,6 +654,7 @@ def template(name: str = STEP, **step_options: object):
     ``target``; outputs ``best-point`` and ``report``."""
     from hera.workflows import Parameter
 
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import RUNS_PATH, python_step
 
     defaults = {"metric": "accuracy", "metric-goal": declared.AUTO, "target": "0"}
@@ -657,6 +664,7 @@ def template(name: str = STEP, **step_options: object):
                 "metric-goal": "--metric-goal", "target": "--target"},
         outputs={"best-point": "--best-point-path", "report": "--report-path"},
         extra_args=["--runs-root", RUNS_PATH],
+        env=mlflow_env(),  # tracking's server: a Secret, optional
         **step_options,  # type: ignore[arg-type]
     )
     step.inputs = [Parameter(name=p.name, default=defaults[p.name]) if p.name in defaults

@@ -226,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(f"{value}")
     print(f"evaluate: {args.metric} {metrics[args.metric]} ({source}) -> {shown_path(written)}",
           flush=True)
+    if (args.model_dir / run_files.MLFLOW_RUN).is_file():  # the train step tracked this run
+        from sublimate.components.monitoring.mlflow_tracking import log_evaluation
+
+        problem = log_evaluation(args.model_dir, metrics, {
+            "metric": args.metric, "eval-entrypoint": args.eval_entrypoint, "split": args.split})
+        if problem is not None:
+            from sublimate.components.base.termination import fail
+
+            return fail("evaluate", problem)
     return 0
 
 
@@ -244,6 +253,7 @@ def template(name: str = "evaluate", **step_options: object):
     from hera.workflows import Parameter
 
     from sublimate.components.base import settings
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import python_step
 
     own = {setting.name: setting.default_text() for setting in settings.settings(step="evaluate")}
@@ -252,6 +262,7 @@ def template(name: str = "evaluate", **step_options: object):
         inputs={"data-dir": "--data-dir", "model-dir": "--model-dir",
                 **{name: f"--{name}" for name in own}},
         outputs={"accuracy": "--accuracy-path", "metric": "--metric-path"},
+        env=mlflow_env(),  # tracking's server: a Secret, optional
         **step_options,  # type: ignore[arg-type]
     )
     # Inputs added after the first release default to the step's own default, so a pipeline

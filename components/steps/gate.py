@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from sublimate.components.base import settings as declared
-from sublimate.components.base.contract import user_location
 from sublimate.components.base.disk_full import explain
 from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.termination import OneLineParser, disk_full_in_one_line, fail
@@ -128,11 +127,11 @@ def score_champion(registry: Any, version: Any, data_dir: Path, eval_entrypoint:
 def run_gate(args: Any) -> Decision:
     """Evaluate the champion and decide; raises ``RegistryError``/``ValueError`` on bad input."""
     from sublimate.components.data.object_store import public_url
-    from sublimate.components.model.registry import Registry
+    from sublimate.components.model.mlflow_registry import open_registry
 
     goal = goal_of(args.metric, args.metric_goal)
     challenger = as_number(args.challenger_metric, f"the challenger's {args.metric}")
-    registry = Registry(user_location(args.registry))
+    registry = open_registry(args.registry)  # a folder, an fsspec URL or mlflow[:NAME]
     champion = registry.champion()
     decided = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     common = {"metric": args.metric, "goal": goal, "challenger": challenger,
@@ -222,6 +221,7 @@ def template(name: str = STEP, **step_options: object):
     """The ``gate`` step: inputs ``data-dir``, ``model-dir``, ``challenger-metric``,
     ``workflow-uid`` and the settings of evaluate and the gate; outputs ``promote``, ``reason``,
     ``champion`` and ``champion-metric``."""
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import python_step
 
     own = gate_settings()
@@ -232,6 +232,7 @@ def template(name: str = STEP, **step_options: object):
                 **{setting.name: setting.flag for setting in own}},
         outputs={output: f"--{output}-path"
                  for output in ("promote", "reason", "champion", "champion-metric")},
+        env=mlflow_env(),  # registry mlflow's server: a Secret, optional
         **step_options,  # type: ignore[arg-type]
     )
 

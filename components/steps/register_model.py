@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from sublimate.components.base import run_files
 from sublimate.components.base import settings as declared
-from sublimate.components.base.contract import user_location
 from sublimate.components.base.disk_full import explain
 from sublimate.components.base.durable_files import write_json
 from sublimate.components.base.termination import OneLineParser, disk_full_in_one_line, fail
@@ -211,13 +210,14 @@ def register(args: Any) -> dict[str, Any]:
     """Publish (once per workflow: a retried step reuses its version), then promote when the
     gate said so; the record of what was done."""
     from sublimate.components.data.object_store import public_url
-    from sublimate.components.model.registry import ChampionMoved, Registry
+    from sublimate.components.model.mlflow_registry import open_registry
+    from sublimate.components.model.registry import ChampionMoved
 
     if not (args.model_dir / run_files.MODEL).is_file() and not \
             (args.model_dir / run_files.EVALUATION).is_file():
         raise ValueError(f"model-dir: {args.model_dir} holds neither {run_files.MODEL} nor "
                          f"{run_files.EVALUATION}; did train and evaluate succeed?")
-    registry = Registry(user_location(args.registry))
+    registry = open_registry(args.registry)  # a folder, an fsspec URL or mlflow[:NAME]
     with tempfile.TemporaryDirectory(prefix="sublimate-publish-") as work:
         files = Path(work) / "files"
         files.mkdir()
@@ -314,6 +314,7 @@ def template(name: str = STEP, **step_options: object):
     setting; outputs ``version`` (the published version) and ``champion``."""
     from hera.workflows import Parameter
 
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import python_step
 
     own = {s.name: s for s in template_settings()}
@@ -325,6 +326,7 @@ def template(name: str = STEP, **step_options: object):
                 "workflow-uid": "--workflow-uid", "workflow-created": "--workflow-created",
                 **{setting: f"--{setting}" for setting in own}},
         outputs={"version": "--version-path", "champion": "--champion-path"},
+        env=mlflow_env(),  # registry mlflow's server: a Secret, optional
         **step_options,  # type: ignore[arg-type]
     )
     # A setting's input defaults to its declared default, so a pipeline that passes only some

@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     except declared.SettingError as error:
         return fail(STEP, str(error))
     sweep_dir = args.sweeps_root / base
+    problem = _start_tracking(args, fixed, base, sweep_dir)
+    if problem is not None:
+        return fail(STEP, problem)
     write_outputs(args, points, sweep_dir)
     print(f"{STEP}: {len(points)} points, report in {sweep_dir}", flush=True)
     for point in points:
@@ -249,11 +252,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _start_tracking(args: Any, fixed: Mapping[str, str], base: str,
+                    sweep_dir: Path) -> str | None:
+    """With tracking on: the sweep's parent run in MLflow (its points' runs become its
+    children); None, or the one line to fail with (a required server that does not answer)."""
+    from sublimate.components.base.mlflow_connection import TrackingError, tracking_uri
+
+    if tracking_uri(args.tracking) is None:
+        return None
+    from sublimate.components.monitoring.mlflow_tracking import NOT_PARAMETERS, start_sweep
+
+    required = declared.BY_NAME["tracking-required"].parse(args.tracking_required)
+    params = {"grid": args.grid, **{name: text for name, text in fixed.items()
+                                    if name.replace("-", "_") not in NOT_PARAMETERS}}
+    try:
+        start_sweep(args.tracking, required, args.workflow_name, base, params, sweep_dir)
+    except TrackingError as error:
+        return str(error)
+    return None
+
+
 def template(name: str = STEP, **step_options: object):
     """The ``sweep-grid`` step: inputs ``grid``, ``workflow-name`` and every setting of the
     train and evaluate steps; outputs ``runs``, ``points``, ``size`` and ``sweep-dir``."""
     from hera.workflows import Parameter
 
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import python_step
 
     step = python_step(
@@ -263,6 +287,7 @@ def template(name: str = STEP, **step_options: object):
         outputs={output: f"--{output}-output" for output in ("runs", "points", "size",
                                                              "sweep-dir")},
         extra_args=["--sweeps-root", SWEEPS_PATH],
+        env=mlflow_env(),  # tracking's server: a Secret, optional
         cpu="100m", memory="256Mi",  # reads and writes a few kilobytes of JSON
         **step_options,  # type: ignore[arg-type]
     )

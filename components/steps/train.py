@@ -128,6 +128,7 @@ def template(name: str = "train", **step_options: object):
     """
     from hera.workflows import Parameter
 
+    from sublimate.components.base.mlflow_connection import credentials_env as mlflow_env
     from sublimate.components.base.runtime import (
         DEFAULT_CLAIM,
         RUNS_PATH,
@@ -143,6 +144,7 @@ def template(name: str = "train", **step_options: object):
         outputs={"run-dir": "--run-dir-output", "model-path": "--model-path-output"},
         extra_args=["--runs-root", RUNS_PATH,
                     "--mount", f"type=volume,src={claim},dst={SHARED_VOLUME_PATH}"],
+        env=mlflow_env(),  # tracking's server: a Secret, optional
         **step_options,  # type: ignore[arg-type]
     )
     # Inputs added after the first release default to the launcher's own default, so that a
@@ -193,7 +195,34 @@ def main(argv: list[str] | None = None) -> int:
         if rendezvous_backend(decided.resolved(request)) == ETCD_V2 else None
     if problem is not None:
         return fail(STEP, problem)
-    return launch(request, decided)
+    return _tracked_launch(request, decided)
+
+
+def _tracked_launch(request: TrainRequest, decided: LaunchPlan) -> int:
+    """:func:`launch`, logged to MLflow when tracking is on: the server is checked before the
+    job starts; the run is logged from a thread of this process, from the records the workers
+    already write, so that no training step waits on it (mlflow_tracking)."""
+    from sublimate.components.base.mlflow_connection import TrackingError, tracking_uri
+
+    if request.dryrun or tracking_uri(request.tracking) is None:
+        return launch(request, decided)
+    from sublimate.components.monitoring.mlflow_tracking import TrainingTracker
+
+    try:
+        tracker = TrainingTracker.start(request, request.run_dir, Path(request.data_dir),
+                                        request.workflow_name or request.run_dir.name)
+    except TrackingError as error:
+        return fail(STEP, str(error))
+    if tracker is None:
+        return launch(request, decided)
+    code = 1
+    try:
+        code = launch(request, decided)
+    finally:
+        problem = tracker.finish(code)
+    if problem is not None and code == 0:
+        return fail(STEP, problem)
+    return code
 
 
 if __name__ == "__main__":

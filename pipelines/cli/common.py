@@ -66,3 +66,31 @@ def check_settings(workflow: dict[str, Any], parameters: dict[str, str]) -> None
         check(resolve_parameters(workflow, parameters))
     except (ParameterError, SettingError) as error:
         raise UsageError(str(error)) from error
+
+
+def check_tracking_server(workflow: dict[str, Any], parameters: dict[str, str]) -> None:
+    """A local run of a pipeline that tracks to MLflow: its server (``-p tracking``, else this
+    shell's ``$MLFLOW_TRACKING_URI``, which the runner hands the steps as the Secret's value)
+    must answer before any step runs, unless ``tracking-required`` is false; refused in one
+    line naming the setting. On a cluster the train step checks it (the server may be
+    reachable from the cluster only), so ``submit`` does not."""
+    from sublimate.pipelines.render import parameter_check
+
+    if parameter_check(workflow) is None:
+        return
+    from sublimate.pipelines.runner import resolve_parameters
+
+    texts = resolve_parameters(workflow, parameters)
+    if "tracking" not in texts or texts.get("tracking-required", "true").lower() == "false":
+        return
+    from sublimate.components.base.mlflow_connection import (
+        problem_line,
+        tracking_uri,
+        unreachable,
+    )
+
+    uri = tracking_uri(texts["tracking"])
+    problem = unreachable(uri) if uri is not None else None
+    if uri is not None and problem is not None:
+        raise UsageError(f"{problem_line('tracking', uri, problem)} (set -p "
+                         "tracking-required=false to train without it)")

@@ -17,6 +17,7 @@ from .common import (
     EXIT_FAILED,
     UsageError,
     check_settings,
+    check_tracking_server,
     parse_parameter_flags,
     read_parameter_file,
 )
@@ -210,6 +211,7 @@ def command_run(args: argparse.Namespace) -> int:
             print("note: --dry-run shows the steps as local processes; --containers runs the "
                   "same commands in their images", file=sys.stderr)
         return dry_run(workflow, parameters, args, passed_env)
+    check_tracking_server(workflow, parameters)  # a dry run asks no server
     for folder in args.objects:
         if not folder.is_dir():
             raise UsageError(f"--objects {folder}: not a folder")

@@ -3,7 +3,8 @@
 The registry is a folder or an fsspec URL (docs/registry.md): ``--registry URL``, else
 ``$SUBLIMATE_REGISTRY``, else the local shared volume's ``registry/`` folder, the one that a
 local pipeline run writes as ``/mnt/sublimate/registry``. S3 credentials and endpoint come from
-the standard AWS variables and profiles, as for ``sublimate data``.
+the standard AWS variables and profiles, as for ``sublimate data``. ``--registry mlflow`` (or
+``mlflow:NAME``) is MLflow's Model Registry on ``$MLFLOW_TRACKING_URI`` (docs/mlflow.md).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def add_models_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_registry_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", metavar="URL",
-                        help=f"folder or fsspec URL of the registry (default: ${REGISTRY_ENV}, "
+                        help=f"folder or fsspec URL of the registry, or mlflow[:NAME] for "
+                             f"MLflow's on $MLFLOW_TRACKING_URI (default: ${REGISTRY_ENV}, "
                              "else $SUBLIMATE_HOME/volumes/sublimate-data/registry)")
 
 
@@ -96,9 +98,13 @@ def _add_registry_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace) -> Registry:
+    from sublimate.components.model.mlflow_registry import MlflowRegistry, is_mlflow
     from sublimate.components.model.registry import Registry
 
-    return Registry(args.registry or default_registry())
+    location = args.registry or default_registry()
+    if is_mlflow(location):  # MLflow's Model Registry, the champion its alias
+        return MlflowRegistry(location.partition(":")[2])  # type: ignore[return-value]
+    return Registry(location)
 
 
 def _refuse(error: Exception) -> UsageError:
@@ -119,7 +125,10 @@ def _resolve(registry: Registry, reference: str, allow_champion: bool = False) -
         return champion
     if version_started(reference) is not None:
         return registry.get(reference)
-    matches = [v for v in registry.versions() if v.id.startswith(reference)] if reference else []
+    versions = registry.versions() if reference else []
+    # an id in full first: MLflow's versions are numbers, and "1" begins "10" too
+    matches = [v for v in versions if v.id == reference] \
+        or [v for v in versions if v.id.startswith(reference)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
