@@ -261,6 +261,26 @@ def test_a_server_that_is_down_is_refused_before_anything_runs(tmp_path: Path) -
         assert not (tmp_path / "home").exists(), "no step ran, no run folder was made"
 
 
+def test_a_shell_that_tracks_without_mlflows_client_is_refused_before_anything_runs(
+        tmp_path: Path) -> None:
+    """``$MLFLOW_TRACKING_URI`` exported for other tools turns tracking on here too: without
+    MLflow's client the run would train to its end, then fail. It is refused at once, in one
+    line that says what to install or how to turn tracking off (the client hidden from the
+    `sublimate` process as if it were not installed)."""
+    hidden = tmp_path / "no-mlflow"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['mlflow'] = None\n")
+    done = run_cli("run", "-p", "epochs=1", home=tmp_path / "home",
+                   env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+                        "PYTHONPATH": str(hidden)})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: tracking http://127.0.0.1:5000: MLflow's client is not installed: pip install "
+        "'sublimate[mlflow]' (mlflow-skinny), or -p tracking=off (set -p "
+        "tracking-required=false to train without it)")
+    assert not (tmp_path / "home").exists(), "no step ran, no run folder was made"
+
+
 def test_the_train_step_refuses_a_server_that_is_down_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """On a cluster (`sublimate submit`) the train step is where the server is first asked."""

@@ -92,6 +92,22 @@ def unreachable(uri: str, timeout: float = HEALTH_TIMEOUT) -> str | None:
     return None
 
 
+CLIENT_MISSING = ("MLflow's client is not installed: pip install 'sublimate[mlflow]' "
+                  "(mlflow-skinny), or -p tracking=off")
+
+
+def usable(uri: str) -> str | None:
+    """Why a step cannot log to ``uri``, in a few words; None when it can. Its client is looked
+    for first (a shell that exports ``$MLFLOW_TRACKING_URI`` for other tools turns tracking on
+    here too, and without the client the run would train to its end and then fail), then
+    the server asked (:func:`unreachable`)."""
+    import importlib.util  # deferred: every settings import reads this module's pattern
+
+    if importlib.util.find_spec("mlflow") is None:
+        return CLIENT_MISSING
+    return unreachable(uri)
+
+
 def problem_line(setting: str, uri: str, problem: str) -> str:
     """The one line a step fails (or warns) with."""
     return f"{setting} {public_uri(uri)}: {problem}"

@@ -51,6 +51,7 @@ from sublimate.components.base.mlflow_connection import (
     short_error,
     tracking_uri,
     unreachable,
+    usable,
 )
 
 SETTING = "tracking"
@@ -180,7 +181,7 @@ def checked_uri(setting: str, required: bool, name: str = SETTING) -> str | None
     uri = tracking_uri(setting)
     if uri is None:
         return None
-    problem = unreachable(uri)
+    problem = usable(uri)
     if problem is None:
         return uri
     line = problem_line(name, uri, problem)

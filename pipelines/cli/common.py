@@ -86,11 +86,11 @@ def check_tracking_server(workflow: dict[str, Any], parameters: dict[str, str]) 
     from sublimate.components.base.mlflow_connection import (
         problem_line,
         tracking_uri,
-        unreachable,
+        usable,
     )
 
     uri = tracking_uri(texts["tracking"])
-    problem = unreachable(uri) if uri is not None else None
+    problem = usable(uri) if uri is not None else None
     if uri is not None and problem is not None:
         raise UsageError(f"{problem_line('tracking', uri, problem)} (set -p "
                          "tracking-required=false to train without it)")
