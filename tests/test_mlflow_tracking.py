@@ -111,6 +111,9 @@ def test_a_default_run_logs_its_settings_epochs_results_and_tags(tracking: str,
     # the evaluation, as the workflow's output says it
     accuracy = float(result["outputs"]["parameters"]["accuracy"])
     assert run.data.metrics["eval_accuracy"] == pytest.approx(accuracy)
+    # at the last epoch, on the per-epoch points' axis (the UI draws them together)
+    (evaluated,) = _client(tracking).get_metric_history(run.info.run_id, "eval_accuracy")
+    assert evaluated.step == 3
     assert _artifacts(tracking, run_id) >= {"model.pt", "metrics.json", "train-summary.json",
                                             "report"}
     report = {a.path for a in _client(tracking).list_artifacts(run_id, "report")}

@@ -422,6 +422,16 @@ def log_evaluation(run_dir: Path, metrics: dict[str, Any], params: dict[str, str
     return None
 
 
+def _last_epoch(run_dir: Path) -> int:
+    """The run's last epoch (the step of its per-epoch points), from its training summary; 0
+    when there is none (an entry point of the user's that writes none)."""
+    try:
+        summary = json.loads((run_dir / run_files.SUMMARY).read_text())
+        return int(summary.get("epochs") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
 def _log_evaluation(record: RunRecord, run_dir: Path, metrics: dict[str, Any],
                     params: dict[str, str]) -> None:
     from mlflow.entities import Metric, Param
@@ -432,7 +442,7 @@ def _log_evaluation(record: RunRecord, run_dir: Path, metrics: dict[str, Any],
     mlflow = client(record.server())
     done = set(mlflow.get_run(record.run_id).data.metrics)
     now = int(time.time() * 1000)
-    step = int(metrics.get("steps", 0) or 0)
+    step = _last_epoch(run_dir)  # beside the epochs' points, on the same axis
     new = [Metric(f"eval_{key}", float(value), now, step) for key, value in metrics.items()
            if isinstance(value, int | float) and not isinstance(value, bool)
            and f"eval_{key}" not in done]
