@@ -43,10 +43,12 @@ from sublimate.components.base.mlflow_connection import (
 from sublimate.components.base.run_files import MLFLOW_RUN
 from sublimate.components.model.registry import (
     _ANY_CHAMPION,
+    NOTHING_TO_ROLL_BACK,
     ChampionMoved,
     ModelVersion,
     RegistryError,
     default_actor,
+    nothing_before,
 )
 
 SCHEME = "mlflow"
@@ -297,12 +299,9 @@ class MlflowRegistry:
         """Make the champion before the current one the champion again."""
         head = self._head()
         if head is None:
-            raise self._error("there is no champion to roll back from; promote a version "
-                              "first (sublimate models promote VERSION)")
+            raise self._error(NOTHING_TO_ROLL_BACK)
         if not head.get("undo"):
-            raise self._error(f"the champion {head['version']} has no earlier champion to "
-                              "roll back to; promote a version instead (sublimate models "
-                              "promote VERSION)")
+            raise self._error(nothing_before(head["version"]))
         restored = next(e for e in self.history() if e["seq"] == head["undo"])
         target = self.get(restored["version"])
         self._move({"action": "rollback", "version": target.id, "previous": head["version"],

@@ -67,6 +67,15 @@ _APPEND_ATTEMPTS = 200
 # costs three requests; once per process is enough).
 _EXCLUSIVE_CHECKED: set[tuple[str, str]] = set()
 
+# Why a rollback cannot be done, as every registry says it (this one, MLflow's).
+NOTHING_TO_ROLL_BACK = ("there is no champion to roll back from; promote a version first "
+                        "(sublimate models promote VERSION)")
+
+
+def nothing_before(champion: str) -> str:
+    return (f"the champion {champion} has no earlier champion to roll back to; promote a "
+            "version instead (sublimate models promote VERSION)")
+
 
 class RegistryError(Exception):
     """A registry operation was refused or failed; the message names the registry and the fix."""
@@ -340,12 +349,9 @@ class Registry:
 
         def entry(seq: int, head: dict[str, Any] | None) -> dict[str, Any]:
             if head is None:
-                raise self._error("there is no champion to roll back from; promote a version "
-                                  "first (sublimate models promote VERSION)")
+                raise self._error(NOTHING_TO_ROLL_BACK)
             if not head.get("undo"):
-                raise self._error(f"the champion {head['version']} has no earlier champion to "
-                                  "roll back to; promote a version instead (sublimate models "
-                                  "promote VERSION)")
+                raise self._error(nothing_before(head["version"]))
             restored = self._read_entry(int(head["undo"]))
             # Read before the entry is written: a rollback to a version that cannot be read is
             # refused, rather than done and then reported as a failure.

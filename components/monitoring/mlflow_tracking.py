@@ -415,10 +415,17 @@ def log_evaluation(run_dir: Path, metrics: dict[str, Any], params: dict[str, str
     try:
         _log_evaluation(record, Path(run_dir), metrics, params)
     except Exception as error:
-        line = problem_line(SETTING, record.uri, short_error(error))
-        if record.required:
-            return line
-        _warn(line)
+        return _failed_or_warned(record, error)
+    return None
+
+
+def _failed_or_warned(record: RunRecord, error: Exception) -> str | None:
+    """A request of a step's that failed: the line the step fails with when the run's tracking
+    is required, else None after a warning that says it."""
+    line = problem_line(SETTING, record.uri, short_error(error))
+    if record.required:
+        return line
+    _warn(line)
     return None
 
 
@@ -525,8 +532,5 @@ def finish_sweep(sweep_dir: Path, best: dict[str, Any] | None, metric: str) -> s
                 mlflow.log_metric(record.run_id, f"best_{metric}", float(best["metric"]))
         mlflow.set_terminated(record.run_id, status="FINISHED" if best else "FAILED")
     except Exception as error:
-        line = problem_line(SETTING, record.uri, short_error(error))
-        if record.required:
-            return line
-        _warn(line)
+        return _failed_or_warned(record, error)
     return None
