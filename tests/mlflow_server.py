@@ -58,7 +58,10 @@ def mlflow_server(workdir: Path, timeout: float = 90.0) -> Iterator[str]:
          "--artifacts-destination", str(workdir / "artifacts"),
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=workdir,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+        # no job runner: MLflow 3 starts several huey consumers for its GenAI jobs (scorers,
+        # evaluations), which sublimate never submits and which took CPU from the suite
+        env={**os.environ, "MLFLOW_TRACKING_URI": "",
+             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
