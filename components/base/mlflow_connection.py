@@ -134,6 +134,15 @@ def client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def connected(uri: str) -> Any:
+    """MLflow's client for a server that answers now (:func:`unreachable`); else a
+    :class:`TrackingError` that says why in a few words."""
+    problem = unreachable(uri)
+    if problem is not None:
+        raise TrackingError(problem)
+    return client(uri)
+
+
 def short_error(error: BaseException) -> str:
     """An MLflow client's exception as a few words: its first line, without credentials."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

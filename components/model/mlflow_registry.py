@@ -34,11 +34,10 @@ from typing import Any
 
 from sublimate.components.base.mlflow_connection import (
     TrackingError,
-    client,
+    connected,
     public_uri,
     short_error,
     tracking_uri,
-    unreachable,
 )
 from sublimate.components.base.run_files import MLFLOW_RUN
 from sublimate.components.model.registry import (
@@ -116,11 +115,8 @@ class MlflowRegistry:
                                 "MLFLOW_TRACKING_URI (on a cluster, the key of the Secret "
                                 "sublimate-mlflow)")
         self.uri = found
-        problem = unreachable(found)
-        if problem is not None:
-            raise self._error(problem)
         try:
-            self._mlflow = client(found)
+            self._mlflow = connected(found)
         except TrackingError as error:
             raise self._error(str(error)) from None
 

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -46,11 +47,11 @@ from sublimate.components.base.mlflow_connection import (
     TRACKING_URI_ENV,
     TrackingError,
     client,
+    connected,
     problem_line,
     public_uri,
     short_error,
     tracking_uri,
-    unreachable,
     usable,
 )
 
@@ -74,6 +75,7 @@ PHASES = ("compute", "comm", "data")
 # Settings that say where to log, not how to train: not parameters (a URI may hold a user).
 NOT_PARAMETERS = frozenset({"tracking", "tracking_required", "run_id"})
 _MAX_BATCH = 1000  # MLflow's log_batch takes at most 1000 metrics
+_MAX_PARAMS = 100  # and 100 parameters
 
 
 def _warn(line: str) -> None:
@@ -94,6 +96,14 @@ def _experiment_id(mlflow: Any) -> str:
         if found is None:
             raise
         return str(found.experiment_id)
+
+
+def _log_params(mlflow: Any, run_id: str, params: list[Any],
+                tags: Sequence[Any] = ()) -> None:
+    """``params`` in requests of at most 100 (MLflow's limit), ``tags`` with the first."""
+    for start in range(0, max(len(params), 1), _MAX_PARAMS):
+        mlflow.log_batch(run_id, params=params[start:start + _MAX_PARAMS],
+                         tags=list(tags) if start == 0 else [])
 
 
 def _find_run(mlflow: Any, experiment: str, **tags: str) -> Any | None:
@@ -274,11 +284,9 @@ class TrainingTracker:
             mlflow.update_run(self.run_id, status="RUNNING")
             self._logged = {m.step for m in mlflow.get_metric_history(self.run_id, "loss")}
         # A parameter logged again with the same value is accepted (a retried step's).
-        params = [Param(key, value) for key, value in sorted(self.params.items())]
-        mlflow.log_batch(self.run_id, params=params[:100],
-                         tags=[RunTag(key, value) for key, value in tags.items()])
-        for start in range(100, len(params), 100):  # at most 100 parameters a request
-            mlflow.log_batch(self.run_id, params=params[start:start + 100])
+        _log_params(mlflow, self.run_id,
+                    [Param(key, value) for key, value in sorted(self.params.items())],
+                    [RunTag(key, value) for key, value in tags.items()])
         RunRecord(public_uri(self.uri), self.run_id, experiment, self.required).write(
             self.run_dir / run_files.MLFLOW_RUN)
         print(f"tracking: MLflow run {self.run_id} on {public_uri(self.uri)} "
@@ -443,10 +451,7 @@ def _log_evaluation(record: RunRecord, run_dir: Path, metrics: dict[str, Any],
                     params: dict[str, str]) -> None:
     from mlflow.entities import Metric, Param
 
-    problem = unreachable(record.server())
-    if problem is not None:
-        raise TrackingError(problem)
-    mlflow = client(record.server())
+    mlflow = connected(record.server())
     done = set(mlflow.get_run(record.run_id).data.metrics)
     now = int(time.time() * 1000)
     step = _last_epoch(run_dir)  # beside the epochs' points, on the same axis
@@ -488,9 +493,8 @@ def start_sweep(setting: str, required: bool, workflow: str, sweep_id: str,
                 "mlflow.runName": sweep_id}).info.run_id
         else:
             run_id = found.info.run_id
-        listed = [Param(key, value[:6000]) for key, value in sorted(params.items())]
-        for start in range(0, len(listed), 100):
-            mlflow.log_batch(run_id, params=listed[start:start + 100])
+        _log_params(mlflow, run_id,
+                    [Param(key, value[:6000]) for key, value in sorted(params.items())])
     except TrackingError:
         raise
     except Exception as error:
@@ -514,10 +518,7 @@ def finish_sweep(sweep_dir: Path, best: dict[str, Any] | None, metric: str) -> s
     if record is None:
         return None
     try:
-        problem = unreachable(record.server())
-        if problem is not None:
-            raise TrackingError(problem)
-        mlflow = client(record.server())
+        mlflow = connected(record.server())
         for path in sorted(sweep_dir.iterdir()):
             if path.name == run_files.MLFLOW_RUN:
                 continue
