@@ -77,7 +77,7 @@ def test_a_finished_run_shows_its_lanes_losses_and_plots(
     assert len(tab.all(".lane[data-lane]")) == 3
     assert tab.all(".lane[data-lane='1'] .lane-loss")  # node1 lost
     assert not tab.all(".lane[data-lane='0'] .lane-loss")
-    assert "node1 lost after step" in tab.wait("ul.losses").text
+    assert "node1 lost after step" in tab.wait("[data-timeline=final] ul.losses").text
     # the report's PNGs, fetched with the API (and its token, were there one)
     tab.wait("img[data-plot=recovery]",
              condition=lambda e: e.get_attribute("src").startswith("blob:")
