@@ -341,6 +341,15 @@ SETTINGS: tuple[Setting, ...] = (
             "modules of the model), synced in turn every sync-period / fragments steps, so "
             "each every sync-period steps (1: plain DiLoCo).", kind="integer", minimum=1,
             paradigms=_DILOCO),
+    Setting("fragment-delay", 0, "diloco: Streaming DiLoCo's overlap (torchft's "
+            "fragment_sync_delay, the paper's tau): a round's average is sent this many inner "
+            "steps before the outer step applies it, and the workers keep computing while it "
+            "travels (0: no overlap; below sync-period / fragments).", kind="integer",
+            minimum=0, paradigms=_DILOCO),
+    Setting("fragment-update-alpha", 0.0, "diloco with fragment-delay: how much of a worker's "
+            "own steps taken while its round travelled it keeps after the outer step (torchft's "
+            "fragment_update_alpha: 0 takes the new global weights, 1 keeps the local ones; the "
+            "paper's 0.5).", kind="number", minimum=0, maximum=1, paradigms=_DILOCO),
     Setting("outer-gradient-dtype", "float32", "diloco: the pseudo-gradients' type on the "
             "wire (bfloat16: half the bytes, the same as outer-codec bf16).",
             choices=("float32", "bfloat16"), paradigms=_DILOCO),
@@ -595,6 +604,11 @@ def _check_diloco(values: Mapping[str, Any]) -> None:
         raise SettingError(f"fragments {fragments}: sync-period {period} must be a multiple of "
                            "fragments (each fragment is synced every sync-period steps, one "
                            "every sync-period / fragments steps)")
+    delay = values["fragment_delay"]
+    if delay >= period // fragments:
+        raise SettingError(f"fragment-delay {delay}: a fragment's round must end before its "
+                           f"next one starts; give fewer than sync-period / fragments = "
+                           f"{period // fragments} steps")
     codec = values["outer_codec"]
     if values["outer_gradient_dtype"] == "bfloat16" and codec not in ("none", "bf16"):
         raise SettingError(f"outer-gradient-dtype bfloat16 contradicts outer-codec {codec}: "

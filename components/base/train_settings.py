@@ -62,6 +62,8 @@ class TrainSettings:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     fragments: int = 1
+    fragment_delay: int = 0
+    fragment_update_alpha: float = 0.0
     outer_gradient_dtype: str = "float32"
     outer_codec: str = "none"
     outer_codec_topk: float = 0.03

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,17 @@ class CheckpointError(ValueError):
 KEEP_STEPS = 2
 
 
-def step_path(run_dir: Path, step: int, rank: int) -> Path:
-    return run_dir / CHECKPOINTS / f"step-{step:09d}" / f"rank-{rank:05d}.pt"
+def step_path(run_dir: Path, step: int, rank: int, group: int | None = None) -> Path:
+    """A rank's file of ``step``; ``group``: the same rank's in a replica group that did not
+    lead (per-step recovery: its own state of a paradigm whose groups differ, beside the
+    leader's)."""
+    name = f"rank-{rank:05d}.pt" if group is None else f"node{group}-rank-{rank:05d}.pt"
+    return run_dir / CHECKPOINTS / f"step-{step:09d}" / name
 
 
-def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
-    path = step_path(run_dir, step, rank)
+def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
+              group: int | None = None) -> None:
+    path = step_path(run_dir, step, rank, group)
     save(state, path, f"saving checkpoint step {step} to {shown_path(path)}")
 
 
@@ -93,9 +99,8 @@ def commit(run_dir: Path, step: int, world_size: int, algorithm: str,
     steps = sorted(path for path in folder.glob("step-*") if path.is_dir())
     for old in steps[:-KEEP_STEPS]:
         if old.name != f"step-{step:09d}":
-            for file in old.iterdir():
-                file.unlink(missing_ok=True)
-            old.rmdir()
+            # a replica group that did not lead may still be writing its own file there
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def latest(run_dir: Path) -> dict[str, Any] | None:

@@ -40,15 +40,17 @@ class Replicas(Protocol):
 
     def average(self, tensor: torch.Tensor) -> None: ...
 
-    def start_average(self, tensor: torch.Tensor) -> Any: ...
+    def start_average(self, tensor: torch.Tensor, node_first: bool = False) -> Any: ...
 
     def finish_averages(self, works: list[Any]) -> None: ...
 
     def participating_workers(self) -> int: ...
 
-    def average_encoded(self, payload: torch.Tensor,
-                        decode: Callable[[torch.Tensor], torch.Tensor],
-                        out: torch.Tensor) -> None: ...
+    def start_average_encoded(self, payload: torch.Tensor) -> Any: ...
+
+    def finish_average_encoded(self, pending: Any,
+                               decode: Callable[[torch.Tensor], torch.Tensor],
+                               out: torch.Tensor) -> None: ...
 
     def commit(self) -> bool: ...
 
@@ -126,6 +128,26 @@ class Paradigm:
         self.traffic.all_reduce(tensor_bytes(tensor), dist.get_world_size())
         tensor /= dist.get_world_size()
 
+    def start_average_(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """:meth:`average_`, started: the all-reduce is in flight when this returns, and the
+        function returned waits for it and leaves the mean in ``tensor`` (a paradigm computes
+        meanwhile: Streaming DiLoCo's ``fragment-delay``). Under per-step recovery a failure
+        is not raised: ``tensor`` is then not the mean, and the round does not commit."""
+        if self.replicas is not None:
+            replicas = self.replicas
+            work = replicas.start_average(tensor, node_first=True)
+            return lambda: replicas.finish_averages([work])
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        work = dist.all_reduce(tensor, async_op=True)
+        self.traffic.all_reduce(tensor_bytes(tensor), world)
+
+        def finish() -> None:
+            work.wait()
+            tensor.div_(world)
+        return finish
+
     def average_encoded_(self, payload: torch.Tensor,
                          decode: Callable[[torch.Tensor], torch.Tensor],
                          out: torch.Tensor) -> None:
@@ -135,20 +157,32 @@ class Paradigm:
         summed in rank order, so that every worker holds the same bits. Under per-step
         recovery, over the participating groups; a failure there leaves ``out`` as it was and
         the round uncommitted."""
+        self.start_average_encoded_(payload, decode, out)()
+
+    def start_average_encoded_(self, payload: torch.Tensor,
+                               decode: Callable[[torch.Tensor], torch.Tensor],
+                               out: torch.Tensor) -> Callable[[], None]:
+        """:meth:`average_encoded_`, started (as :meth:`start_average_`): the all-gather is
+        in flight; the function returned waits for it, decodes and sets ``out``."""
         if self.replicas is not None:
-            self.replicas.average_encoded(payload, decode, out)
-            return
+            replicas = self.replicas
+            pending = replicas.start_average_encoded(payload)
+            return lambda: replicas.finish_average_encoded(pending, decode, out)
         import torch
         import torch.distributed as dist
 
         world = dist.get_world_size()
         gathered = [torch.empty_like(payload) for _ in range(world)]
-        dist.all_gather(gathered, payload)
+        work = dist.all_gather(gathered, payload, async_op=True)
         self.traffic.all_gather(tensor_bytes(payload), world)
-        total = decode(gathered[0])
-        for other in gathered[1:]:
-            total += decode(other)
-        out.copy_((total / world).view_as(out))
+
+        def finish() -> None:
+            work.wait()
+            total = decode(gathered[0])
+            for other in gathered[1:]:
+                total += decode(other)
+            out.copy_((total / world).view_as(out))
+        return finish
 
     def sum_(self, tensor: torch.Tensor) -> None:
         """Replace ``tensor`` by its sum over the workers (as :meth:`average_`)."""

@@ -30,6 +30,15 @@ A discarded round (a group lost mid-round) leaves everything as it was before it
 weights, the BatchNorm buffers, the global weights and the outer optimizers' state (torchft's
 DiLoCo would instead reset the local weights to the global ones, dropping H steps of work).
 
+``fragment-delay`` D (torchft's ``fragment_sync_delay``, Streaming DiLoCo's overlap) splits a
+round in two: :meth:`DiLoCo.begin_round`, D steps before its end, forms nothing itself (the loop
+forms the quorum) but computes the pseudo-gradient and *starts* its average (the channel's
+``allreduce`` returns the collective in flight); :meth:`DiLoCo.end_round` waits for it, commits,
+steps and mixes the fragment's local weights in by ``fragment-update-alpha`` (torchft's
+``_merge_parameters``). A round discarded at its end keeps the local weights of the D steps
+taken meanwhile and goes back to the paradigm's state from before it began; while a round is in
+flight, :meth:`DiLoCo.state_dict` is that state from before it.
+
 The pseudo-gradient travels as ``outer-codec`` says (:mod:`.outer_codecs`): float32 or
 bfloat16 all-reduced, or int8 or top-k encoded and all-gathered, with error feedback: each
 worker's residual (what its codec dropped) is added to its next round's pseudo-gradient of the
@@ -43,7 +52,7 @@ not used: the groups between replicas are gloo on every device, and it was not t
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,9 +75,30 @@ def outer_codec_name(codec: str, gradient_dtype: str) -> str:
     return codec
 
 
+class _OuterAverage:
+    """The pseudo-gradient's average in flight, as torchft's fragment waits for it: a Work
+    whose ``wait`` finishes the average (the division, or the codec's decoding) and then
+    completes its future, which torchft's bucketing chained the copy back into its
+    per-parameter tensors to."""
+
+    def __init__(self, tensor: torch.Tensor, finish: Callable[[], None]) -> None:
+        self._tensor, self._finish = tensor, finish
+        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self._future
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._future.done():
+            self._finish()
+            self._future.set_result([self._tensor])
+        return True
+
+
 class _RoundChannel:
     """What torchft's DiLoCo fragments ask of a torchft Manager, answered by the paradigm: an
-    average (synchronous: the quorum is the loop's), the round's commit, the round count."""
+    average (started at once, finished when the fragment waits for it: the quorum is the
+    loop's), the round's commit, the round count."""
 
     # torchft's DiLoCo refuses an asynchronous quorum; the loop forms each round's quorum first.
     _use_async_quorum = False
@@ -76,11 +106,8 @@ class _RoundChannel:
     def __init__(self, paradigm: DiLoCo) -> None:
         self.paradigm = paradigm
 
-    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False) -> Any:
-        from torchft.work import _DummyWork
-
-        self.paradigm.average_outer_gradient(tensor)
-        return _DummyWork(tensor)
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False) -> _OuterAverage:
+        return _OuterAverage(tensor, self.paradigm.start_outer_average(tensor))
 
     def should_commit(self) -> bool:
         replicas = self.paradigm.replicas
@@ -118,6 +145,17 @@ class DilocoConfig(PeriodicConfig):
     outer_gradient_dtype: str  # the pseudo-gradients' type on the wire (float32, bfloat16)
     outer_codec: str  # none, bf16, int8, topk (outer_codecs.py)
     outer_codec_topk: float  # topk's fraction of the values sent
+    fragment_delay: int  # inner steps a round's average travels while the workers compute
+    fragment_update_alpha: float  # the share of those steps' local weights kept at its end
+
+
+@dataclass(frozen=True, slots=True)
+class _RoundInFlight:
+    """A round begun and not yet ended (``fragment-delay`` steps apart)."""
+
+    step: int  # the local step whose weights its pseudo-gradient is of
+    fragment: Any  # torchft's fragment whose turn it is, its average in flight
+    before: dict[str, Any]  # the paradigm's state before the round, to go back to
 
 
 class DiLoCo(PeriodicAveraging):
@@ -151,8 +189,13 @@ class DiLoCo(PeriodicAveraging):
         self._diloco = TorchftDiLoCo(
             _RoundChannel(self), fragments, optimizer, self.outer_optimizers,
             sync_every=config.sync_period, backup_device=self.device, pin_memory=False,
-            use_bucketization=True, bucket_cap_mb=1 << 16)  # one all-reduce per round
+            use_bucketization=True, bucket_cap_mb=1 << 16,  # one all-reduce per round
+            fragment_sync_delay=config.fragment_delay,
+            fragment_update_alpha=config.fragment_update_alpha)
         self.period = config.sync_period // config.fragments  # steps between rounds
+        # a round begins (its average sent) this many steps before it ends (the outer step)
+        self.delay = config.fragment_delay
+        self.in_flight: _RoundInFlight | None = None
         # each parameter's global copy (torchft's backup), in the model's parameter order
         by_parameter = {id(parameter): fragment.original_parameters[name]
                         for fragment, module in zip(self._diloco._fragments, fragments,
@@ -160,49 +203,86 @@ class DiLoCo(PeriodicAveraging):
                         for name, parameter in module.named_parameters()}
         self.global_parameters = [by_parameter[id(parameter)] for parameter in model.parameters()]
 
-    def average_outer_gradient(self, tensor: torch.Tensor) -> None:
-        """The round's average of the pseudo-gradient (torchft's flat bucket of the fragment
-        whose turn it is), through the outer codec."""
+    def start_outer_average(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """Start the round's average of the pseudo-gradient (torchft's flat bucket of the
+        fragment whose turn it is), through the outer codec; the function returned waits for
+        it and leaves the mean in ``tensor``."""
         codec = self.codec
         if isinstance(codec, SummedCodec):  # an all-reduce, in the codec's type on the wire
             if tensor.dtype == codec.dtype:
-                self.average_(tensor)
-                return
+                return self.start_average_(tensor)
             wire = tensor.to(codec.dtype)
-            self.average_(wire)
-            tensor.copy_(wire)
-            return
+            finish_wire = self.start_average_(wire)
+
+            def finish() -> None:
+                finish_wire()
+                tensor.copy_(wire)
+            return finish
         fragment = self.rounds % len(self.outer_optimizers)
         residual = self.residuals[fragment] if codec.error_feedback else None
         payload = encode_with_feedback(codec, tensor, residual)
         numel = tensor.numel()
-        self.average_encoded_(payload, lambda sent: codec.decode(sent, numel), tensor)
+        return self.start_average_encoded_(payload, lambda sent: codec.decode(sent, numel),
+                                           tensor)
+
+    def after_step(self, step: int) -> None:
+        """The restart mode's rounds (users' own loops): every ``period`` steps, begun
+        ``fragment-delay`` steps before they end."""
+        phase = step % self.period
+        if self.delay and phase == self.period - self.delay:
+            self.begin_round(step)
+        elif phase == 0:
+            self.end_round(step)
 
     def sync_round(self, step: int) -> bool:
+        """A whole round at ``step``, its quorum included under per-step recovery."""
         if self.replicas is not None:
             self.replicas.start_step()
         return self.round_in_quorum(step)
 
     def round_in_quorum(self, step: int) -> bool:
-        """One outer step of the fragment whose turn it is: a transaction under per-step
-        recovery (discarded, everything is as it was before)."""
-        before = ([parameter.detach().clone() for parameter in self.model.parameters()],
-                  copy.deepcopy(self.state_dict()),
-                  [buffer.detach().clone() for buffer in self.model.buffers()])
+        """A whole round at ``step`` once its quorum is formed: begun and ended at once."""
+        self.begin_round(step)
+        return self.end_round(step)
+
+    def begin_round(self, step: int) -> None:
+        """Begin the round of the fragment whose turn it is (its quorum, under per-step
+        recovery, formed by the caller): its pseudo-gradient, from the weights of ``step``,
+        is sent, and its average travels while the workers take their next inner steps."""
+        if self.in_flight is not None:
+            raise RuntimeError(f"diloco: a round begun at step {self.in_flight.step} has not "
+                               f"ended; a second cannot begin at step {step}")
         fragment = self._diloco._fragments[self.rounds % len(self._diloco._fragments)]
-        fragment.prepare_sync()  # pseudo-gradient, averaged
+        # taken before the pseudo-gradient: a codec's residual changes as it encodes
+        self.in_flight = _RoundInFlight(step, fragment, copy.deepcopy(self.state_dict()))
+        fragment.prepare_sync()  # the pseudo-gradient, its average started
+
+    def end_round(self, step: int) -> bool:
+        """End the round in flight at ``step``: wait for its average, average the buffers,
+        commit (or not), then the outer step, and the local weights of the fragment become the
+        new global ones (mixed with the local ones by ``fragment-update-alpha``). A round the
+        groups did not all complete leaves everything as it was before this call: the local
+        weights with the steps taken meanwhile, the buffers, and the paradigm's state as it was
+        before the round began. Returns whether it was applied. With no round in flight (a
+        loop of your own resumed between a round's beginning and its end) the round is taken
+        whole, here."""
+        flight = self.in_flight
+        if flight is None:
+            return self.sync_round(step)
+        self.in_flight = None
+        parameters = [parameter.detach().clone() for parameter in self.model.parameters()]
+        buffers = [buffer.detach().clone() for buffer in self.model.buffers()]
         self.synchronize_buffers()
-        if not fragment.perform_sync():  # commits (or not), then the outer step
-            parameters, state, buffers = before
+        if not flight.fragment.perform_sync():  # waits, commits (or not), the outer step
             with torch.no_grad():
                 for parameter, saved in zip(self.model.parameters(), parameters, strict=True):
                     parameter.copy_(saved)
                 for buffer, saved in zip(self.model.buffers(), buffers, strict=True):
                     buffer.copy_(saved)
-            self.load_state_dict(state)
+            self.load_state_dict(flight.before)
             return False
         self.rounds += 1
-        self.synced_step = step
+        self.synced_step = flight.step
         self.communication_ops += 1
         return True
 
@@ -212,6 +292,8 @@ class DiLoCo(PeriodicAveraging):
         # (an outer step of lr 1 without momentum). The outer Nesterov step on a partial round
         # overshoots: its momentum term is a full round's; measured on mnist1d, it cost the
         # final model 1.4 to 1.8 points against the last full round's.
+        if self.in_flight is not None:  # its average is on its way: it ends first
+            self.end_round(step)
         if step == self.synced_step:
             return
         settings = [dict(group) for outer in self.outer_optimizers
@@ -232,6 +314,9 @@ class DiLoCo(PeriodicAveraging):
         return torch.cat([weights.reshape(-1) for weights in self.global_parameters])
 
     def state_dict(self) -> dict[str, Any]:
+        if self.in_flight is not None:
+            # what a round not yet ended would be discarded to (its residual before encoding)
+            return copy.deepcopy(self.in_flight.before)
         return {**super().state_dict(), "rounds": self.rounds,
                 "global_parameters": [weights.clone() for weights in self.global_parameters],
                 "outer_optimizers": [outer.state_dict() for outer in self.outer_optimizers],

@@ -4,7 +4,8 @@
 that step; ``SUBLIMATE_FAIL_DURING_CHECKPOINT`` kills it halfway through writing its checkpoint of
 that step; ``SUBLIMATE_FREEZE_AT_STEP`` stops it (SIGSTOP) as a hung process would be;
 ``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP`` (per-step recovery) kills it while the step's all-reduce
-between replica groups is in flight. Only the first start of the launcher's first attempt is hit,
+between replica groups is in flight (bmuf, easgd, diloco: the round's, at the local step where
+it begins). Only the first start of the launcher's first attempt is hit,
 so a restart, a relaunch or a replacement goes on and finishes.
 """
 

@@ -11,8 +11,11 @@ over the groups that took part (torchft's semantics: the effective batch shrinks
 
 One group leads: the first of the current quorum (:meth:`FaultTolerance.is_leader`). Its first
 process evaluates, logs the job's epoch line, writes the model and the summary, and its processes
-checkpoint (the groups hold the same state under sync SGD; under bmuf and easgd the leader's local
-model and the shared global state). Every group's first process records its events and step
+checkpoint (the groups hold the same state under sync SGD; under bmuf, easgd and diloco, whose
+groups' local states differ, every other group writes its own beside the leader's, which a
+relaunched job resumes). A diloco round with ``fragment-delay`` D is a transaction that spans D
+local steps: its quorum where it begins, its commit where it ends (a checkpoint due between the
+two waits for the end). Every group's first process records its events and step
 counters for the launcher (``<run>/fault-tolerance/``). A replacement never reads a checkpoint;
 a job relaunched after losing every node does, as the restart mode does.
 """
@@ -125,12 +128,19 @@ class PerStepLoop(TrainingLoop):
     def __init__(self, request: WorkerRequest, startup: monitoring.StartupClock,
                  group: ProcessGroup, data: TrainingData, learner: Learner,
                  groups: ReplicaGroups) -> None:
+        # bmuf, easgd, diloco: each group's local model, inner optimizer (and diloco's codec
+        # residual) are its own, and each resumes its own (the leader's where it has none)
+        own = groups.group if request.algorithm != "sync" else None
         step, extra = (0, {}) if groups.replacement else learner.checkpointer.restore(
-            learner.model, learner.optimizer, learner.paradigm)
+            learner.model, learner.optimizer, learner.paradigm, group=own)
         if step:
             log(group.slot, f"resumed from checkpoint at step {step}/{data.total_steps}")
         self.groups = groups
         self.periodic = request.algorithm != "sync"
+        # diloco's fragment-delay: its rounds begin this many steps before they end
+        self.delay = getattr(learner.paradigm, "delay", 0)
+        # a checkpoint due while a round was in flight, taken when it ends
+        self._checkpoint_due = False
         # sync: the steps one transaction commits together (the rounds are the transactions
         # of the periodic paradigms)
         self.steps_per_commit = 1 if self.periodic else steps_per_commit(request.values())
@@ -204,8 +214,9 @@ class PerStepLoop(TrainingLoop):
         ahead."""
         if self.groups.replacement and self.periodic:
             # Heal first: the peers reach a round within sync-period steps, and this group's
-            # local steps before that would be thrown away.
-            self._round()
+            # local steps before that would be thrown away. (With fragment-delay the peers'
+            # quorum is where their round begins: this group begins it with them.)
+            self._round(begin_only=self.delay > 0)
         self._epoch = None
         while self.step < self.data.total_steps:
             if self.periodic:
@@ -254,8 +265,13 @@ class PerStepLoop(TrainingLoop):
         # every sync-period steps, is the communication.
         computed = synced = time.perf_counter()
         self.step += 1
-        if self.step % paradigm.period == 0:  # type: ignore[attr-defined]
-            healed = self._round()
+        period: int = paradigm.period  # type: ignore[attr-defined]
+        phase = self.step % period
+        if phase == 0 and self.delay:  # the round begun fragment-delay steps ago ends
+            paradigm.end_round(self.step)  # type: ignore[attr-defined]
+            synced = time.perf_counter()
+        elif phase == 0 or (self.delay and phase == period - self.delay):
+            healed = self._round(begin_only=phase != 0)
             synced = time.perf_counter()
             if healed:
                 self._epoch = None  # healed: this group's epoch so far is not the job's
@@ -392,8 +408,15 @@ class PerStepLoop(TrainingLoop):
         epoch = self._epoch
         assert epoch is not None
         every = request.checkpoint_every
-        if every and self.step % every == 0 and self.step < data.total_steps and self.leads():
-            self.save_checkpoint(self.step, self.train_seconds + now - epoch.started)
+        if every and self.step % every == 0:
+            self._checkpoint_due = True
+        # A checkpoint due while a round travels (fragment-delay) waits for the round's end:
+        # a run resumed from it then holds every round whole, and ends bit for bit as one that
+        # was not stopped.
+        if self._checkpoint_due and not self._round_in_flight():
+            self._checkpoint_due = False
+            if self.step < data.total_steps:
+                self.save_checkpoint(self.step, self.train_seconds + now - epoch.started)
         if self.step % data.steps_per_epoch == 0:  # the epoch's last step
             self.close_epoch(epoch.index, data.steps_per_epoch - epoch.taken, epoch.loss,
                              time.perf_counter() - epoch.started)
@@ -434,13 +457,24 @@ class PerStepLoop(TrainingLoop):
             total += loss.detach() / accumulation
         return total
 
-    def _round(self) -> bool:
-        """A bmuf/easgd round as a transaction; True when this group healed in its quorum
-        (its state, step included, is now a peer's)."""
+    def _round(self, begin_only: bool = False) -> bool:
+        """A bmuf/easgd/diloco round as a transaction; True when this group healed in its
+        quorum (its state, step included, is now a peer's). ``begin_only``: diloco with
+        fragment-delay, whose round's quorum and commit are ``fragment-delay`` steps apart:
+        the round is begun here and ended by :meth:`_local_step`."""
         before = self.step
         self.ft.start_step()  # the quorum; a group that must catch up gets a peer's state here
         healed = self.step != before
-        self.learner.paradigm.round_in_quorum(self.step)  # type: ignore[attr-defined]
+        paradigm = self.learner.paradigm
+        if self.step == self.fail_in_allreduce:  # in the round's quorum, its share unsent
+            from sublimate.components.processes.fault_injection import kill_in_allreduce
+
+            kill_in_allreduce(self.ft.manager, list(self.learner.model.parameters()),
+                              self.group.slot, self.step, record=self.ft.record)
+        if begin_only:
+            paradigm.begin_round(self.step)  # type: ignore[attr-defined]
+        else:
+            paradigm.round_in_quorum(self.step)  # type: ignore[attr-defined]
         if healed:
             self._healed(before)
         return healed
@@ -466,6 +500,17 @@ class PerStepLoop(TrainingLoop):
                 return
             time.sleep(START_POLL_SECONDS)
 
+    def save_checkpoint(self, step: int, train_seconds: float) -> None:
+        """The leader's processes checkpoint and commit; under bmuf, easgd and diloco every
+        other group writes its own state beside the leader's (a relaunched job resumes each
+        group's own, and ends bit for bit as if it had not stopped), without committing."""
+        if self.leads():
+            super().save_checkpoint(step, train_seconds)
+        elif self.periodic:
+            learner = self.learner
+            learner.checkpointer.save(step, learner.model, learner.optimizer, learner.paradigm,
+                                      group=self.groups.group, train_seconds=train_seconds)
+
     # -- what the leader does ---------------------------------------------------------------------
 
     def leads(self) -> bool:
@@ -489,7 +534,13 @@ class PerStepLoop(TrainingLoop):
         self.reporter.end_epoch(
             epoch, self.step, epoch_loss / max(epoch_steps, 1), epoch_seconds, epoch_steps,
             total_epochs=self.request.epochs, accuracy=accuracy, learning_rate=self.lr,
-            extra=extra, leader=leader and self.group.rank == 0, between=self.ft.gather)
+            extra=extra, leader=leader and self.group.rank == 0,
+            # the groups' rows are not gathered while a round's average travels between them:
+            # the gather would queue behind it (and its bound would end that round)
+            between=None if self._round_in_flight() else self.ft.gather)
+
+    def _round_in_flight(self) -> bool:
+        return getattr(self.learner.paradigm, "in_flight", None) is not None
 
     def summary(self) -> dict[str, Any]:
         summary = super().summary()

@@ -45,15 +45,19 @@ class Checkpointer:
         self.blocked_seconds: list[float] = []
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             paradigm: Paradigm | None = None, **extra: Any) -> None:
+             paradigm: Paradigm | None = None, *, group: int | None = None,
+             **extra: Any) -> None:
+        """``group``: this process is of a replica group that does not lead (per-step
+        recovery, a paradigm whose groups' states differ): its own state is written beside the
+        leader's, and only the leader commits the step."""
         if self.progress is not None:
             self.progress.pause(step, "checkpoint")
         started = time.perf_counter()
         checkpoint.save_rank(self.run_dir, step, self.rank, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            **_rank_state(paradigm, extra)})
+            **_rank_state(paradigm, extra)}, group)
         dist.barrier()  # every rank's file is on the volume before the step is committed
-        if self.rank == 0:
+        if self.rank == 0 and group is None:
             checkpoint.commit(self.run_dir, step, self.world, self.kind)
         self.blocked_seconds.append(time.perf_counter() - started)
 
@@ -61,12 +65,19 @@ class Checkpointer:
         """Return once every save so far is committed (saves here are, when they return)."""
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                paradigm: Paradigm | None = None) -> tuple[int, dict[str, Any]]:
-        """Load the last committed step into the objects: (step, extra); (0, {}) when fresh."""
+                paradigm: Paradigm | None = None, group: int | None = None,
+                ) -> tuple[int, dict[str, Any]]:
+        """Load the last committed step into the objects: (step, extra); (0, {}) when fresh.
+        ``group``: this process's replica group, whose own file of that step (see
+        :meth:`save`) is taken where there is one, the leader's where there is none (the
+        group was lost before it wrote it, or it led)."""
         state = checkpoint.load_rank(self.run_dir, self.rank, self.world, self.kind,
                                      self.checkpoint_format)
         if state is None:
             return 0, {}
+        if group is not None:
+            state = checkpoint.load(checkpoint.step_path(self.run_dir, state["step"],
+                                                         self.rank, group)) or state
         self._restore_model(state, model, optimizer)
         if paradigm is not None and state.get("paradigm") is not None:
             paradigm.load_state_dict(state["paradigm"])

@@ -107,6 +107,15 @@ class _Average:
     participants: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Gather:
+    """An all-gather of encoded payloads in flight between the groups."""
+
+    work: Any  # the process group's Work
+    gathered: list[torch.Tensor]  # one payload per group, in the group order
+    participants: int
+
+
 class NoLivePeer(RuntimeError):
     """A replacement found no live group with the job's state to copy within the bound."""
 
@@ -260,15 +269,13 @@ class FaultTolerance:
         groups (within the node first, then between groups; a group that is healing
         contributes nothing). An error between groups is not raised: :meth:`commit` says
         False."""
-        if self.group_world > 1:  # within the node: not counted, it does not leave the node
-            dist.all_reduce(tensor)
-            tensor /= self.group_world
-        self.finish_averages([self.start_average(tensor)])
+        self.finish_averages([self.start_average(tensor, node_first=True)])
 
-    def start_average(self, tensor: torch.Tensor) -> Any:
+    def start_average(self, tensor: torch.Tensor, node_first: bool = False) -> Any:
         """Start replacing ``tensor`` by its mean over the participating groups (between groups
-        only: :meth:`average` averages within the node first); returns the all-reduce in flight
-        (None once the transaction failed: it is dropped anyway), for :meth:`finish_averages`.
+        only; ``node_first``: averaged within the node first, at once, as :meth:`average`
+        does); returns the all-reduce in flight (None once the transaction failed: it is
+        dropped anyway), for :meth:`finish_averages`.
 
         The all-reduce goes to the process group directly rather than through
         :meth:`Manager.allreduce`, which does the same (a SUM, then a division by the
@@ -276,6 +283,9 @@ class FaultTolerance:
         this machine (``benchmarks/torchft_step_cost.py``), a step's worth of the job's
         throughput on 4 nodes that share 2 cores. The Manager still hears of every error
         (:meth:`Manager.report_error`), so its commit says False."""
+        if node_first and self.group_world > 1:  # not counted: it does not leave the node
+            dist.all_reduce(tensor)
+            tensor /= self.group_world
         manager = self.manager
         if manager.errored() is not None:
             return None
@@ -319,26 +329,47 @@ class FaultTolerance:
         (not counted: it does not leave the node). A group that is healing sends zeros (which
         decode to zeros). An error between groups is not raised: ``out`` is left as it was,
         and :meth:`commit` says False."""
+        self.finish_average_encoded(self.start_average_encoded(payload), decode, out)
+
+    def start_average_encoded(self, payload: torch.Tensor) -> _Gather | None:
+        """:meth:`average_encoded`'s all-gather between the groups, started: returns it in
+        flight (None once the transaction failed), for :meth:`finish_average_encoded`."""
+        manager = self.manager
+        if manager.errored() is not None:
+            return None
+        manager.wait_quorum()
+        participants = manager.num_participants()
+        if not manager.is_participating():
+            payload = torch.zeros_like(payload)
+        parties = self.process_group.size()
+        gathered = [torch.empty_like(payload) for _ in range(parties)]
+        self.traffic.all_gather(tensor_bytes(payload), parties)
+        try:
+            work = self.process_group.allgather([gathered], [payload], AllgatherOptions())
+        except Exception as error:  # any failure drops the transaction
+            manager.report_error(error)
+            self.process_group.close_after_error()
+            return None
+        return _Gather(work, gathered, participants)
+
+    def finish_average_encoded(self, pending: _Gather | None,
+                               decode: Callable[[torch.Tensor], torch.Tensor],
+                               out: torch.Tensor) -> None:
+        """Wait for :meth:`start_average_encoded`'s all-gather, then set ``out`` (see
+        :meth:`average_encoded`)."""
         manager = self.manager
         mean: torch.Tensor | None = None
-        if manager.errored() is None:
-            manager.wait_quorum()
-            participants = manager.num_participants()
-            if not manager.is_participating():
-                payload = torch.zeros_like(payload)
-            parties = self.process_group.size()
-            gathered = [torch.empty_like(payload) for _ in range(parties)]
-            self.traffic.all_gather(tensor_bytes(payload), parties)
+        if pending is not None and manager.errored() is None:
             try:
-                self.process_group.allgather([gathered], [payload], AllgatherOptions()).wait()
+                pending.work.wait()
             except Exception as error:  # gloo's error: a peer's loss
                 manager.report_error(error)
                 self.process_group.close_after_error()  # its peers fail too, at once
             else:
-                mean = decode(gathered[0])
-                for other in gathered[1:]:
+                mean = decode(pending.gathered[0])
+                for other in pending.gathered[1:]:
                     mean += decode(other)
-                mean /= participants
+                mean /= pending.participants
         if self.group_world > 1:  # every process of the node takes part, failed or not
             within = out.reshape(-1).clone() if mean is None else mean
             dist.all_reduce(within)

@@ -6,6 +6,7 @@ processes; the replica groups are stood in for by :class:`VetoingReplicas`."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,109 @@ def test_a_checkpoint_mid_round_resumes_bit_for_bit(tmp_path: Path) -> None:
             assert len(saved["residuals"]) == (0 if name == "bf16" else 2)
 
 
+def _delayed_outer_step(rank: int, port: int, results: Path) -> None:
+    _join(rank, port)
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    paradigm = DiLoCo(model, inner, {"sync_period": 4, "fragment_delay": 1,
+                                     "fragment_update_alpha": 0.5})
+    begun = results / "begun"
+    for step in range(1, 5):
+        # the inner steps' outcome set directly: the workers at 0.5 and 0.0 when the round
+        # begins (step 3), one step further (- 0.1) when it ends (step 4)
+        with torch.no_grad():
+            model.weight.fill_(0.5 - 0.5 * rank if step < 4 else 0.4 - 0.5 * rank)
+        if step == 3 and rank == 1:  # rank 1 joins the round only once rank 0 is past its
+            while not begun.exists():  # beginning: a begin that waited would never end
+                time.sleep(0.01)
+        paradigm.after_step(step)
+        if step == 3:
+            in_flight = paradigm.in_flight is not None
+            if rank == 0:
+                begun.touch()
+    torch.save({"local": model.weight.item(), "global": paradigm.global_parameters[0].item(),
+                "in_flight": in_flight, "rounds": paradigm.rounds,
+                "synced_step": paradigm.synced_step}, results / f"delayed-rank-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_a_delayed_round_sends_at_its_beginning_and_mixes_the_steps_taken_meanwhile(
+        tmp_path: Path) -> None:
+    run_ranks(_delayed_outer_step, (free_port(), tmp_path), WORLD)
+    # the pseudo-gradient is the weights' at the round's beginning: delta = mean(1 - 0.5,
+    # 1 - 0) = 0.75, the outer step as above: theta = 1 - 0.7 (0.75 + 0.9 x 0.75) = 0.0025;
+    # then each worker's fragment is lerp(theta, its weights at the end, alpha 0.5)
+    theta = 0.0025
+    for rank in range(WORLD):
+        record = torch.load(tmp_path / f"delayed-rank-{rank}.pt")
+        assert record["in_flight"] and record["rounds"] == 1 and record["synced_step"] == 3
+        assert record["global"] == pytest.approx(theta, abs=1e-6)
+        local_at_end = 0.4 - 0.5 * rank
+        assert record["local"] == pytest.approx(theta + 0.5 * (local_at_end - theta), abs=1e-6)
+
+
+DELAYED = {"sync_period": SYNC_PERIOD, "fragments": 2, "fragment_delay": 1,
+           "fragment_update_alpha": 0.5, "outer_codec": "int8"}
+
+
+def _delayed_rounds(rank: int, port: int, results: Path) -> None:
+    _join(rank, port)
+    period = SYNC_PERIOD // 2
+    record: dict[str, Any] = {}
+    # restart mode, per-step with every round committed, per-step with round 3 refused: the
+    # refused round must leave the local weights as they were when it ended (the steps taken
+    # meanwhile kept) and the paradigm's state as it was when it began
+    for name, replicas in (("restart", None), ("committed", VetoingReplicas(set())),
+                           ("vetoed", VetoingReplicas({3}))):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        paradigm = DiLoCo(model, optimizer, DELAYED, replicas)
+        began: dict[str, Any] | None = None
+        for step in range(1, ROUNDS * period + 1):
+            _local_step(model, optimizer, rank, step)
+            vetoed = name == "vetoed" and replicas is not None \
+                and replicas.rounds + 1 in replicas.vetoed
+            if vetoed and step % period == period - 1:  # the refused round begins
+                began = _snapshot(model, paradigm)
+            ending = _snapshot(model, paradigm) if began is not None \
+                and step % period == 0 else None
+            if replicas is not None and step % period == period - 1:
+                replicas.start_step()  # the loop forms the quorum where the round begins
+                paradigm.begin_round(step)
+            elif replicas is not None and step % period == 0:
+                paradigm.end_round(step)
+            elif replicas is None:
+                paradigm.after_step(step)
+            if ending is not None and began is not None:
+                after = _snapshot(model, paradigm)
+                record["vetoed_locals_kept"] = _same(
+                    {**after, "global": [], "momentum": [], "residuals": []},
+                    {**ending, "global": [], "momentum": [], "residuals": []})
+                record["vetoed_state_restored"] = _same(
+                    {**after, "parameters": ending["parameters"], "buffers": ending["buffers"]},
+                    {**began, "parameters": ending["parameters"], "buffers": ending["buffers"]})
+                began = None
+        paradigm.finish(ROUNDS * period)
+        record[name] = _snapshot(model, paradigm)
+    torch.save(record, results / f"delayed-rounds-rank-{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_a_refused_delayed_round_keeps_the_steps_taken_meanwhile_and_the_state_before_it(
+        tmp_path: Path) -> None:
+    run_ranks(_delayed_rounds, (free_port(), tmp_path), WORLD)
+    for rank in range(WORLD):
+        record = torch.load(tmp_path / f"delayed-rounds-rank-{rank}.pt")
+        assert _same(record["restart"], record["committed"])  # bit for bit
+        assert record["vetoed_locals_kept"] and record["vetoed_state_restored"]
+        # finish's plain round per fragment comes after the last delayed ones
+        assert record["committed"]["rounds"] == ROUNDS + 2
+        assert record["vetoed"]["rounds"] == ROUNDS + 1
+        assert not _same(record["vetoed"], record["committed"])
+
+
 def test_fragments_are_consecutive_top_level_modules() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2), nn.Linear(2, 2))
     parts = model_fragments(model, 2)
@@ -281,6 +385,11 @@ def test_settings_refuse_a_schedule_torchfts_diloco_cannot_keep() -> None:
     with pytest.raises(SettingError, match="fragments 3: sync-period 8 must be a multiple"):
         check({"algorithm": "diloco", "fragments": 3})
     check({"algorithm": "diloco", "fragments": 4, "sync_period": 8})
+    with pytest.raises(SettingError, match=r"^fragment-delay 2: a fragment's round must end "
+                                           r"before its next one starts; give fewer than "
+                                           r"sync-period / fragments = 2 steps"):
+        check({"algorithm": "diloco", "fragments": 4, "sync_period": 8, "fragment_delay": 2})
+    check({"algorithm": "diloco", "fragments": 4, "sync_period": 8, "fragment_delay": 1})
 
 
 def test_settings_refuse_an_outer_codec_that_contradicts_the_outer_gradient_dtype() -> None:

@@ -24,7 +24,7 @@ class PeerOfConstantGradient:
         self.peer = peer
         self.sent: list[tuple[int, int]] = []  # (data_ptr, numel) of each bucket, in order
 
-    def start_average(self, tensor: torch.Tensor) -> Any:
+    def start_average(self, tensor: torch.Tensor, node_first: bool = False) -> Any:
         self.sent.append((tensor.data_ptr(), tensor.numel()))
 
         class Work:

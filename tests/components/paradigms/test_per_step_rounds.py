@@ -45,7 +45,7 @@ class VetoingReplicas:
         dist.all_reduce(tensor)
         tensor /= self.workers
 
-    def start_average(self, tensor: torch.Tensor) -> Any:
+    def start_average(self, tensor: torch.Tensor, node_first: bool = False) -> Any:
         return dist.all_reduce(tensor, async_op=True), tensor
 
     def finish_averages(self, works: list[Any]) -> None:
@@ -56,11 +56,15 @@ class VetoingReplicas:
     def participating_workers(self) -> int:
         return self.workers
 
-    def average_encoded(self, payload: torch.Tensor,
-                        decode: Callable[[torch.Tensor], torch.Tensor],
-                        out: torch.Tensor) -> None:
+    def start_average_encoded(self, payload: torch.Tensor) -> Any:
         gathered = [torch.empty_like(payload) for _ in range(self.workers)]
-        dist.all_gather(gathered, payload)
+        return dist.all_gather(gathered, payload, async_op=True), gathered
+
+    def finish_average_encoded(self, pending: Any,
+                               decode: Callable[[torch.Tensor], torch.Tensor],
+                               out: torch.Tensor) -> None:
+        work, gathered = pending
+        work.wait()
         total = decode(gathered[0])
         for other in gathered[1:]:
             total += decode(other)
