@@ -37,7 +37,7 @@ from experiments.sweep_study import (
     ok_points,
     parse,
     pyplot,
-    run_study,
+    run_parts,
     save,
     seconds_text,
     table,
@@ -185,18 +185,7 @@ def main() -> None:
                  global_batch_size=32)
     rates = args.rates.split(",")
     output = args.output
-    points: list[dict[str, Any]] = []
-    for part, (grid, fixed) in parts(args, rates).items():
-        if part not in args.parts.split(","):
-            continue
-        if args.smoke:  # each axis at its first value: one point per part
-            grid = {name: values[:1] for name, values in grid.items()}
-        args.output = output / part
-        kept = args.output / "report.json"
-        report = json.loads(kept.read_text()) if args.reuse and kept.exists() \
-            else run_study(f"diloco-{part}", grid, fixed, args)
-        if report:
-            points += collect(part, report, fixed)
+    points = run_parts("diloco", parts(args, rates), args, collect)
     if not points:
         return
     equal = [p for p in points if not p["part"].startswith("longer")]

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +94,12 @@ def run_study(study: str, grid: Mapping[str, Sequence[Any]], fixed: Mapping[str,
               args: argparse.Namespace) -> dict[str, Any]:
     """Run the sweep, copy its report into ``args.output``; returns the sweep's report.json."""
     temporary = args.home is None
+    if args.dry_run:  # the command as a user types it (no --home), and no folder made
+        print(shlex.join(["sublimate", *sweep_command(grid, fixed, Path("."))[3:-2]]))
+        return {}
     home = Path(tempfile.mkdtemp(prefix=f"sublimate-{study}-")) if temporary else args.home
     command = sweep_command(grid, fixed, home)
     shown = shlex.join(["sublimate", *command[3:-2]])  # as a user types it, without --home
-    if args.dry_run:
-        print(shown)
-        return {}
     points = 1
     for values in grid.values():
         points *= len(values)
@@ -144,6 +144,32 @@ def run_study(study: str, grid: Mapping[str, Sequence[Any]], fixed: Mapping[str,
     finally:
         if temporary:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def run_parts(study: str, parts: Mapping[str, tuple[dict[str, list[Any]], dict[str, Any]]],
+              args: argparse.Namespace,
+              collect: Callable[[str, dict[str, Any], dict[str, Any]], list[dict[str, Any]]],
+              ) -> list[dict[str, Any]]:
+    """A study of several sweeps: each part (its grid and fixed parameters) named in
+    ``args.parts`` runs as its own sweep, its report in ``<output>/<part>/`` (``args.reuse``:
+    a part whose report is there already is read, not run again; ``args.smoke``: each axis at
+    its first value). Returns the points ``collect(part, report, fixed)`` reads from each."""
+    output, points = args.output, []
+    try:
+        for part, (grid, fixed) in parts.items():
+            if part not in args.parts.split(","):
+                continue
+            if args.smoke:  # each axis at its first value: one point per part
+                grid = {name: values[:1] for name, values in grid.items()}
+            args.output = output / part
+            kept = args.output / "report.json"
+            report = json.loads(kept.read_text()) if args.reuse and kept.exists() \
+                else run_study(f"{study}-{part}", grid, fixed, args)
+            if report:
+                points += collect(part, report, fixed)
+    finally:
+        args.output = output
+    return points
 
 
 def _torch_version() -> str:

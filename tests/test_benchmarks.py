@@ -146,6 +146,15 @@ SMOKES = [
         root=True, files=("frontier.json", "frontier.png", "accuracy-over-time.png",
                           "paradigms/report.md", "streaming/study.json",
                           "longer-slowest/report.json")),
+    Smoke("experiments/frontier.py", 60, (
+        r"^\| point \| nodes \| link \| seeds \| final accuracy \| sent per worker",
+        r"^\| sync \| 2 \| 100mbit \| 1 \| 0\.\d{4} \|",
+        r"^\| streaming H=8 F=2 delay 1 int8 \| 2 \| 100mbit \| 1 \|",
+        r"^\| diloco H=128 int8 \| 2 \| 100mbit \| 1 \|",
+        r"^\| point \| nodes \| seed \| below sync \| fewer bytes \| less time \|",
+        r"^\| diloco H=8 int8 \| 2 \| 0 \| [+-]0\.\d{4} \| [\d.]+x \| [\d.]+x \| \d+% \|"),
+        root=True, files=("frontier.json", "frontier.png", "sync/report.md",
+                          "streaming/study.json", "compute/report.json")),
     Smoke("experiments/large_batch.py", 13, (
         r"^\| global batch \| scaled lr \| accuracy, no warmup \| accuracy, 1-epoch warmup \|",
         r"^\| 64 \| 0\.1 \| 0\.\d{4} \| 0\.\d{4} \|$"),
@@ -159,6 +168,18 @@ SMOKES = [
         r"^\| 2 \| sync \| \d+ \| \d+% \|"),
         root=True, files=("scaling.png", "report.md", "study.json")),
 ]
+
+
+def test_a_studys_dry_run_prints_each_sweep_and_leaves_no_folder(tmp_path: Path) -> None:
+    # it made each part's temporary SUBLIMATE_HOME before it knew it would not run it
+    done = subprocess.run([sys.executable, "experiments/frontier.py", "--dry-run"], cwd=REPO,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    commands = done.stdout.splitlines()
+    assert len(commands) == 5 and all(c.startswith("sublimate run sweep -p 'grid=")
+                                      for c in commands), done.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_every_script_has_a_smoke_test() -> None:
