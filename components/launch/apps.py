@@ -100,6 +100,7 @@ def trainer(
     recovery: str = RESTART,
     lighthouse_port: int = 29510,
     lighthouse_bind: str = LOCAL_BIND,
+    lighthouse_join_ms: int = lighthouse.JOIN_TIMEOUT_MS,
 ) -> specs.AppDef:
     """Collective training (sync, bmuf, easgd) on ``nodes`` x ``procs_per_node`` workers.
 
@@ -140,6 +141,8 @@ def trainer(
         lighthouse_port: the Lighthouse's port (per-step)
         lighthouse_bind: the address the Lighthouse binds (per-step; a shell expansion on the
             local schedulers)
+        lighthouse_join_ms: how long a quorum waits for live nodes that have not asked for it
+            yet (per-step; long for the rounds of bmuf, easgd and diloco)
 
     Under per-step recovery ``max_restarts`` is how many times each node may be replaced (by
     the launcher on one machine, by Volcano on Kubernetes); torchrun itself never restarts.
@@ -152,7 +155,7 @@ def trainer(
             gpu=gpu, memMB=memMB, python=python, mounts=mounts, env=env, name=name,
             fork_workers=fork_workers, min_nodes=nodes if min_nodes is None else min_nodes,
             lighthouse_port=lighthouse_port, lighthouse_bind=lighthouse_bind,
-            replacements=max_restarts)
+            lighthouse_join_ms=lighthouse_join_ms, replacements=max_restarts)
 
     if nodes < 1 or procs_per_node < 1:
         raise ValueError("nodes and procs_per_node must be at least 1")
@@ -216,7 +219,8 @@ def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_nod
                       image: str, cpu: int, gpu: int, memMB: int, python: str,
                       mounts: list[str] | None, env: dict[str, str] | None, name: str,
                       fork_workers: bool | None, min_nodes: int, lighthouse_port: int,
-                      lighthouse_bind: str, replacements: int) -> specs.AppDef:
+                      lighthouse_bind: str, lighthouse_join_ms: int,
+                      replacements: int) -> specs.AppDef:
     """:func:`trainer` with ``recovery=per-step``: a ``worker`` role whose every replica is a
     replica group (a torchrun of one node, with its own store: no node hosts anything the others
     need), and a ``lighthouse`` role after it (so that the workers keep replica ids, and node
@@ -254,7 +258,7 @@ def _per_step_trainer(worker_args: tuple[str, ...], *, nodes: int, procs_per_nod
         specs.Role(
             name=replica_groups.LIGHTHOUSE_ROLE, image=image, entrypoint="bash",
             args=_shell(lighthouse.command(python, lighthouse_port, min_nodes,
-                                           lighthouse_bind)),
+                                           lighthouse_bind, lighthouse_join_ms)),
             num_replicas=1, resource=specs.Resource(**lighthouse.RESOURCES),
             env={"PYTHONUNBUFFERED": "1", "RUST_LOG": lighthouse.RUST_LOG},
             port_map={"lighthouse": lighthouse_port}),

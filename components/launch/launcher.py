@@ -35,7 +35,7 @@ from sublimate.components.base.ports import free_port
 from sublimate.components.base.runtime import shown_path
 from sublimate.components.base.settings import PER_STEP, to_flags, worker_settings
 from sublimate.components.base.termination import fail
-from sublimate.components.launch import etcd_server, failures
+from sublimate.components.launch import etcd_server, failures, lighthouse
 from sublimate.components.launch import per_step as recovery
 from sublimate.components.launch.apps import parameter_server, trainer
 from sublimate.components.launch.chaos import Chaos
@@ -167,6 +167,7 @@ def build_app(request: TrainRequest, plan: LaunchPlan) -> specs.AppDef:
         # A step needs nodes=MIN:MAX's MIN groups alive; a plain count needs just one.
         layout["min_nodes"] = nodes.minimum if nodes.ranged else 1
         layout.update(recovery=PER_STEP, lighthouse_port=free_port() if local else 29510,
+                      lighthouse_join_ms=lighthouse.join_timeout_ms(request.algorithm),
                       **({} if local else {"lighthouse_bind": "0.0.0.0"}))
     if request.entrypoint:
         target, pythonpath = locate_entrypoint(request.entrypoint, local)

@@ -44,6 +44,17 @@ HEARTBEAT_TIMEOUT_MS = 1000
 # How long a quorum waits for groups that heartbeat but have not asked yet (a replacement that is
 # still loading): torchft's 60 s default would hold every survivor that long whenever a node joins.
 JOIN_TIMEOUT_MS = 500
+# The same for the rounds of bmuf, easgd and diloco, every sync-period steps: nodes that share
+# machines or differ in speed reach a round seconds apart, and a live node left out of a round
+# throws away its sync-period steps (it heals from a peer at the next one). A round waits for
+# every node that heartbeats, up to torchft's own default; a dead one stops heartbeating and
+# is not waited for past the heartbeat timeout.
+ROUND_JOIN_TIMEOUT_MS = 60_000
+
+
+def join_timeout_ms(algorithm: str) -> int:
+    """How long a quorum of ``algorithm`` waits for live groups that have not asked yet."""
+    return JOIN_TIMEOUT_MS if algorithm == "sync" else ROUND_JOIN_TIMEOUT_MS
 # torchft's Rust side logs every quorum at INFO (a line per step); warnings and errors stay.
 RUST_LOG = "warn"
 # How often a pending quorum is re-examined (torchft's default: 100 ms, a tenth of a step lost at
@@ -51,10 +62,12 @@ RUST_LOG = "warn"
 QUORUM_TICK_MS = 10
 
 
-def command(python: str, port: int, min_groups: int, bind: str) -> list[str]:
-    """The role's command line (``bind`` may be a shell expansion)."""
+def command(python: str, port: int, min_groups: int, bind: str,
+            join_ms: int = JOIN_TIMEOUT_MS) -> list[str]:
+    """The role's command line (``bind`` may be a shell expansion; ``join_ms``: how long a
+    quorum waits for live groups that have not asked yet, :func:`join_timeout_ms`)."""
     return [python, "-m", MODULE, "--port", str(port), "--min-groups", str(min_groups),
-            "--bind", bind]
+            "--bind", bind, "--join-timeout-ms", str(join_ms)]
 
 
 def extension() -> Path:
@@ -85,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-groups", type=int, required=True,
                         help="replica groups a quorum needs (nodes=MIN:MAX's MIN)")
     parser.add_argument("--bind", required=True, help="the address to listen on")
+    parser.add_argument("--join-timeout-ms", type=int, default=JOIN_TIMEOUT_MS,
+                        help="how long a quorum waits for live groups that have not asked")
     args = parser.parse_args(argv)
     try:
         extension()
@@ -97,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.executable, __file__, "--bind", f"{args.bind}:{args.port}",
         "--min_replicas", str(args.min_groups),
         "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
-        "--join_timeout_ms", str(JOIN_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)])
+        "--join_timeout_ms", str(args.join_timeout_ms), "--quorum_tick_ms",
+        str(QUORUM_TICK_MS)])
 
 
 if __name__ == "__main__":

@@ -5,14 +5,16 @@ that step; ``SUBLIMATE_FAIL_DURING_CHECKPOINT`` kills it halfway through writing
 that step; ``SUBLIMATE_FREEZE_AT_STEP`` stops it (SIGSTOP) as a hung process would be;
 ``SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP`` (per-step recovery) kills it while the step's all-reduce
 between replica groups is in flight (bmuf, easgd, diloco: the round's, at the local step where
-it begins). Only the first start of the launcher's first attempt is hit,
-so a restart, a relaunch or a replacement goes on and finishes.
+it begins); ``SUBLIMATE_STALL_AT_STEP`` (per-step recovery) makes it late by
+``SUBLIMATE_STALL_SECONDS``, alive all the while. Only the first start of the launcher's first
+attempt is hit, so a restart, a relaunch or a replacement goes on and finishes.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,15 @@ def freeze_self(rank: int, step: int) -> None:
     print(f"fault injection: freezing rank {rank} (pid {os.getpid()}) at step {step}",
           flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stall_self(rank: int, step: int) -> None:
+    """Fault injection (``SUBLIMATE_STALL_AT_STEP``): this rank is late, not dead, for
+    ``SUBLIMATE_STALL_SECONDS`` (default 3): a straggler, whose torchft heartbeats go on."""
+    seconds = float(os.environ.get("SUBLIMATE_STALL_SECONDS", "3"))
+    print(f"fault injection: stalling rank {rank} for {seconds:g}s after step {step}",
+          flush=True)
+    time.sleep(seconds)
 
 
 def die_writing_checkpoint(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:

@@ -49,6 +49,7 @@ from sublimate.components.processes.fault_injection import (
     fault_injection_step,
     freeze_self,
     kill_self,
+    stall_self,
 )
 from sublimate.components.processes.learning import (
     Learner,
@@ -182,6 +183,7 @@ class PerStepLoop(TrainingLoop):
         self.freeze_at = first_start_fault("SUBLIMATE_FREEZE_AT_STEP")
         self.fail_in_allreduce = first_start_fault("SUBLIMATE_FAIL_IN_ALLREDUCE_AT_STEP")
         self.fail_in_checkpoint = first_start_fault("SUBLIMATE_FAIL_DURING_CHECKPOINT")
+        self.stall_at = first_start_fault("SUBLIMATE_STALL_AT_STEP")
         startup.mark("setup")
         self._wait_for_the_other_groups()
 
@@ -405,6 +407,8 @@ class PerStepLoop(TrainingLoop):
             kill_self(self.group.slot, self.step)
         if self.step == self.freeze_at:
             freeze_self(self.group.slot, self.step)
+        if self.step == self.stall_at:
+            stall_self(self.group.slot, self.step)
         epoch = self._epoch
         assert epoch is not None
         every = request.checkpoint_every

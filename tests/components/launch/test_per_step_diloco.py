@@ -5,6 +5,7 @@ peer, outer optimizer and global weights included."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -126,3 +127,19 @@ def test_a_node_lost_in_a_rounds_flight_drops_that_round_and_the_survivors_go_on
     section = summary["fault_tolerance"]
     assert section["dropped_steps"] >= 2, section  # the round, on each survivor
     assert float(run_outputs(output)["accuracy"]) >= 0.9
+
+
+def test_a_round_waits_for_a_node_that_is_late_but_alive(tmp_path: Path) -> None:
+    # node 2 stalls 3 s (alive: its heartbeats go on) before the first round, at step 8: the
+    # round waits for it, and no node's 8 steps are thrown away. (With the quorum's 0.5 s wait
+    # of sync's steps, nodes 0 and 1 took the round alone and node 2 healed from them.)
+    output, summary = _run(tmp_path, "-p", "algorithm=diloco", "-p", "nodes=3",
+                           "-p", "global-batch-size=66", "-p", "epochs=2",
+                           faults={"SUBLIMATE_STALL_AT_STEP": "6", "SUBLIMATE_FAIL_RANK": "2"})
+    assert "stalling rank 2 for 3s after step 6" in output, output[-3000:]
+    assert "took a live peer's state" not in output, output[-3000:]
+    section = summary["fault_tolerance"]
+    assert section["steps_committed"] == section["steps_attempted"] == 3 * (2 * 21 // 8 + 1)
+    quorums = [json.loads(line) for path in (results_folder(tmp_path) / "fault-tolerance")
+               .glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert {event["participants"] for event in quorums if event["event"] == "quorum"} == {3}
