@@ -6,16 +6,16 @@ which reaches 0.95 in a few epochs), 6 epochs, ``local_netns`` nodes behind link
 100 Mbit/s and 10 Mbit/s, two seeds: sync at every rate on 4 and 8 nodes (DDP:
 ``recovery=restart``); DiLoCo at H = 32, 128 and 512 with each outer codec (float32, int8,
 top-k) at 10 Mbit/s; Streaming DiLoCo with its round's all-gather overlapped with inner steps
-(2 fragments, ``fragment-delay``, ``fragment-update-alpha`` 0.5); and the candidates at
-100 Mbit/s for the compute share. Each part is one sweep through the product; the parts'
-reports go to ``<output>/<part>/``, the study's figures and ``frontier.json`` (every point, the
-equal-budget figures, the goal's check per seed) to ``<output>/``. Needs root (network
-namespaces).
+(2 fragments, ``fragment-delay``, ``fragment-update-alpha`` 0.5: int8 at H = 128, top-k at
+H = 32 and 128); and the candidates at 100 Mbit/s for the compute share. Each part is one
+sweep through the product; the parts' reports go to ``<output>/<part>/``, the study's figures
+and ``frontier.json`` (every point, the equal-budget figures, the goal's check per seed) to
+``<output>/``. Needs root (network namespaces).
 
 ``--smoke``: every part with each grid axis cut to its first value, on 2 nodes behind 100mbit
 links, digits' MLP, global batch 32, 1 epoch: seconds, figures that mean nothing.
 
-Usage: python experiments/frontier.py [--parts sync,diloco-4,diloco-8,streaming,compute]
+Usage: python experiments/frontier.py [--parts sync,diloco-4,diloco-8,streaming,overlap,compute]
        [--seeds 0,1] [--epochs 6] [--reuse] [--output DIR]
        python experiments/frontier.py --smoke
 """
@@ -50,6 +50,9 @@ CNN = "sublimate.components.examples.example_models:signal_cnn"
 WITHIN, FEWER_BYTES, LESS_TIME, COMPUTING = 0.005, 500.0, 10.0, 0.90
 STREAMING = {"algorithm": "diloco", "sync-period": 128, "fragments": 2, "fragment-delay": 4,
              "fragment-update-alpha": 0.5, "outer-codec": "int8"}
+# the codec that sends the fewest bytes, its rounds' time hidden behind 8 inner steps
+OVERLAP = {"algorithm": "diloco", "fragments": 2, "fragment-delay": 8,
+           "fragment-update-alpha": 0.5, "outer-codec": "topk"}
 
 
 def parts(args: Any) -> dict[str, tuple[dict[str, list], dict[str, Any]]]:
@@ -61,11 +64,12 @@ def parts(args: Any) -> dict[str, tuple[dict[str, list], dict[str, Any]]]:
               "learning-rate": 0.1, "lr-scaling": "none", "checkpoint-every": 0,
               "eval-every-epoch": True}
     nodes = [int(count) for count in args.nodes.split(",")]
-    streaming = dict(STREAMING)
-    periods = ([32, 128, 512], [128, 512])
+    streaming, overlap = dict(STREAMING), dict(OVERLAP)
+    periods = ([32, 128, 512], [128, 512], [32, 128])
     if args.smoke:  # a short H: digits' epoch is 45 steps
         streaming.update({"sync-period": 8, "fragment-delay": 1})
-        periods = ([8], [8])
+        overlap.update({"fragment-delay": 1})
+        periods = ([8], [8], [8])
     return {
         # sync at its fastest: DDP on plain gloo (recovery auto would commit through torchft)
         "sync": ({"nodes": nodes, "link-rate": args.rates, "seed": seeds},
@@ -80,6 +84,9 @@ def parts(args: Any) -> dict[str, tuple[dict[str, list], dict[str, Any]]]:
                       "link-rate": slowest}),
         "streaming": ({"nodes": nodes, "link-rate": [middle, slowest], "seed": seeds},
                       {**common, **streaming}),
+        "overlap": ({"sync-period": periods[2], "nodes": nodes,
+                     "link-rate": [middle, slowest], "seed": seeds},
+                    {**common, **overlap}),
         "compute": ({"nodes": nodes, "sync-period": [128, 512], "seed": seeds},
                     {**common, "algorithm": "diloco", "outer-codec": "int8",
                      "link-rate": middle}),
@@ -160,10 +167,11 @@ def summarise(points: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     for key in keys:
         runs = [p for p in points if (p["label"], p["nodes"], p["rate"]) == key]
         shares = [p["compute_share"] for p in runs if p["compute_share"] is not None]
+        within = [p["accuracy_within_budget"] or 0.0 for p in runs]
         rows.append((*key, len(runs), spread([p["accuracy"] for p in runs]),
                      mbytes(statistics.fmean(p["sent_wire_bytes"] or 0 for p in runs)),
                      spread([p["train_seconds"] for p in runs], 1),
-                     f"{statistics.fmean(shares):.0%}" if shares else "n/a"))
+                     f"{statistics.fmean(shares):.0%}" if shares else "n/a", spread(within)))
     return rows
 
 
@@ -200,7 +208,7 @@ def draw(points: list[dict[str, Any]], output: Path) -> None:
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], "frontier", epochs=6)
     parser.add_argument("--rates", default=",".join(RATES), help="link rates (tc syntax)")
-    parser.add_argument("--parts", default="sync,diloco-4,diloco-8,streaming,compute")
+    parser.add_argument("--parts", default="sync,diloco-4,diloco-8,streaming,overlap,compute")
     parser.add_argument("--nodes", default="4,8", help="the node counts (the first is the "
                         "DiLoCo grid's, the last the smaller grid's)")
     parser.add_argument("--seeds", default="0,1")
@@ -222,7 +230,12 @@ def main() -> None:
         point["accuracy_within_budget"] = accuracy_within(
             point["curve"], budget[(point["rate"], point["nodes"])])
     print(table(summarise(points), ["point", "nodes", "link", "seeds", "final accuracy",
-                                    "sent per worker", "training s", "compute share"]))
+                                    "sent per worker", "training s", "compute share",
+                                    "accuracy within the budget"]))
+    print("budget (the fastest point's training seconds, per link and node count; 0: no "
+          "epoch ended within it): " + ", ".join(
+              f"{rate} x {nodes} {seconds:.1f} s"
+              for (rate, nodes), seconds in sorted(budget.items())))
     goal = verdict(points, args.rates[-1])
     print(table([(r["label"], r["nodes"], r["seed"], f"{r['accuracy_gap']:+.4f}",
                   f"{r['fewer_bytes']}x", f"{r['less_time']}x",

@@ -177,7 +177,7 @@ def test_a_studys_dry_run_prints_each_sweep_and_leaves_no_folder(tmp_path: Path)
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     commands = done.stdout.splitlines()
-    assert len(commands) == 5 and all(c.startswith("sublimate run sweep -p 'grid=")
+    assert len(commands) == 6 and all(c.startswith("sublimate run sweep -p 'grid=")
                                       for c in commands), done.stdout
     assert list(tmp_path.iterdir()) == []
 
