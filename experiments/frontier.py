@@ -180,7 +180,7 @@ def draw(points: list[dict[str, Any]], output: Path) -> None:
     configuration; shape: the link), 4 and 8 nodes side by side."""
     plt = pyplot()
     labels = list(dict.fromkeys(p["label"] for p in points))
-    colours = {name: f"C{index % 10}" for index, name in enumerate(labels)}
+    colours = {name: plt.get_cmap("tab20")(index % 20) for index, name in enumerate(labels)}
     shapes = dict(zip(RATES, ("o", "s", "^"), strict=True))
     node_counts = sorted({p["nodes"] for p in points})
     figure, panels = plt.subplots(len(node_counts), 2, figsize=(13, 5 * len(node_counts)),

@@ -1,5 +1,6 @@
-"""docs/results.md's figures are the ones its studies' reports hold (docs/results/*/): the
-ratios, rates and epochs its prose quotes, recomputed from the points they come from."""
+"""docs/results.md's and docs/frontier.md's figures are the ones their studies' reports hold
+(docs/results/*/): the ratios, rates and epochs the prose quotes, recomputed from the points
+they come from."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from tests.conftest import REPO
 RESULTS = REPO / "docs" / "results"
 
 
-def _text() -> str:
-    return " ".join((REPO / "docs" / "results.md").read_text().split())  # lines joined
+def _text() -> str:  # results.md and its frontier studies' page, lines joined
+    return " ".join(" ".join((REPO / "docs" / page).read_text().split())
+                    for page in ("results.md", "frontier.md"))
 
 
 def _points(study: str) -> list[dict[str, str]]:
@@ -29,7 +31,7 @@ def _point(study: str, **axes: str) -> dict[str, str]:
 
 def _quoted(pattern: str) -> re.Match[str]:
     match = re.search(pattern, _text())
-    assert match, f"docs/results.md no longer says /{pattern}/: update this test with it"
+    assert match, f"docs/results.md or frontier.md no longer says /{pattern}/: update this test"
     return match
 
 
@@ -84,3 +86,21 @@ def test_async_measured_again_over_tcp() -> None:
         f"{before_rate:,.0f}", f"{sync_rate:,.0f}", f"{sync_rate / rate:.2f}",
         f"{to_target[1] / to_target[0]:.1f}", f"{target['target']:.3f}",
         f"{to_target[0]:.1f}", f"{to_target[1]:.1f}")
+
+
+def test_the_frontiers_closest_point_to_the_goal() -> None:
+    goal = json.loads((RESULTS / "frontier" / "frontier.json").read_text())["goal"]
+    rows = {(row["label"], row["nodes"], row["seed"]): row for row in goal}
+    closest = [rows[("diloco H=512 int8", 4, seed)] for seed in (0, 1)]
+    quoted = _quoted(r"DiLoCo H = 512 `int8` on 4 nodes meets every part but the time: "
+                     r"([\d.]+) point below sync \(seed 0\) and ([\d.]+) above \(seed 1\), "
+                     r"(\d+)x fewer bytes, computing (\d+)-(\d+)% of its time at 100 and "
+                     r"10 Mbit/s, in ([\d.]+)x and ([\d.]+)x less time")
+    shares = [row[key] for row in closest
+              for key in ("compute_share_100mbit", "compute_share_10mbit")]
+    assert quoted.groups() == (
+        f"{closest[0]['accuracy_gap'] * 100:.2f}", f"{-closest[1]['accuracy_gap'] * 100:.2f}",
+        f"{closest[0]['fewer_bytes']:.0f}", f"{min(shares) * 100:.0f}",
+        f"{max(shares) * 100:.0f}", f"{closest[0]['less_time']}", f"{closest[1]['less_time']}")
+    # and no point meets every part of it, which the section says
+    assert not any(row["meets_10mbit"] and row["meets_compute"] for row in goal)
