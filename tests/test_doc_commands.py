@@ -139,6 +139,9 @@ RULES = [
          "tests/components/launch/test_launcher.py"),
     Rule(r"^sublimate run -p dataset=py:sublimate\.components\.examples\.example_datasets:blobs$",
          "dry-run", "tests/components/steps/test_staging_local.py stages it"),
+    Rule(r"^sublimate run -p algorithm=diloco -p nodes=2 -p fragments=2 -p fragment-delay=1 "
+         r"-p outer-codec=int8$", "dry-run",
+         "tests/components/launch/test_per_step_diloco.py runs it, and its resume bit for bit"),
     # sweeps: four trainings; tests/pipelines/test_sublimate_sweep.py runs sweeps end to end
     Rule(r"^sublimate run sweep ", "dry-run", "tests/pipelines/test_sublimate_sweep.py"),
     # MLflow (docs/mlflow.md): a tracking server; tests/test_mlflow_tracking.py starts one and
