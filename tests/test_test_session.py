@@ -82,9 +82,17 @@ def test_a_killed_test_run_leaves_no_server_or_helper(tmp_path: Path, workers: l
             assert run.poll() is None and time.monotonic() < deadline, \
                 run.communicate()[0].decode()[-3000:] if run.poll() is not None else "timeout"
             time.sleep(0.05)
-        started = {pid: start_ticks(pid) for pid in marked_processes(str(tmp_path), PROBE)
-                   if pid != run.pid}
-        commands = sorted(Path(_command(pid)).name for pid in started)
+        # The helper's child is reported by sh as soon as it is forked, before it runs sleep
+        # (it reads as a second sh for a moment: CI saw it once): look until it has.
+        deadline = time.monotonic() + 10
+        while True:
+            started = {pid: start_ticks(pid) for pid in marked_processes(str(tmp_path), PROBE)
+                       if pid != run.pid}
+            commands = sorted(Path(_command(pid)).name for pid in started)
+            if ("weed" in commands and commands.count("sleep") == 2) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert "weed" in commands and commands.count("sleep") == 2, commands
         weed_ports = [port for pid in started if Path(_command(pid)).name == "weed"
                       for port in ports_of(_command_line(pid))]
