@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.diloco import accuracy_within
+from experiments.diloco import RATES, accuracy_within
 from experiments.sweep_study import (
     arguments,
     mbytes,
@@ -42,7 +42,6 @@ from experiments.sweep_study import (
     table,
 )
 
-RATES = ("1gbit", "100mbit", "10mbit")
 CNN = "sublimate.components.examples.example_models:signal_cnn"
 # Issue 44's goal: at the slowest link, a paradigm within half a point of sync's final
 # accuracy sending 500x fewer bytes per worker in a tenth of the time; at 100 Mbit/s and at
